@@ -1,0 +1,26 @@
+"""Who may do what. Viewers read everything; operators also trigger, cancel, retry, discard,
+pause and backfill. Superusers are operators. Membership is by group, managed in the admin.
+"""
+
+VIEWERS = "Viewers"
+OPERATORS = "Operators"
+
+
+def _groups(user) -> set[str]:
+    cached = getattr(user, "_orchestrator_groups", None)
+    if cached is None:
+        cached = set(user.groups.values_list("name", flat=True))
+        user._orchestrator_groups = cached
+    return cached
+
+
+def is_operator(user) -> bool:
+    if not user or not user.is_authenticated or not user.is_active:
+        return False
+    return user.is_superuser or OPERATORS in _groups(user)
+
+
+def is_viewer(user) -> bool:
+    if not user or not user.is_authenticated or not user.is_active:
+        return False
+    return user.is_superuser or user.is_staff or bool(_groups(user) & {VIEWERS, OPERATORS})

@@ -1,0 +1,46 @@
+"""Injected time. Loops take a clock so tests can pin and advance it instead of sleeping.
+
+Lease and heartbeat comparisons use the database's ``now()`` instead (every process must agree
+on them); a FakeClock also answers ``db_now()`` so those paths can be tested the same way.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from django.db import connection
+from django.utils import timezone
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return timezone.now()
+
+    def db_now(self) -> datetime:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT now()")
+            return cursor.fetchone()[0]
+
+
+class FakeClock:
+    def __init__(self, start: datetime | None = None):
+        self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
+        if self._now.tzinfo is None:
+            raise ValueError("FakeClock needs an aware datetime")
+
+    def now(self) -> datetime:
+        return self._now
+
+    def db_now(self) -> datetime:
+        return self._now
+
+    def advance(self, seconds: float = 0, **kwargs) -> datetime:
+        self._now += timedelta(seconds=seconds, **kwargs)
+        return self._now
+
+    def set(self, when: datetime) -> datetime:
+        self._now = when
+        return self._now
+
+
+system = SystemClock()

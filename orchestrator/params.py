@@ -1,0 +1,116 @@
+"""Run parameters: checking the values given to a run against the params a workflow declares.
+
+The declared params live in the graph version's spec (``{"name": {"type": "int", "default": 3,
+"required": false, "choices": [...]}}``), so the web form, the API and the scheduler all check
+against what is stored, not against a module that may have changed since.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import date, datetime
+
+
+class ParamError(ValueError):
+    """Invalid params; ``errors`` maps each bad field to a message."""
+
+    def __init__(self, errors: dict[str, str]):
+        self.errors = errors
+        super().__init__("; ".join(f"{key}: {message}" for key, message in errors.items()))
+
+
+def _coerce(kind: str, value):
+    """Turn a value from JSON or a form field into the declared type, or raise ValueError."""
+    if kind == "str":
+        if not isinstance(value, str):
+            raise ValueError(f"expected a string, got {json.dumps(value)}")
+        return value
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in {"true", "1", "yes", "on", "false", "0", "no", "off"}:
+            return value.strip().lower() in {"true", "1", "yes", "on"}
+        raise ValueError(f"expected true or false, got {json.dumps(value)}")
+    if kind == "int":
+        if isinstance(value, bool):
+            raise ValueError(f"expected an integer, got {json.dumps(value)}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+        raise ValueError(f"expected an integer, got {json.dumps(value)}")
+    if kind == "float":
+        if isinstance(value, bool):
+            raise ValueError(f"expected a number, got {json.dumps(value)}")
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                pass
+        raise ValueError(f"expected a number, got {json.dumps(value)}")
+    if kind == "date":
+        try:
+            return date.fromisoformat(str(value).strip()).isoformat()
+        except ValueError:
+            raise ValueError(f"expected a date like 2026-01-31, got {json.dumps(value)}") from None
+    if kind == "datetime":
+        try:
+            parsed = datetime.fromisoformat(str(value).strip())
+        except ValueError:
+            raise ValueError(f"expected a date and time like 2026-01-31T08:00:00+00:00, got {json.dumps(value)}") from None
+        if parsed.tzinfo is None:
+            raise ValueError(f"{value!r} has no timezone; add one, e.g. +00:00")
+        return parsed.isoformat()
+    if kind in ("list", "dict"):
+        expected = list if kind == "list" else dict
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError(f"expected a JSON {kind}, got {value!r}") from None
+        if not isinstance(value, expected):
+            raise ValueError(f"expected a JSON {kind}, got {json.dumps(value)}")
+        return value
+    raise ValueError(f"unknown param type {kind!r}")
+
+
+def clean_param(spec: dict, value):
+    cleaned = _coerce(spec.get("type", "str"), value)
+    choices = spec.get("choices")
+    if choices is not None and cleaned not in choices:
+        raise ValueError(f"{json.dumps(cleaned)} is not one of {json.dumps(choices)}")
+    return cleaned
+
+
+def clean_params(declared: dict[str, dict], values: dict | None) -> dict:
+    """Return the full params of a run (defaults filled in), or raise ParamError."""
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise ParamError({"params": f"expected an object of param values, got {json.dumps(values)}"})
+    errors: dict[str, str] = {}
+    cleaned: dict = {}
+    for key in values:
+        if key not in declared:
+            known = ", ".join(sorted(declared)) or "none"
+            errors[key] = f"unknown param {key!r} (declared params: {known})"
+    for key, spec in declared.items():
+        if key in values and values[key] is not None:
+            try:
+                cleaned[key] = clean_param(spec, values[key])
+            except ValueError as exc:
+                errors[key] = str(exc)
+        elif spec.get("required"):
+            errors[key] = "this param is required"
+        else:
+            cleaned[key] = spec.get("default")
+    if errors:
+        raise ParamError(errors)
+    return cleaned

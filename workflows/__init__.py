@@ -1,0 +1,1 @@
+"""Workflow modules: every ``*.py`` here is imported by ``manage.py sync_workflows``."""
