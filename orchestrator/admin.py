@@ -1,6 +1,7 @@
 from django.contrib import admin
 
-from orchestrator.models import Run, Schedule, Workflow
+from orchestrator import admin_schedules  # noqa: F401 - registers the Schedule admin
+from orchestrator.models import Run, Workflow
 
 
 @admin.register(Workflow)
@@ -8,12 +9,6 @@ class WorkflowAdmin(admin.ModelAdmin):
     list_display = ["name", "module", "tenant", "paused", "broken", "present"]
     list_filter = ["paused", "broken", "present", "tenant"]
     search_fields = ["name", "module", "description"]
-
-
-@admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):
-    list_display = ["workflow", "name", "source", "cron", "timezone", "paused", "next_fire_at"]
-    list_filter = ["source", "paused"]
 
 
 @admin.register(Run)

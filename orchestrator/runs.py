@@ -154,3 +154,33 @@ def release_pending_run(run: Run, now: datetime | None = None) -> bool:
         )
     run.state = RunState.RUNNING
     return True
+
+
+def trigger_workflow(
+    workflow: Workflow,
+    params: dict | None = None,
+    *,
+    trigger: str = "manual",
+    created_by=None,
+    idempotency_key: str | None = None,
+    logical_date: datetime | None = None,
+    priority: int = 0,
+    now: datetime | None = None,
+) -> tuple[Run, bool]:
+    """Start a run of a workflow now (UI, API, admin). Raises ParamError for bad params and
+    RunError when the workflow cannot run (broken without a good version, removed)."""
+    from orchestrator.params import clean_params
+
+    if workflow.current_version_id is None:
+        raise RunError(f"workflow {workflow.name!r} cannot run: {workflow.sync_error or 'it has no valid version'}",
+                       field="workflow")
+    if not workflow.present:
+        raise RunError(f"workflow {workflow.name!r} is no longer defined by any module", field="workflow")
+    cleaned = clean_params(workflow.current_version.spec.get("params", {}), params)
+    request = {"workflow": workflow.name, "params": cleaned,
+               "logical_date": logical_date.isoformat() if logical_date else None}
+    return create_run(
+        workflow, trigger=trigger, params=cleaned, logical_date=logical_date, created_by=created_by,
+        idempotency_key=idempotency_key, request_payload=request if idempotency_key else None,
+        priority=priority, now=now,
+    )
