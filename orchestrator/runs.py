@@ -132,7 +132,23 @@ def create_run(
         if not finished:
             hold = state == RunState.PENDING
             TaskRun.objects.bulk_create(task_runs_for(run, tasks, due_at or now, hold=hold))
+            if not hold:
+                notify_dispatchers()
     return run, True
+
+
+DISPATCH_CHANNEL = "orchestrator_dispatch"
+
+
+def queue_channel(queue: str) -> str:
+    return f"orchestrator_queue_{queue}"
+
+
+def notify_dispatchers() -> None:
+    """Wake the dispatchers when this transaction commits (PostgreSQL delivers NOTIFY at
+    commit and folds identical notifications of one transaction into one)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, '')", [DISPATCH_CHANNEL])
 
 
 def _existing(run: Run) -> Run:
