@@ -277,6 +277,9 @@ class TaskRun(models.Model):
             models.Index(fields=["queue", "-priority", "id"], condition=Q(state="queued"), name="taskrun_queued"),
             models.Index(fields=["queue", "tenant"], condition=Q(state__in=["queued", "running"]), name="taskrun_busy"),
             models.Index(fields=["finished_at"], condition=Q(state="dead"), name="taskrun_dead"),
+            # The dispatcher's wake-up time: the earliest due_at of scheduled work, without
+            # scanning every delayed job.
+            models.Index(fields=["due_at"], condition=Q(state="scheduled"), name="taskrun_next_due"),
         ]
 
     def __str__(self):
