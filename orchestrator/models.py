@@ -209,6 +209,8 @@ class Run(models.Model):
             models.Index(fields=["state", "-id"], name="run_by_state"),
             models.Index(fields=["schedule", "state"], condition=Q(state__in=["pending", "running"]), name="run_active"),
             models.Index(fields=["finished_at"], name="run_finished"),
+            # /metrics: the schedule delay of runs started in the last hour.
+            models.Index(fields=["started_at"], condition=Q(schedule_delay__isnull=False), name="run_schedule_delay"),
         ]
 
     def __str__(self):
@@ -280,6 +282,8 @@ class TaskRun(models.Model):
             # The dispatcher's wake-up time: the earliest due_at of scheduled work, without
             # scanning every delayed job.
             models.Index(fields=["due_at"], condition=Q(state="scheduled"), name="taskrun_next_due"),
+            # /metrics: task outcomes of the last minutes.
+            models.Index(fields=["finished_at"], condition=Q(finished_at__isnull=False), name="taskrun_finished"),
         ]
 
     def __str__(self):
@@ -311,6 +315,8 @@ class Attempt(models.Model):
         constraints = [models.UniqueConstraint(fields=["task_run", "number"], name="attempt_unique_number")]
         indexes = [
             models.Index(fields=["worker"], condition=Q(outcome="running"), name="attempt_running"),
+            # /metrics: attempts the reaper ended recently.
+            models.Index(fields=["finished_at"], condition=Q(outcome__in=["lost", "timed_out"]), name="attempt_reaped"),
         ]
 
     def __str__(self):
