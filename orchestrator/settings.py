@@ -102,6 +102,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "orchestrator.health.ProbeMiddleware",  # /healthz, /readyz, /metrics: probes come by IP, over HTTP
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -199,6 +200,8 @@ ORCHESTRATOR = {
     "RETENTION_DAYS": int(os.environ.get("ORCHESTRATOR_RETENTION_DAYS", "30")),
     "WEBHOOK_SECRET": os.environ.get("ORCHESTRATOR_WEBHOOK_SECRET", SECRET_KEY),
     "POLL_SECONDS": float(os.environ.get("ORCHESTRATOR_POLL_SECONDS", "1")),
+    # When set, /metrics answers only requests with "Authorization: Bearer <token>".
+    "METRICS_TOKEN": os.environ.get("METRICS_TOKEN", ""),
 }
 
 LOG_FORMAT = os.environ.get("LOG_FORMAT", "text")

@@ -1,0 +1,226 @@
+"""Prometheus metrics at ``/metrics``, read from the database at scrape time.
+
+Every role writes its state to PostgreSQL, so any web process can report on the whole
+deployment; no process keeps counters of its own. One scrape runs five aggregate queries, each
+on a partial or narrow index (the queued/scheduled/dead partial indexes of the task-run table,
+the finished-at indexes), and never loads rows into Python.
+
+Metrics that describe a window (the schedule delay histogram, task outcomes, reaped attempts)
+say which window in their name or help text: the history is pruned, so all-time totals from
+the database would go down, and Prometheus counters must not.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from django.conf import settings
+from django.db import DatabaseError, connection
+from django.http import HttpResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from orchestrator.health import SCHEDULER_LEASE
+
+SCHEDULE_DELAY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+SCHEDULE_DELAY_WINDOW_SECONDS = 3600
+OUTCOME_WINDOW_SECONDS = 300
+REAPED_WINDOW_SECONDS = 3600
+JOB_LABEL = "(job)"  # workflow label of one-off jobs; no workflow name can start with "("
+
+# Due work: queued rows, plus scheduled rows whose time has come but that the dispatcher has
+# not released yet (held by a concurrency limit, or a dispatcher is behind). UNION ALL keeps
+# each branch on its own partial index.
+QUEUE_SQL = """
+    SELECT queue, 'queued', count(*) FROM orchestrator_taskrun WHERE state = 'queued' GROUP BY queue
+    UNION ALL
+    SELECT queue, 'due', count(*) FROM orchestrator_taskrun
+     WHERE state = 'scheduled' AND (due_at IS NULL OR due_at <= now()) GROUP BY queue
+    UNION ALL
+    SELECT queue, 'running', count(*) FROM orchestrator_taskrun WHERE state = 'running' GROUP BY queue
+"""
+
+OUTCOME_SQL = """
+    SELECT coalesce(w.name, %s), t.state, count(*)
+      FROM orchestrator_taskrun t
+      JOIN orchestrator_run r ON r.id = t.run_id
+      LEFT JOIN orchestrator_workflow w ON w.id = r.workflow_id
+     WHERE t.finished_at > now() - make_interval(secs => %s)
+     GROUP BY 1, 2
+"""
+
+SCHEDULE_DELAY_SQL = """
+    SELECT {buckets}, count(*), coalesce(sum(schedule_delay), 0)
+      FROM orchestrator_run
+     WHERE schedule_delay IS NOT NULL AND started_at > now() - make_interval(secs => %s)
+""".format(buckets=", ".join(f"count(*) FILTER (WHERE schedule_delay <= {b!r})" for b in SCHEDULE_DELAY_BUCKETS))
+
+STATUS_SQL = """
+    SELECT
+      (SELECT count(*) FROM orchestrator_taskrun WHERE state = 'dead'),
+      (SELECT count(*) FROM orchestrator_worker
+        WHERE state IN ('running', 'draining') AND heartbeat_at > now() - make_interval(secs => %s)),
+      (SELECT count(*) FROM orchestrator_attempt
+        WHERE outcome = 'lost' AND finished_at > now() - make_interval(secs => %s)),
+      (SELECT count(*) FROM orchestrator_attempt
+        WHERE outcome = 'timed_out' AND finished_at > now() - make_interval(secs => %s)),
+      lease.holder, lease.epoch, EXTRACT(EPOCH FROM lease.expires_at - now())
+    FROM (SELECT 1) AS one LEFT JOIN orchestrator_lease AS lease ON lease.name = %s
+"""
+
+WORKERS_BY_QUEUE_SQL = """
+    SELECT queue, count(*) FROM orchestrator_worker, unnest(queues) AS queue
+     WHERE state IN ('running', 'draining') AND heartbeat_at > now() - make_interval(secs => %s)
+     GROUP BY queue
+"""
+
+
+def _fetchall(sql: str, params=()) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+class DatabaseCollector:
+    """Builds every metric family from five queries per scrape."""
+
+    def describe(self):
+        # Describing would run the queries at registration time; an empty description is allowed.
+        return []
+
+    def collect(self):
+        up = GaugeMetricFamily("orchestrator_database_up", "1 if the database answered this scrape's queries.")
+        try:
+            families = self._families()
+        except DatabaseError:
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from families
+
+    def _families(self) -> list:
+        heartbeat_timeout = settings.ORCHESTRATOR["HEARTBEAT_TIMEOUT_SECONDS"]
+        queue_rows = _fetchall(QUEUE_SQL)
+        outcome_rows = _fetchall(OUTCOME_SQL, [JOB_LABEL, OUTCOME_WINDOW_SECONDS])
+        delay_row = _fetchall(SCHEDULE_DELAY_SQL, [SCHEDULE_DELAY_WINDOW_SECONDS])[0]
+        (dead, live, lost, timed_out, holder, epoch, remaining) = _fetchall(
+            STATUS_SQL, [heartbeat_timeout, REAPED_WINDOW_SECONDS, REAPED_WINDOW_SECONDS, SCHEDULER_LEASE]
+        )[0]
+        worker_rows = _fetchall(WORKERS_BY_QUEUE_SQL, [heartbeat_timeout])
+
+        # Queues served by a live worker are reported even when empty, so a dashboard shows 0
+        # rather than no data.
+        queues = {queue for queue, _ in worker_rows} | {row[0] for row in queue_rows}
+        depth = dict.fromkeys(queues, 0)
+        running = dict.fromkeys(queues, 0)
+        for queue, kind, count in queue_rows:
+            if kind == "running":
+                running[queue] += count
+            else:
+                depth[queue] += count
+
+        families = []
+        gauge = GaugeMetricFamily(
+            "orchestrator_queue_depth", "Task runs waiting for a worker: queued, or scheduled and due.", labels=["queue"]
+        )
+        for queue in sorted(depth):
+            gauge.add_metric([queue], depth[queue])
+        families.append(gauge)
+
+        gauge = GaugeMetricFamily("orchestrator_tasks_running", "Task runs being executed now.", labels=["queue"])
+        for queue in sorted(running):
+            gauge.add_metric([queue], running[queue])
+        families.append(gauge)
+
+        gauge = GaugeMetricFamily(
+            "orchestrator_task_outcomes_last_5m",
+            f"Task runs that finished in the last {OUTCOME_WINDOW_SECONDS} s, by workflow "
+            f"(\"{JOB_LABEL}\" for one-off jobs) and final state.",
+            labels=["workflow", "state"],
+        )
+        for workflow, state, count in sorted(outcome_rows):
+            gauge.add_metric([workflow, state], count)
+        families.append(gauge)
+
+        *bucket_counts, count, total = delay_row
+        histogram = HistogramMetricFamily(
+            "orchestrator_schedule_delay_seconds",
+            f"Fire time to first task start, of runs started in the last {SCHEDULE_DELAY_WINDOW_SECONDS} s.",
+        )
+        histogram.add_metric(
+            [], [(repr(b), c) for b, c in zip(SCHEDULE_DELAY_BUCKETS, bucket_counts, strict=True)] + [("+Inf", count)],
+            sum_value=float(total),
+        )
+        families.append(histogram)
+
+        gauge = GaugeMetricFamily(
+            "orchestrator_attempts_reaped_last_hour",
+            f"Attempts ended by the reaper in the last {REAPED_WINDOW_SECONDS} s: "
+            "lost (the worker went silent) or timed_out.",
+            labels=["outcome"],
+        )
+        gauge.add_metric(["lost"], lost)
+        gauge.add_metric(["timed_out"], timed_out)
+        families.append(gauge)
+
+        families.append(GaugeMetricFamily(
+            "orchestrator_dead_letter_size", "Task runs in the dead-letter queue (state dead).", value=dead
+        ))
+        families.append(GaugeMetricFamily(
+            "orchestrator_workers_live",
+            f"Worker processes with a heartbeat in the last {heartbeat_timeout:g} s.", value=live,
+        ))
+        gauge = GaugeMetricFamily(
+            "orchestrator_queue_workers_live", "Live worker processes serving each queue.", labels=["queue"]
+        )
+        for queue, count in sorted(worker_rows):
+            gauge.add_metric([queue], count)
+        families.append(gauge)
+
+        present = holder is not None and remaining is not None and remaining > 0
+        families.append(GaugeMetricFamily(
+            "orchestrator_scheduler_leader_present",
+            "1 if some scheduler process holds an unexpired lease (the web process never leads).",
+            value=1 if present else 0,
+        ))
+        families.append(GaugeMetricFamily(
+            "orchestrator_scheduler_lease_epoch",
+            "Fencing epoch of the scheduler lease; it grows by one on each change of leader.",
+            value=epoch or 0,
+        ))
+        families.append(GaugeMetricFamily(
+            "orchestrator_scheduler_lease_remaining_seconds",
+            "Seconds until the scheduler lease expires unless renewed (negative: expired).",
+            value=float(remaining) if remaining is not None else 0.0,
+        ))
+        gauge = GaugeMetricFamily(
+            "orchestrator_scheduler_leader_info", "The process holding the scheduler lease.", labels=["holder"]
+        )
+        if present:
+            gauge.add_metric([holder], 1)
+        families.append(gauge)
+        return families
+
+
+registry = CollectorRegistry(auto_describe=False)
+registry.register(DatabaseCollector())
+
+
+def _authorized(request) -> bool:
+    token = settings.ORCHESTRATOR.get("METRICS_TOKEN") or ""
+    if not token:
+        return True
+    given = request.headers.get("Authorization", "")
+    return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+
+
+def metrics_view(request):
+    if not _authorized(request):
+        response = HttpResponse("a bearer token is required (Authorization: Bearer <METRICS_TOKEN>)\n",
+                                status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
