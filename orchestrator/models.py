@@ -211,6 +211,9 @@ class Run(models.Model):
             models.Index(fields=["finished_at"], name="run_finished"),
             # /metrics: the schedule delay of runs started in the last hour.
             models.Index(fields=["started_at"], condition=Q(schedule_delay__isnull=False), name="run_schedule_delay"),
+            # The runs list filters by trigger and by logical date and pages by id (keyset).
+            models.Index(fields=["trigger", "-id"], name="run_by_trigger"),
+            models.Index(fields=["logical_date"], name="run_by_logical_date"),
         ]
 
     def __str__(self):
@@ -288,6 +291,22 @@ class TaskRun(models.Model):
 
     def __str__(self):
         return f"{self.task} of run #{self.run_id}"
+
+
+class DeadTaskRunManager(models.Manager):
+    def get_queryset(self):
+        return super().get_queryset().filter(state=TaskState.DEAD)
+
+
+class DeadTaskRun(TaskRun):
+    """The dead-letter queue as its own admin page: task runs that used every attempt."""
+
+    objects = DeadTaskRunManager()
+
+    class Meta:
+        proxy = True
+        verbose_name = "dead-letter task run"
+        verbose_name_plural = "dead-letter queue"
 
 
 class AttemptOutcome(models.TextChoices):
