@@ -195,8 +195,16 @@ def trigger_workflow(
     cleaned = clean_params(workflow.current_version.spec.get("params", {}), params)
     request = {"workflow": workflow.name, "params": cleaned,
                "logical_date": logical_date.isoformat() if logical_date else None}
+    state, reason = RunState.RUNNING, ""
+    if workflow.max_active_runs and (
+        Run.objects.filter(workflow=workflow, state__in=(RunState.PENDING, RunState.RUNNING)).count()
+        >= workflow.max_active_runs
+    ):
+        # Held back, not refused: the scheduler starts it when a run of the workflow ends.
+        state = RunState.PENDING
+        reason = f"waiting: the workflow's max_active_runs ({workflow.max_active_runs}) is reached"
     return create_run(
         workflow, trigger=trigger, params=cleaned, logical_date=logical_date, created_by=created_by,
         idempotency_key=idempotency_key, request_payload=request if idempotency_key else None,
-        priority=priority, now=now,
+        priority=priority, now=now, state=state, reason=reason,
     )

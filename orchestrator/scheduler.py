@@ -1,0 +1,534 @@
+"""The scheduler: turns cron schedules into runs, exactly once per fire time.
+
+``Scheduler.tick()`` is one bounded unit of work, called in a loop by ``manage.py scheduler``
+(and directly by tests, with a FakeClock). While this process holds the lease it
+
+1. reads the schedules whose ``next_fire_at`` has come (the ``schedule_due`` index), in batches
+   locked with ``FOR UPDATE SKIP LOCKED``, works out their fire times with ``cron.fire_times``,
+   applies the missed-run (catchup), start-deadline, overlap and max-active-runs policies and
+   jitter, inserts the runs with ``ON CONFLICT DO NOTHING`` on (schedule, logical_date) and
+   advances ``next_fire_at``, all in one transaction per batch that first checks the lease;
+2. records as missed the runs whose first task has not started within their start deadline;
+3. releases held-back (pending) runs that may start now;
+4. runs the leader-only maintenance jobs (``MAINTENANCE``).
+
+Two schedulers that both believe they lead cannot create a run twice: the unique constraint on
+(schedule, logical_date) decides, and the row locks keep them from even trying most of the time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict, deque
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Count, Min
+
+from orchestrator import cron
+from orchestrator.clock import system
+from orchestrator.lease import LeaderLease, LeaseLost, NoLease
+from orchestrator.models import (
+    ACTIVE_RUN_STATES,
+    Run,
+    RunState,
+    Schedule,
+    TaskRun,
+    TaskState,
+    Trigger,
+    Workflow,
+    WorkflowVersion,
+)
+from orchestrator.params import ParamError, clean_params
+from orchestrator.runs import notify_dispatchers, task_runs_for
+
+log = logging.getLogger(__name__)
+
+SCHEDULES_CHANNEL = "orchestrator_schedules"
+
+# With catchup "none", a fire time counts as missed (and is dropped) once it is this old: a
+# scheduler that is merely busy or just took over still starts the current one.
+MISSED_AFTER = timedelta(seconds=60)
+# With catchup "all", fire times beyond the cap are recorded as skipped runs, but at most this many
+# per tick, so a schedule paused for a year cannot flood the run table.
+MAX_SKIPPED_RECORDS = 1000
+
+
+# ---------------------------------------------------------------------------------------------
+# Leader maintenance: (name, interval in seconds, callable taking the clock). Each is imported at
+# call time so a missing or failing module never stops the scheduler.
+
+
+def _reap(clock):
+    from orchestrator.reaper import reap_once
+
+    return reap_once(clock=clock)
+
+
+def _prune(clock):
+    from orchestrator.retention import prune
+
+    return prune(timedelta(days=settings.ORCHESTRATOR["RETENTION_DAYS"]), clock=clock)
+
+
+MAINTENANCE: list[tuple[str, float, object]] = [
+    ("reaper", 5.0, _reap),
+    ("retention", 24 * 3600.0, _prune),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch inserts
+
+
+@dataclass
+class NewRun:
+    run: Run
+    tasks: dict
+    due_at: datetime | None = None
+
+
+def insert_runs(new_runs: list[NewRun], now: datetime) -> list[NewRun]:
+    """Insert many runs and the task runs of those that were new, in the caller's transaction.
+
+    One multi-row ``INSERT … ON CONFLICT DO NOTHING RETURNING`` per chunk: runs whose (schedule,
+    logical_date) already exists are left out by the database, not by a check beforehand. Returns
+    the entries that were created (their ``run.pk`` set)."""
+    if not new_runs:
+        return []
+    meta = Run._meta
+    fields = [f for f in meta.concrete_fields if not f.primary_key]
+    qn = connection.ops.quote_name
+    columns = ", ".join(qn(f.column) for f in fields)
+    row_sql = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    created: list[NewRun] = []
+    for start in range(0, len(new_runs), 1000):
+        chunk = new_runs[start:start + 1000]
+        by_key = {}
+        values = []
+        for entry in chunk:
+            run = entry.run
+            if run.state in (RunState.SKIPPED, RunState.MISSED, RunState.CANCELLED) and run.finished_at is None:
+                run.finished_at = now
+            values.extend(f.get_db_prep_save(f.pre_save(run, add=True), connection) for f in fields)
+            by_key[(run.schedule_id, run.logical_date)] = entry
+        sql = (f"INSERT INTO {qn(meta.db_table)} ({columns}) VALUES {', '.join([row_sql] * len(chunk))} "
+               f"ON CONFLICT DO NOTHING RETURNING id, schedule_id, logical_date")
+        with connection.cursor() as cursor:
+            cursor.execute(sql, values)
+            rows = cursor.fetchall()
+        for pk, schedule_id, logical_date in rows:
+            entry = by_key[(schedule_id, logical_date)]
+            entry.run.pk = pk
+            entry.run._state.adding = False
+            created.append(entry)
+    task_rows = []
+    wake = False
+    for entry in created:
+        run = entry.run
+        if run.state in (RunState.RUNNING, RunState.PENDING):
+            hold = run.state == RunState.PENDING
+            wake = wake or not hold
+            task_rows.extend(task_runs_for(run, entry.tasks, entry.due_at or now, hold=hold))
+    if task_rows:
+        TaskRun.objects.bulk_create(task_rows, batch_size=2000)
+    if wake:
+        notify_dispatchers()
+    return created
+
+
+def _advance(rows: list[tuple[int, datetime | None, datetime | None]]) -> None:
+    """Set next_fire_at/last_fire_at of a whole batch with one UPDATE … FROM (VALUES …)."""
+    if not rows:
+        return
+    values = ", ".join(["(%s::bigint, %s::timestamptz, %s::timestamptz)"] * len(rows))
+    params = [value for row in rows for value in row]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE orchestrator_schedule AS s SET next_fire_at = v.next_at,"
+            f" last_fire_at = COALESCE(v.last_at, s.last_fire_at), updated_at = now()"
+            f" FROM (VALUES {values}) AS v(id, next_at, last_at) WHERE s.id = v.id",
+            params,
+        )
+
+
+def notify_schedules() -> None:
+    """Wake the schedulers (at commit) after a schedule was created, changed or resumed."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, '')", [SCHEDULES_CHANNEL])
+
+
+# ---------------------------------------------------------------------------------------------
+# Pause and resume
+
+
+def pause_schedule(schedule: Schedule) -> None:
+    Schedule.objects.filter(pk=schedule.pk).update(paused=True)
+    schedule.paused = True
+
+
+def resume_schedule(schedule: Schedule, now: datetime | None = None) -> None:
+    """Resume; the fire times passed while paused stay due, so the next tick applies the
+    schedule's missed-run policy to them (all, latest or none)."""
+    now = now or system.now()
+    with transaction.atomic():
+        fields = {"paused": False}
+        if schedule.next_fire_at is None:
+            fields["next_fire_at"] = cron.next_fire_time(schedule.cron, schedule.timezone, now)
+        Schedule.objects.filter(pk=schedule.pk).update(**fields)
+        notify_schedules()
+    for key, value in fields.items():
+        setattr(schedule, key, value)
+
+
+def pause_workflow(workflow: Workflow) -> None:
+    Workflow.objects.filter(pk=workflow.pk).update(paused=True)
+    workflow.paused = True
+
+
+def resume_workflow(workflow: Workflow, now: datetime | None = None) -> None:
+    """Resume a workflow; its schedules' missed fire times follow their missed-run policy."""
+    with transaction.atomic():
+        Workflow.objects.filter(pk=workflow.pk).update(paused=False)
+        notify_schedules()
+    workflow.paused = False
+
+
+# ---------------------------------------------------------------------------------------------
+# The scheduler
+
+
+def fmt(at: datetime) -> str:
+    return at.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@dataclass
+class _Due:
+    fires: list[datetime]  # the fire times to act on now, oldest first
+    skipped: list[datetime]  # over the catchup cap: recorded as skipped
+    unrecorded: int  # over the cap and beyond MAX_SKIPPED_RECORDS
+    last: datetime | None  # the latest fire time that came due
+    next_at: datetime | None
+
+
+class Scheduler:
+    def __init__(self, clock=None, holder: str | None = None, *, lease=None, use_lease: bool = True,
+                 batch_size: int = 1000, max_batches: int = 20, maintenance=None):
+        self.clock = clock or system
+        if lease is None:
+            lease = LeaderLease(holder=holder) if use_lease else NoLease(holder=holder)
+        self.lease = lease
+        self.batch_size = batch_size
+        self.max_batches = max_batches
+        self.maintenance = MAINTENANCE if maintenance is None else maintenance
+        self._maintained: dict[str, datetime] = {}
+        self.created = 0  # runs this process inserted, for its log
+
+    @property
+    def holder(self) -> str:
+        return self.lease.holder
+
+    def tick(self) -> bool:
+        if not self.lease.ensure():
+            return False
+        now = self.clock.now()
+        did = False
+        try:
+            for _ in range(self.max_batches):
+                handled = self._fire_batch(now)
+                did = did or handled > 0
+                if handled < self.batch_size:
+                    break
+            did = self._expire_unstarted(now) > 0 or did
+            did = self._release_pending(now) > 0 or did
+        except LeaseLost as exc:
+            log.warning("stopped writing: %s", exc, extra={"action": "lease_lost"})
+            return did
+        self._run_maintenance(now)
+        return did
+
+    def seconds_until_due(self, now: datetime | None = None) -> float | None:
+        """Seconds until the earliest schedule comes due (None: nothing scheduled)."""
+        now = now or self.clock.now()
+        earliest = _runnable_schedules().aggregate(at=Min("next_fire_at"))["at"]
+        if earliest is None:
+            return None
+        return max(0.0, (earliest - now).total_seconds())
+
+    # -- 1. fire due schedules -----------------------------------------------------------------
+
+    def _fire_batch(self, now: datetime) -> int:
+        with self.lease.fence():
+            schedules = list(
+                _runnable_schedules().filter(next_fire_at__lte=now)
+                .select_related("workflow").select_for_update(skip_locked=True, of=("self",))
+                .order_by("next_fire_at")[: self.batch_size]
+            )
+            if not schedules:
+                return 0
+            versions = {v.pk: v for v in WorkflowVersion.objects.filter(
+                pk__in={s.workflow.current_version_id for s in schedules})}
+            active = _active_runs_by_schedule([s.pk for s in schedules if s.overlap != Schedule.Overlap.ALLOW])
+            limits = _WorkflowLimits([s.workflow for s in schedules])
+            new_runs: list[NewRun] = []
+            advance = []
+            for schedule in schedules:
+                due = self._due(schedule, now)
+                advance.append((schedule.pk, due.next_at, due.last))
+                if due.fires or due.skipped:
+                    version = versions[schedule.workflow.current_version_id]
+                    new_runs.extend(self._plan(schedule, version, due, active[schedule.pk], limits, now))
+            created = insert_runs(new_runs, now)
+            _advance(advance)
+            self.created += len(created)
+            if created:
+                states = Counter(entry.run.state for entry in created)
+                log.info("created %d runs for %d schedules (%s)", len(created), len(schedules),
+                         ", ".join(f"{n} {state}" for state, n in sorted(states.items())),
+                         extra={"action": "runs_created", "count": len(created), "holder": self.holder})
+            return len(schedules)
+
+    def _due(self, schedule: Schedule, now: datetime) -> _Due:
+        cap = schedule.max_catchup or settings.ORCHESTRATOR["MAX_CATCHUP_RUNS"]
+        keep = cap + MAX_SKIPPED_RECORDS if schedule.catchup == Schedule.Catchup.ALL else 1
+        fires: deque[datetime] = deque([schedule.next_fire_at], maxlen=keep)
+        total, next_at = 1, None
+        try:
+            for at in cron.fire_times(schedule.cron, schedule.timezone, schedule.next_fire_at):
+                if at > now:
+                    next_at = at
+                    break
+                fires.append(at)
+                total += 1
+        except cron.CronError as exc:
+            # Only reachable through a hand-edited row: the forms and sync validate. Stop it firing.
+            log.error("schedule %s cannot fire: %s", schedule, exc, extra={"action": "schedule_invalid"})
+            return _Due([], [], 0, None, None)
+        fires = list(fires)
+        last = fires[-1]
+        if schedule.catchup == Schedule.Catchup.ALL:
+            return _Due(fires[-cap:], fires[:-cap], total - len(fires), last, next_at)
+        if schedule.catchup == Schedule.Catchup.NONE and now - last > MISSED_AFTER:
+            return _Due([], [], 0, last, next_at)
+        return _Due([last], [], 0, last, next_at)
+
+    def _plan(self, schedule, version, due: _Due, active: list, limits, now) -> list[NewRun]:
+        workflow = schedule.workflow
+
+        def run(at, state=RunState.RUNNING, reason="", params=None):
+            return Run(workflow=workflow, version=version, schedule=schedule, logical_date=at,
+                       trigger=Trigger.SCHEDULE, params=params or {}, tenant=workflow.tenant,
+                       state=state, reason=reason)
+
+        cap = schedule.max_catchup or settings.ORCHESTRATOR["MAX_CATCHUP_RUNS"]
+        planned = [NewRun(run(at, RunState.SKIPPED, f"over the catchup limit of {cap} missed runs"), {})
+                   for at in due.skipped]
+        if due.unrecorded:
+            log.warning("schedule %s: %d more missed fire times before %s were dropped (catchup limit %d)",
+                        schedule, due.unrecorded, fmt(due.skipped[0] if due.skipped else due.fires[0]), cap,
+                        extra={"action": "catchup_dropped", "schedule_id": schedule.pk})
+        startable = []
+        for at in due.fires:
+            late = (now - at).total_seconds()
+            if schedule.start_deadline is not None and late > schedule.start_deadline:
+                reason = (f"not started within the start deadline of {schedule.start_deadline}s: "
+                          f"the scheduler reached this fire time {late:.0f}s late")
+                planned.append(NewRun(run(at, RunState.MISSED, reason), {}))
+            else:
+                startable.append(at)
+        if not startable:
+            return planned
+        try:
+            params = clean_params(version.spec.get("params", {}), schedule.params)
+        except ParamError as exc:
+            reason = f"the schedule's params are invalid: {exc}"
+            return planned + [NewRun(run(at, RunState.SKIPPED, reason), {}) for at in startable]
+
+        tasks = version.spec["tasks"]
+        jitter = timedelta(seconds=cron.jitter_offset(f"{schedule.pk}", schedule.jitter))
+        overlap = schedule.overlap
+        if overlap == Schedule.Overlap.REPLACE and len(startable) > 1:
+            for at in startable[:-1]:
+                reason = f"superseded by the later fire time {fmt(startable[-1])} (overlap=replace)"
+                planned.append(NewRun(run(at, RunState.SKIPPED, reason), {}))
+            startable = startable[-1:]
+        for at in startable:
+            pending = [r for r in active if r["state"] == RunState.PENDING]
+            state, reason = RunState.RUNNING, ""
+            if overlap == Schedule.Overlap.FORBID and active:
+                previous = active[-1]
+                label = f"run #{previous['id']}" if previous.get("id") else f"the run of {fmt(previous['at'])}"
+                planned.append(NewRun(run(at, RunState.SKIPPED,
+                                          f"{label} is still {previous['state']} (overlap=forbid)"), {}))
+                continue
+            if overlap == Schedule.Overlap.REPLACE and active:
+                _cancel_replaced(active, at)
+                active.clear()
+            if overlap == Schedule.Overlap.BUFFER_ONE and active:
+                if pending:
+                    planned.append(NewRun(run(at, RunState.SKIPPED,
+                                              "a run is already waiting for the active one (overlap=buffer_one)"), {}))
+                    continue
+                state = RunState.PENDING
+                reason = "waiting for the active run of this schedule to end (overlap=buffer_one)"
+            elif not limits.may_start(workflow):
+                state = RunState.PENDING
+                reason = f"waiting: the workflow's max_active_runs ({workflow.max_active_runs}) is reached"
+            if state == RunState.RUNNING:
+                limits.started(workflow)
+            planned.append(NewRun(run(at, state, reason if state != RunState.RUNNING else "", params),
+                                  tasks, at + jitter))
+            active.append({"id": None, "state": state, "at": at})
+        return planned
+
+    # -- 2. start deadline of created runs ------------------------------------------------------
+
+    def _expire_unstarted(self, now: datetime) -> int:
+        """Runs created in time whose first task has still not started by fire time + deadline
+        are missed: their waiting task runs are cancelled."""
+        with self.lease.fence():
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    """
+                    SELECT r.id, s.start_deadline FROM orchestrator_run r
+                      JOIN orchestrator_schedule s ON s.id = r.schedule_id
+                     WHERE r.state IN ('pending', 'running') AND r.trigger = 'schedule'
+                       AND r.started_at IS NULL AND s.start_deadline IS NOT NULL
+                       AND r.logical_date + make_interval(secs => s.start_deadline) < %s
+                     ORDER BY r.id LIMIT 500
+                     FOR UPDATE OF r SKIP LOCKED
+                    """,
+                    [now],
+                )
+                candidates = dict(cursor.fetchall())
+                if not candidates:
+                    return 0
+                # The task runs are locked first: a worker claiming one right now either committed
+                # before (and the run counts as started below) or waits and then finds it cancelled.
+                cursor.execute("SELECT 1 FROM orchestrator_taskrun WHERE run_id = ANY(%s) FOR UPDATE",
+                               [list(candidates)])
+                cursor.execute(
+                    "SELECT run_id FROM orchestrator_taskrun WHERE run_id = ANY(%s)"
+                    " AND (started_at IS NOT NULL OR state NOT IN ('waiting', 'scheduled', 'queued', 'cancelled'))",
+                    [list(candidates)],
+                )
+                started = {row[0] for row in cursor.fetchall()}
+            missed = [pk for pk in candidates if pk not in started]
+            if not missed:
+                return 0
+            TaskRun.objects.filter(run_id__in=missed, state__in=[
+                TaskState.WAITING, TaskState.SCHEDULED, TaskState.QUEUED,
+            ]).update(state=TaskState.CANCELLED, finished_at=now, error="the run missed its start deadline")
+            count = 0
+            for pk in missed:
+                reason = f"no task started within the start deadline of {candidates[pk]}s of the fire time"
+                count += Run.objects.filter(pk=pk, state__in=ACTIVE_RUN_STATES).update(
+                    state=RunState.MISSED, reason=reason, finished_at=now)
+            if count:
+                log.info("%d runs missed their start deadline", count, extra={"action": "runs_missed"})
+            return count
+
+    # -- 3. release held-back runs -----------------------------------------------------------
+
+    def _release_pending(self, now: datetime) -> int:
+        from orchestrator.runs import release_pending_run
+
+        with self.lease.fence():
+            pending = list(
+                Run.objects.filter(state=RunState.PENDING)
+                .select_related("workflow", "schedule").select_for_update(skip_locked=True, of=("self",))
+                .order_by("logical_date", "id")[:500]
+            )
+            if not pending:
+                return 0
+            workflows = {r.workflow_id for r in pending if r.workflow_id}
+            limits = _WorkflowLimits([r.workflow for r in pending if r.workflow_id], pending_blocks=False)
+            busy_schedules = set(
+                Run.objects.filter(schedule_id__in={r.schedule_id for r in pending if r.schedule_id},
+                                   state=RunState.RUNNING).values_list("schedule_id", flat=True)
+            )
+            released = 0
+            for run in pending:
+                if run.schedule_id and run.schedule.overlap != Schedule.Overlap.ALLOW and run.schedule_id in busy_schedules:
+                    continue
+                if run.workflow_id in workflows and not limits.may_start(run.workflow):
+                    continue
+                if release_pending_run(run, now=now):
+                    released += 1
+                    if run.schedule_id:
+                        busy_schedules.add(run.schedule_id)
+                    if run.workflow_id:
+                        limits.started(run.workflow)
+            if released:
+                Run.objects.filter(pk__in=[r.pk for r in pending if r.state == RunState.RUNNING]).update(reason="")
+                notify_dispatchers()
+                log.info("released %d pending runs", released, extra={"action": "runs_released"})
+            return released
+
+    # -- 4. maintenance ------------------------------------------------------------------------
+
+    def _run_maintenance(self, now: datetime) -> None:
+        for name, interval, job in self.maintenance:
+            last = self._maintained.get(name)
+            if last is not None and (now - last).total_seconds() < interval:
+                continue
+            self._maintained[name] = now
+            try:
+                job(self.clock)
+            except Exception:  # a maintenance job must never take the scheduler down
+                log.exception("maintenance job %s failed", name, extra={"action": "maintenance_failed", "job": name})
+
+
+def _runnable_schedules():
+    return Schedule.objects.filter(
+        paused=False, next_fire_at__isnull=False, workflow__paused=False, workflow__present=True,
+        workflow__current_version__isnull=False,
+    )
+
+
+def _active_runs_by_schedule(schedule_ids: list[int]) -> dict[int, list[dict]]:
+    active: dict[int, list[dict]] = defaultdict(list)
+    if schedule_ids:
+        rows = (Run.objects.filter(schedule_id__in=schedule_ids, state__in=ACTIVE_RUN_STATES)
+                .order_by("logical_date").values("id", "schedule_id", "state", "logical_date"))
+        for row in rows:
+            active[row["schedule_id"]].append({"id": row["id"], "state": row["state"], "at": row["logical_date"]})
+    return active
+
+
+def _cancel_replaced(active: list[dict], at: datetime) -> None:
+    from orchestrator.control import cancel_run
+
+    for previous in active:
+        if previous.get("id"):
+            run = Run.objects.get(pk=previous["id"])
+            cancel_run(run, reason=f"replaced by the run of {fmt(at)} (overlap=replace)")
+
+
+class _WorkflowLimits:
+    """max_active_runs per workflow: running runs counted once per batch, then tracked in memory.
+    While a workflow has runs waiting, new ones wait behind them (first come, first started)."""
+
+    def __init__(self, workflows, pending_blocks: bool = True):
+        limited = {w.pk for w in workflows if w.max_active_runs}
+        self.running: Counter = Counter()
+        self.waiting: Counter = Counter()
+        if limited:
+            rows = (Run.objects.filter(workflow_id__in=limited, state__in=ACTIVE_RUN_STATES)
+                    .values("workflow_id", "state").annotate(n=Count("id")))
+            for row in rows:
+                if row["state"] == RunState.RUNNING:
+                    self.running[row["workflow_id"]] = row["n"]
+                elif pending_blocks:
+                    self.waiting[row["workflow_id"]] = row["n"]
+
+    def may_start(self, workflow) -> bool:
+        if not workflow.max_active_runs:
+            return True
+        return not self.waiting[workflow.pk] and self.running[workflow.pk] < workflow.max_active_runs
+
+    def started(self, workflow) -> None:
+        self.running[workflow.pk] += 1
+
