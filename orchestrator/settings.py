@@ -98,6 +98,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "orchestrator",
 ]
 
@@ -175,13 +176,25 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "orchestrator.api.errors.exception_handler",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Orchestrator API",
     "DESCRIPTION": "Trigger workflow runs, enqueue jobs, and manage the dead-letter queue.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The docs page loads Swagger UI from this installation's static files, never from a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {"RunStateEnum": "orchestrator.models.RunState",
+                            "TaskStateEnum": "orchestrator.models.TaskState"},
 }
+
+# Django's task framework: functions decorated with django.tasks.task run as our jobs.
+# No QUEUES list: any queue name is accepted, as workers choose queues by name.
+TASKS = {"default": {"BACKEND": "orchestrator.tasks_backend.OrchestratorBackend", "QUEUES": []}}
 
 # The product's own knobs. Each has a default; the environment overrides it.
 ORCHESTRATOR = {

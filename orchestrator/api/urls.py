@@ -1,2 +1,32 @@
+from django.urls import path, re_path
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+
+from orchestrator.api import views
+from orchestrator.api.errors import not_found
+
 app_name = "api"
-urlpatterns: list = []
+
+urlpatterns = [
+    path("workflows/", views.WorkflowListView.as_view(), name="workflows"),
+    path("workflows/<str:name>/", views.WorkflowDetailView.as_view(), name="workflow"),
+    path("workflows/<str:name>/pause/", views.WorkflowPauseView.as_view(), name="workflow-pause"),
+    path("workflows/<str:name>/resume/", views.WorkflowResumeView.as_view(), name="workflow-resume"),
+    path("workflows/<str:name>/runs/", views.WorkflowRunsView.as_view(), name="workflow-runs"),
+    path("runs/", views.RunListView.as_view(), name="runs"),
+    path("runs/<int:pk>/", views.RunDetailView.as_view(), name="run"),
+    path("runs/<int:pk>/cancel/", views.RunCancelView.as_view(), name="run-cancel"),
+    path("runs/<int:pk>/retry/", views.RunRetryView.as_view(), name="run-retry"),
+    path("task-runs/<int:pk>/", views.TaskRunDetailView.as_view(), name="task-run"),
+    path("task-runs/<int:pk>/attempts/<int:number>/log/", views.AttemptLogView.as_view(), name="attempt-log"),
+    path("jobs/", views.JobListView.as_view(), name="jobs"),
+    path("jobs/<int:pk>/", views.JobDetailView.as_view(), name="job"),
+    path("dlq/", views.DeadLetterListView.as_view(), name="dlq"),
+    path("dlq/retry/", views.DeadLetterRetryView.as_view(), name="dlq-retry"),
+    path("dlq/discard/", views.DeadLetterDiscardView.as_view(), name="dlq-discard"),
+    path("backfills/", views.BackfillListView.as_view(), name="backfills"),
+    path("backfills/<int:pk>/", views.BackfillDetailView.as_view(), name="backfill"),
+    path("schema/", SpectacularAPIView.as_view(permission_classes=[]), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema", permission_classes=[]), name="docs"),
+    path("redoc/", SpectacularRedocView.as_view(url_name="api:schema", permission_classes=[]), name="redoc"),
+    re_path(r"^.*$", not_found),
+]

@@ -1,0 +1,77 @@
+"""Every API error is JSON: ``{"detail": "..."}`` and, for bad input, one list of messages per field
+(``{"params": {"orders": ["expected an integer, got \\"x\\""]}}``).
+
+DRF already turns its own exceptions into such responses; this handler adds the errors our
+modules raise and the input problems that would otherwise surface from the database as a 500
+(a value PostgreSQL cannot store), so no input produces a server error.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import DataError
+from django.http import JsonResponse
+from rest_framework import status
+from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from orchestrator.params import ParamError
+from orchestrator.runs import IdempotencyConflict, RunError
+
+
+class Conflict(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "the request conflicts with the current state of the resource"
+    default_code = "conflict"
+
+
+def field_errors(field: str | None, message: str) -> dict:
+    return {field or "non_field_errors": [message]}
+
+
+def param_errors(exc: ParamError) -> dict:
+    # A message about the params object as a whole ("expected an object") is keyed "params" itself.
+    if set(exc.errors) == {"params"}:
+        return {"params": [exc.errors["params"]]}
+    return {"params": {name: [message] for name, message in exc.errors.items()}}
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, IdempotencyConflict):
+        return Response({"detail": str(exc), "idempotency_key": [str(exc)], "existing_id": exc.existing.pk},
+                        status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, ParamError):
+        exc = ValidationError(param_errors(exc))
+    elif isinstance(exc, RunError):
+        exc = ValidationError(field_errors(exc.field, str(exc)))
+    elif isinstance(exc, DjangoValidationError):
+        exc = ValidationError(exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages})
+    elif isinstance(exc, DataError):
+        # PostgreSQL refused a value (out of range, NUL byte): the input was bad, not the server.
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "a value cannot be stored"
+        exc = ValidationError({"non_field_errors": [f"invalid input: {reason}"]})
+    response = drf_exception_handler(exc, context)
+    if response is not None and isinstance(exc, ValidationError) and not isinstance(response.data, dict):
+        response.data = {"non_field_errors": response.data}
+    if response is not None and isinstance(response.data, dict) and "detail" not in response.data:
+        response.data = {"detail": summary(response.data), **response.data}
+    return response
+
+
+def summary(errors: dict) -> str:
+    """One line for clients that show only ``detail``: the first message of the first field."""
+    for field, messages in errors.items():
+        while isinstance(messages, dict) and messages:
+            field, messages = next(iter(messages.items()))
+        if isinstance(messages, list) and messages:
+            first = messages[0]
+            while isinstance(first, dict | list) and first:
+                first = next(iter(first.values())) if isinstance(first, dict) else first[0]
+            return f"{field}: {first}" if field != "non_field_errors" else str(first)
+    return "invalid input"
+
+
+def not_found(request, *args, **kwargs):
+    """Unknown /api/ URLs answer JSON, like every other API error."""
+    return JsonResponse({"detail": f"no API endpoint at {request.path}"}, status=404)

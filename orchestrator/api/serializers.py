@@ -1,0 +1,479 @@
+"""What the API reads and writes. Input serializers check everything PostgreSQL or our modules
+would otherwise reject late (NUL bytes, integers out of range, datetimes without a timezone), so a
+bad request is a 400 naming the field and changes nothing stored."""
+
+from __future__ import annotations
+
+from datetime import UTC
+
+from django.utils.dateparse import parse_datetime
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from orchestrator import cron
+from orchestrator.models import (
+    Attempt,
+    Backfill,
+    Run,
+    RunState,
+    Schedule,
+    TaskRun,
+    TaskState,
+    Trigger,
+    Workflow,
+)
+
+MAX_ID = 2**63 - 1  # bigint primary keys
+PRIORITY_RANGE = (-100, 100)
+MAX_JSON_DEPTH = 32
+
+
+class AwareDateTimeField(serializers.DateTimeField):
+    """An ISO 8601 date and time that must carry its timezone: a naive one is ambiguous, and
+    guessing the server's zone would silently shift a job or a backfill by hours."""
+
+    default_error_messages = {
+        "invalid": "expected a date and time like 2026-01-31T08:00:00+00:00, got {input!r}",
+        "naive": "{input!r} has no timezone; add one, e.g. +00:00 or Z",
+        "range": "{input!r} is out of the supported range (years 1-9999 in UTC)",
+    }
+
+    def to_internal_value(self, value):
+        if not isinstance(value, str):
+            self.fail("invalid", input=value)
+        try:
+            parsed = parse_datetime(value.strip())
+        except ValueError:
+            parsed = None
+        if parsed is None:
+            self.fail("invalid", input=value)
+        if parsed.tzinfo is None or parsed.utcoffset() is None:
+            self.fail("naive", input=value)
+        try:
+            return parsed.astimezone(UTC)
+        except (OverflowError, ValueError):
+            self.fail("range", input=value)
+
+
+def check_json(value, path: str = "", depth: int = 0) -> None:
+    """PostgreSQL's jsonb cannot hold a NUL character; find one before the database does."""
+    if depth > MAX_JSON_DEPTH:
+        raise serializers.ValidationError(f"nested deeper than {MAX_JSON_DEPTH} levels at {path or 'the top'}")
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise serializers.ValidationError(f"contains a NUL character at {path or 'the top'}")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_json(key, f"{path}.{key}" if path else str(key), depth + 1)
+            check_json(item, f"{path}.{key}" if path else str(key), depth + 1)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            check_json(item, f"{path}[{index}]", depth + 1)
+
+
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class JSONObjectField(serializers.JSONField):
+    default_error_messages = {"not_object": "expected a JSON object, got {kind}"}
+
+    def to_internal_value(self, data):
+        data = super().to_internal_value(data)
+        if not isinstance(data, dict):
+            self.fail("not_object", kind=type(data).__name__)
+        check_json(data)
+        return data
+
+
+@extend_schema_field({"type": "array", "items": {}})
+class JSONListField(serializers.JSONField):
+    default_error_messages = {"not_list": "expected a JSON array, got {kind}"}
+
+    def to_internal_value(self, data):
+        data = super().to_internal_value(data)
+        if not isinstance(data, list):
+            self.fail("not_list", kind=type(data).__name__)
+        check_json(data)
+        return data
+
+
+class IdempotencyKeyField(serializers.CharField):
+    def __init__(self, **kwargs):
+        kwargs.setdefault("required", False)
+        kwargs.setdefault("allow_null", True)
+        kwargs.setdefault("max_length", 255)
+        kwargs.setdefault("min_length", 1)
+        kwargs.setdefault("help_text", "Retrying with the same key and payload returns the existing resource (200); "
+                                       "the same key with a different payload is a 409. Also accepted as the "
+                                       "Idempotency-Key header.")
+        super().__init__(**kwargs)
+
+
+# --- workflows ------------------------------------------------------------------------------------
+
+
+class ScheduleSerializer(serializers.ModelSerializer):
+    description = serializers.SerializerMethodField()
+    next_fire_times = serializers.SerializerMethodField(help_text="The next five fire times, in UTC.")
+
+    class Meta:
+        model = Schedule
+        fields = ["name", "source", "cron", "timezone", "description", "catchup", "max_catchup", "overlap",
+                  "start_deadline", "jitter", "params", "paused", "next_fire_at", "last_fire_at", "next_fire_times"]
+
+    def get_description(self, schedule) -> str:
+        try:
+            return cron.describe(schedule.cron)
+        except cron.CronError as exc:
+            return str(exc)
+
+    @extend_schema_field({"type": "array", "items": {"type": "string", "format": "date-time"}})
+    def get_next_fire_times(self, schedule):
+        now = self.context.get("now")
+        try:
+            return [utc.isoformat() for utc, _local in cron.preview(schedule.cron, schedule.timezone, now, count=5)]
+        except cron.CronError:
+            return []
+
+
+class TaskNodeSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    kind = serializers.CharField(help_text="python or shell")
+    ref = serializers.CharField(required=False, help_text="module:function of a Python task")
+    command = serializers.CharField(required=False, help_text="the command of a shell task")
+    upstream = serializers.ListField(child=serializers.CharField())
+    queue = serializers.CharField()
+    priority = serializers.IntegerField()
+    max_attempts = serializers.IntegerField()
+    timeout = serializers.FloatField(allow_null=True)
+    trigger_rule = serializers.CharField()
+
+
+class GraphSerializer(serializers.Serializer):
+    tasks = TaskNodeSerializer(many=True)
+    edges = serializers.ListField(
+        child=serializers.ListField(child=serializers.CharField(), min_length=2, max_length=2),
+        help_text="[parent, child] pairs",
+    )
+
+
+class WorkflowSerializer(serializers.ModelSerializer):
+    version = serializers.IntegerField(source="current_version.number", allow_null=True, default=None)
+
+    class Meta:
+        model = Workflow
+        fields = ["name", "description", "tags", "owner", "tenant", "paused", "broken", "sync_error", "present",
+                  "max_active_runs", "version", "updated_at"]
+
+
+class WorkflowDetailSerializer(WorkflowSerializer):
+    params = serializers.SerializerMethodField(help_text="The declared params: type, default, required, choices.")
+    graph = serializers.SerializerMethodField()
+    schedules = ScheduleSerializer(many=True, read_only=True)
+
+    class Meta(WorkflowSerializer.Meta):
+        fields = [*WorkflowSerializer.Meta.fields, "module", "webhooks", "params", "graph", "schedules"]
+
+    @extend_schema_field({"type": "object", "additionalProperties": {"type": "object", "additionalProperties": True}})
+    def get_params(self, workflow):
+        return workflow.spec.get("params", {})
+
+    @extend_schema_field(GraphSerializer)
+    def get_graph(self, workflow):
+        tasks = []
+        edges = []
+        for name, spec in workflow.spec.get("tasks", {}).items():
+            node = {"name": name, "kind": spec.get("kind", "python"), "upstream": spec.get("upstream", []),
+                    "queue": spec.get("queue", "default"), "priority": spec.get("priority", 0),
+                    "max_attempts": spec.get("max_attempts", 1), "timeout": spec.get("timeout"),
+                    "trigger_rule": spec.get("trigger_rule", "all_success")}
+            if "ref" in spec:
+                node["ref"] = spec["ref"]
+            if "command" in spec:
+                node["command"] = spec["command"]
+            tasks.append(node)
+            edges.extend([parent, name] for parent in spec.get("upstream", []))
+        return {"tasks": tasks, "edges": edges}
+
+
+# --- runs ---------------------------------------------------------------------------------------
+
+
+class RunSerializer(serializers.ModelSerializer):
+    workflow = serializers.CharField(source="workflow.name", allow_null=True, default=None)
+    schedule = serializers.CharField(source="schedule.name", allow_null=True, default=None)
+    created_by = serializers.CharField(source="created_by.username", allow_null=True, default=None)
+
+    class Meta:
+        model = Run
+        fields = ["id", "workflow", "trigger", "state", "logical_date", "params", "priority", "tenant",
+                  "schedule", "backfill", "idempotency_key", "reason", "created_by", "created_at", "started_at",
+                  "finished_at"]
+
+
+class TaskRunSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = TaskRun
+        fields = ["id", "task", "state", "upstream", "queue", "priority", "attempts", "max_attempts", "due_at",
+                  "timeout", "result", "error", "created_at", "queued_at", "started_at", "finished_at"]
+
+
+class RunDetailSerializer(RunSerializer):
+    task_runs = TaskRunSerializer(many=True, read_only=True)
+
+    class Meta(RunSerializer.Meta):
+        fields = [*RunSerializer.Meta.fields, "task_runs"]
+
+
+class AttemptSerializer(serializers.ModelSerializer):
+    worker = serializers.CharField(source="worker.name", allow_null=True, default=None)
+    duration = serializers.FloatField(read_only=True, allow_null=True, help_text="seconds")
+    log_url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Attempt
+        fields = ["number", "outcome", "worker", "started_at", "finished_at", "duration", "error", "traceback",
+                  "log_url"]
+
+    def get_log_url(self, attempt) -> str:
+        return f"/api/task-runs/{attempt.task_run_id}/attempts/{attempt.number}/log/"
+
+
+class TaskRunDetailSerializer(TaskRunSerializer):
+    run = serializers.IntegerField(source="run_id")
+    workflow = serializers.CharField(source="run.workflow.name", allow_null=True, default=None)
+    spec = serializers.JSONField()
+    attempt_list = AttemptSerializer(source="attempt_set", many=True, read_only=True)
+
+    class Meta(TaskRunSerializer.Meta):
+        fields = ["run", "workflow", *TaskRunSerializer.Meta.fields, "spec", "attempt_list"]
+
+
+class RunFilterSerializer(serializers.Serializer):
+    workflow = serializers.CharField(required=False, max_length=200, help_text="workflow name")
+    state = serializers.ChoiceField(choices=RunState.choices, required=False)
+    trigger = serializers.ChoiceField(choices=Trigger.choices, required=False)
+    created_after = AwareDateTimeField(required=False, help_text="created at or after (with timezone)")
+    created_before = AwareDateTimeField(required=False, help_text="created before (with timezone)")
+    logical_after = AwareDateTimeField(required=False, help_text="logical date at or after (with timezone)")
+    logical_before = AwareDateTimeField(required=False, help_text="logical date before (with timezone)")
+
+
+class TriggerSerializer(serializers.Serializer):
+    params = JSONObjectField(required=False, default=dict, help_text="Values for the workflow's declared params.")
+    logical_date = AwareDateTimeField(required=False, allow_null=True, default=None,
+                                      help_text="The run's logical date; now when omitted.")
+    priority = serializers.IntegerField(required=False, default=0, min_value=PRIORITY_RANGE[0],
+                                        max_value=PRIORITY_RANGE[1])
+    idempotency_key = IdempotencyKeyField()
+
+
+class CancelSerializer(serializers.Serializer):
+    reason = serializers.CharField(required=False, default="", allow_blank=True, max_length=2000)
+
+
+class CancelResultSerializer(serializers.Serializer):
+    cancelled = serializers.BooleanField(help_text="false when the run had already finished")
+    run = RunSerializer()
+
+
+class RunRetriedSerializer(serializers.Serializer):
+    retried = serializers.IntegerField(help_text="task runs that got a fresh attempt")
+    run = RunSerializer()
+
+
+class LogQuerySerializer(serializers.Serializer):
+    offset = serializers.IntegerField(required=False, default=0, min_value=0, max_value=MAX_ID)
+    limit = serializers.IntegerField(required=False, default=65536, min_value=1, max_value=1024 * 1024)
+
+
+class LogPageSerializer(serializers.Serializer):
+    text = serializers.CharField(allow_blank=True)
+    next_offset = serializers.IntegerField()
+    eof = serializers.BooleanField()
+
+
+# --- jobs ---------------------------------------------------------------------------------------
+
+
+class JobRequestSerializer(serializers.Serializer):
+    ref = serializers.CharField(max_length=500, help_text='The function to call, "package.module:function".')
+    args = JSONListField(required=False, default=list)
+    kwargs = JSONObjectField(required=False, default=dict)
+    run_after = AwareDateTimeField(required=False, allow_null=True, default=None,
+                                   help_text="Not before this time (with timezone); now when omitted.")
+    queue = serializers.RegexField(r"^[A-Za-z0-9_.-]+$", max_length=100, required=False, default="default")
+    priority = serializers.IntegerField(required=False, default=0, min_value=PRIORITY_RANGE[0],
+                                        max_value=PRIORITY_RANGE[1])
+    max_attempts = serializers.IntegerField(required=False, default=1, min_value=1, max_value=100)
+    timeout = serializers.FloatField(required=False, allow_null=True, default=None, min_value=0.001,
+                                     max_value=7 * 24 * 3600, help_text="seconds before the attempt is killed")
+    idempotency_key = IdempotencyKeyField()
+
+
+class JobSerializer(serializers.ModelSerializer):
+    """A job is a run of one task; this flattens the two."""
+
+    ref = serializers.SerializerMethodField()
+    args = serializers.SerializerMethodField()
+    kwargs = serializers.SerializerMethodField()
+    run_state = serializers.CharField(source="state")
+    state = serializers.SerializerMethodField(help_text="the state of the job's task run")
+    queue = serializers.SerializerMethodField()
+    due_at = serializers.SerializerMethodField()
+    attempts = serializers.SerializerMethodField()
+    max_attempts = serializers.SerializerMethodField()
+    result = serializers.SerializerMethodField()
+    error = serializers.SerializerMethodField()
+    task_run = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Run
+        fields = ["id", "ref", "args", "kwargs", "state", "run_state", "queue", "priority", "due_at", "attempts",
+                  "max_attempts", "result", "error", "idempotency_key", "task_run", "created_at", "started_at",
+                  "finished_at"]
+
+    @staticmethod
+    def _task_run(run):
+        cached = getattr(run, "_job_task_run", None)
+        if cached is None:
+            cached = run.task_runs.first()
+            run._job_task_run = cached
+        return cached
+
+    def get_ref(self, run) -> str:
+        task_run = self._task_run(run)
+        return task_run.spec.get("ref", "") if task_run else ""
+
+    @extend_schema_field({"type": "array", "items": {}})
+    def get_args(self, run):
+        task_run = self._task_run(run)
+        return task_run.spec.get("args", []) if task_run else []
+
+    @extend_schema_field({"type": "object", "additionalProperties": True})
+    def get_kwargs(self, run):
+        task_run = self._task_run(run)
+        return task_run.spec.get("kwargs", {}) if task_run else {}
+
+    @extend_schema_field(serializers.ChoiceField(choices=TaskState.choices))
+    def get_state(self, run):
+        task_run = self._task_run(run)
+        return task_run.state if task_run else run.state
+
+    def get_queue(self, run) -> str:
+        task_run = self._task_run(run)
+        return task_run.queue if task_run else "default"
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_due_at(self, run):
+        task_run = self._task_run(run)
+        return task_run.due_at.isoformat() if task_run and task_run.due_at else None
+
+    def get_attempts(self, run) -> int:
+        task_run = self._task_run(run)
+        return task_run.attempts if task_run else 0
+
+    def get_max_attempts(self, run) -> int:
+        task_run = self._task_run(run)
+        return task_run.max_attempts if task_run else 1
+
+    @extend_schema_field(OpenApiTypes.ANY)
+    def get_result(self, run):
+        task_run = self._task_run(run)
+        return task_run.result if task_run else None
+
+    def get_error(self, run) -> str:
+        task_run = self._task_run(run)
+        return task_run.error if task_run else ""
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_task_run(self, run):
+        task_run = self._task_run(run)
+        return task_run.pk if task_run else None
+
+
+# --- dead-letter queue ---------------------------------------------------------------------------
+
+
+class DeadTaskRunSerializer(TaskRunSerializer):
+    run = serializers.IntegerField(source="run_id")
+    workflow = serializers.CharField(source="run.workflow.name", allow_null=True, default=None)
+
+    class Meta(TaskRunSerializer.Meta):
+        fields = ["run", "workflow", *TaskRunSerializer.Meta.fields]
+
+
+class DeadLetterFilterSerializer(serializers.Serializer):
+    workflow = serializers.CharField(required=False, max_length=200, help_text="workflow name")
+    queue = serializers.CharField(required=False, max_length=100)
+
+
+class TaskRunIdsSerializer(serializers.Serializer):
+    ids = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=MAX_ID), min_length=1, max_length=1000,
+        help_text="Task run ids (one or many).",
+    )
+
+
+class RetriedSerializer(serializers.Serializer):
+    requested = serializers.IntegerField()
+    retried = serializers.IntegerField(help_text="how many were dead or failed and got a fresh attempt")
+
+
+class DiscardedSerializer(serializers.Serializer):
+    requested = serializers.IntegerField()
+    discarded = serializers.IntegerField(help_text="how many were dead and left the dead-letter queue")
+
+
+# --- backfills ----------------------------------------------------------------------------------
+
+
+class BackfillRequestSerializer(serializers.Serializer):
+    workflow = serializers.CharField(max_length=200)
+    start = AwareDateTimeField(help_text="first logical date, inclusive (with timezone)")
+    end = AwareDateTimeField(help_text="last logical date, inclusive (with timezone)")
+    schedule = serializers.CharField(required=False, allow_null=True, default=None, max_length=100,
+                                     help_text="schedule name; the workflow's first schedule when omitted")
+    reprocess = serializers.ChoiceField(choices=Backfill.Reprocess.choices, required=False,
+                                        default=Backfill.Reprocess.NONE)
+    params = JSONObjectField(required=False, default=dict)
+    dry_run = serializers.BooleanField(required=False, default=False,
+                                       help_text="only list the fire times and count; create nothing")
+
+    def validate(self, data):
+        if data["end"] < data["start"]:
+            raise serializers.ValidationError({"end": ["must not be before start"]})
+        return data
+
+
+class BackfillPlanSerializer(serializers.Serializer):
+    dry_run = serializers.BooleanField()
+    workflow = serializers.CharField()
+    count = serializers.IntegerField(help_text="fire times in the range")
+    existing = serializers.IntegerField(help_text="fire times that already have a run")
+    to_create = serializers.IntegerField(help_text="runs a backfill would create")
+    fire_times = serializers.ListField(child=serializers.DateTimeField())
+
+
+class BackfillSerializer(serializers.ModelSerializer):
+    workflow = serializers.CharField(source="workflow.name")
+    schedule = serializers.CharField(source="schedule.name", allow_null=True, default=None)
+    done = serializers.SerializerMethodField(help_text="runs of the backfill that have finished")
+
+    class Meta:
+        model = Backfill
+        fields = ["id", "workflow", "schedule", "start", "end", "reprocess", "params", "total", "done", "created_at"]
+
+    def get_done(self, backfill) -> int:
+        from orchestrator import backfill as backfills
+
+        done, _total = backfills.progress(backfill)
+        return done
+
+
+# --- errors, for the schema ----------------------------------------------------------------------
+
+
+class ErrorSerializer(serializers.Serializer):
+    """Every error: ``detail`` says what went wrong; for bad input each field has its messages."""
+
+    detail = serializers.CharField()

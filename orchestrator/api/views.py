@@ -1,0 +1,458 @@
+"""The REST API: workflows, runs, task runs and their logs, jobs, the dead-letter queue and
+backfills. Views only translate HTTP to the product's functions (``runs.trigger_workflow``,
+``jobs.enqueue``, ``control.*``, ``backfill.*``, ``scheduler.*``, ``logs.read``), so the API,
+the web UI and the admin behave the same."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from django.db.models import Prefetch
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.pagination import CursorPagination
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from orchestrator.api import serializers as s
+from orchestrator.api.errors import field_errors
+from orchestrator.api.permissions import ViewerReadsOperatorWrites
+from orchestrator.models import Attempt, Backfill, Run, Schedule, TaskRun, TaskState, Trigger, Workflow
+from orchestrator.runs import trigger_workflow
+
+IDEMPOTENCY_HEADER = OpenApiParameter(
+    "Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
+    description="Same as the idempotency_key field; retries with one key create one resource.",
+)
+
+
+def errors(*codes: int) -> dict:
+    described = {
+        400: "invalid input: each bad field has a list of messages",
+        401: "no credentials (a token or a session)",
+        403: "the user lacks the Viewers/Operators group this needs",
+        404: "no such object",
+        409: "the idempotency key was used for a different request",
+    }
+    return {code: OpenApiResponse(s.ErrorSerializer, description=described[code]) for code in codes}
+
+
+READ_ERRORS = errors(400, 401, 403, 404)
+WRITE_ERRORS = errors(400, 401, 403, 404)
+
+
+class IdCursorPagination(CursorPagination):
+    """Keyset pagination on the primary key: page 10,000 of a million runs costs what page 1 does."""
+
+    ordering = "-id"
+    page_size = 50
+    page_size_query_param = "limit"
+    max_page_size = 500
+
+    def decode_cursor(self, request):
+        # DRF answers a mangled cursor with 404; it is bad input, so 400 naming the parameter.
+        try:
+            return super().decode_cursor(request)
+        except NotFound:
+            raise ValidationError({"cursor": ["invalid cursor; use the next or previous link of a page"]}) from None
+
+
+class DeadLetterPagination(IdCursorPagination):
+    ordering = ("-finished_at", "-id")
+
+
+@cache
+def paginated_schema(item_serializer):
+    """The shape of a cursor page, for the schema."""
+    name = f"Paginated{item_serializer.__name__.removesuffix('Serializer')}List"
+    return type(name, (serializers.Serializer,), {
+        "next": serializers.URLField(allow_null=True),
+        "previous": serializers.URLField(allow_null=True),
+        "results": item_serializer(many=True),
+    })
+
+
+def get_workflow(name: str) -> Workflow:
+    workflow = Workflow.objects.select_related("current_version").filter(name=name).first()
+    if workflow is None:
+        raise NotFound(f"unknown workflow {name!r}")
+    return workflow
+
+
+def get_run(pk: int, **filters) -> Run:
+    run = Run.objects.select_related("workflow", "schedule", "created_by").filter(pk=pk, **filters).first()
+    if run is None:
+        raise NotFound(f"no run {pk}" if not filters else f"no job {pk}")
+    return run
+
+
+def validated(serializer_class, data, **kwargs):
+    serializer = serializer_class(data=data, **kwargs)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+def idempotency_key(request, data: dict) -> str | None:
+    """The key from the Idempotency-Key header or the body's field; both must agree."""
+    header = request.headers.get("Idempotency-Key")
+    body = data.get("idempotency_key")
+    if header is not None:
+        header = header.strip()
+        if not header or len(header) > 255:
+            raise ValidationError({"idempotency_key": ["the Idempotency-Key header must be 1 to 255 characters"]})
+        if body and body != header:
+            raise ValidationError({"idempotency_key": ["the Idempotency-Key header and the idempotency_key "
+                                                       "field differ; send one of them"]})
+        return header
+    return body or None
+
+
+def body(request) -> dict:
+    """The request body as an object; a JSON array or scalar is a 400, not a crash."""
+    data = request.data
+    if not hasattr(data, "get"):
+        raise ValidationError({"non_field_errors": [f"expected a JSON object, got {type(data).__name__}"]})
+    return data
+
+
+class APIBase(APIView):
+    permission_classes = [ViewerReadsOperatorWrites]
+
+    def page(self, queryset, serializer_class, pagination_class=IdCursorPagination, context=None):
+        paginator = pagination_class()
+        items = paginator.paginate_queryset(queryset, self.request, view=self)
+        data = serializer_class(items, many=True, context=context or {}).data
+        return paginator.get_paginated_response(data)
+
+
+# --- workflows ------------------------------------------------------------------------------------
+
+
+class WorkflowListView(APIBase):
+    @extend_schema(tags=["workflows"], operation_id="workflows_list", summary="List workflows", responses={200: s.WorkflowSerializer(many=True),
+                                                                             **errors(401, 403)})
+    def get(self, request):
+        workflows = Workflow.objects.select_related("current_version").order_by("name")
+        return Response(s.WorkflowSerializer(workflows, many=True).data)
+
+
+def workflow_detail(workflow: Workflow) -> dict:
+    schedules = Schedule.objects.filter(workflow=workflow).order_by("name")
+    workflow._prefetched_objects_cache = {"schedules": schedules}
+    return s.WorkflowDetailSerializer(workflow, context={"now": timezone.now()}).data
+
+
+class WorkflowDetailView(APIBase):
+    @extend_schema(tags=["workflows"], summary="A workflow: graph, params, schedules with next fire times",
+                   responses={200: s.WorkflowDetailSerializer, **errors(401, 403, 404)})
+    def get(self, request, name):
+        return Response(workflow_detail(get_workflow(name)))
+
+
+class WorkflowPauseView(APIBase):
+    @extend_schema(tags=["workflows"], summary="Pause a workflow: its schedules stop creating runs",
+                   request=None, responses={200: s.WorkflowDetailSerializer, **errors(401, 403, 404)})
+    def post(self, request, name):
+        from orchestrator import scheduler
+
+        workflow = get_workflow(name)
+        scheduler.pause_workflow(workflow)
+        workflow.refresh_from_db()
+        return Response(workflow_detail(workflow))
+
+
+class WorkflowResumeView(APIBase):
+    @extend_schema(tags=["workflows"], summary="Resume a paused workflow",
+                   request=None, responses={200: s.WorkflowDetailSerializer, **errors(401, 403, 404)})
+    def post(self, request, name):
+        from orchestrator import scheduler
+
+        workflow = get_workflow(name)
+        scheduler.resume_workflow(workflow)
+        workflow.refresh_from_db()
+        return Response(workflow_detail(workflow))
+
+
+# --- runs -----------------------------------------------------------------------------------------
+
+
+def filtered_runs(request, workflow: Workflow | None = None):
+    filters = validated(s.RunFilterSerializer, request.query_params)
+    runs = Run.objects.select_related("workflow", "schedule", "created_by")
+    if workflow is None and "workflow" in filters:
+        workflow = Workflow.objects.filter(name=filters["workflow"]).first()
+        if workflow is None:
+            raise ValidationError({"workflow": [f"unknown workflow {filters['workflow']!r}"]})
+    if workflow is not None:
+        runs = runs.filter(workflow=workflow)
+    for key, lookup in [("state", "state"), ("trigger", "trigger"), ("created_after", "created_at__gte"),
+                        ("created_before", "created_at__lt"), ("logical_after", "logical_date__gte"),
+                        ("logical_before", "logical_date__lt")]:
+        if key in filters:
+            runs = runs.filter(**{lookup: filters[key]})
+    return runs
+
+
+def run_detail(run: Run) -> dict:
+    return s.RunDetailSerializer(run).data
+
+
+class RunListView(APIBase):
+    @extend_schema(tags=["runs"], operation_id="runs_list", summary="List runs, newest first (cursor pagination)",
+                   parameters=[s.RunFilterSerializer,
+                               OpenApiParameter("cursor", str, description="from a page's next/previous link"),
+                               OpenApiParameter("limit", int, description="page size, at most 500")],
+                   responses={200: paginated_schema(s.RunSerializer), **errors(400, 401, 403)})
+    def get(self, request):
+        return self.page(filtered_runs(request), s.RunSerializer)
+
+
+class WorkflowRunsView(APIBase):
+    @extend_schema(tags=["runs"], operation_id="workflows_runs_list", summary="List the runs of one workflow",
+                   parameters=[s.RunFilterSerializer,
+                               OpenApiParameter("cursor", str, description="from a page's next/previous link"),
+                               OpenApiParameter("limit", int, description="page size, at most 500")],
+                   responses={200: paginated_schema(s.RunSerializer), **errors(400, 401, 403, 404)})
+    def get(self, request, name):
+        return self.page(filtered_runs(request, get_workflow(name)), s.RunSerializer)
+
+    @extend_schema(
+        tags=["runs"], summary="Trigger a run",
+        description="Params are checked against the workflow's declared params. With an idempotency key "
+                    "(field or Idempotency-Key header) a retry returns the run it created (200).",
+        request=s.TriggerSerializer, parameters=[IDEMPOTENCY_HEADER],
+        responses={201: s.RunDetailSerializer, 200: s.RunDetailSerializer, **errors(400, 401, 403, 404, 409)},
+    )
+    def post(self, request, name):
+        workflow = get_workflow(name)
+        data = validated(s.TriggerSerializer, body(request))
+        key = idempotency_key(request, data)
+        run, created = trigger_workflow(
+            workflow, data["params"], trigger=Trigger.API, created_by=request.user, idempotency_key=key,
+            logical_date=data["logical_date"], priority=data["priority"],
+        )
+        run = get_run(run.pk)
+        headers = {"Location": f"/api/runs/{run.pk}/"}
+        return Response(run_detail(run), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+                        headers=headers)
+
+
+class RunDetailView(APIBase):
+    @extend_schema(tags=["runs"], summary="A run with its task runs",
+                   responses={200: s.RunDetailSerializer, **errors(401, 403, 404)})
+    def get(self, request, pk):
+        return Response(run_detail(get_run(pk)))
+
+
+class RunCancelView(APIBase):
+    @extend_schema(tags=["runs"], summary="Cancel a run: its unfinished task runs are cancelled",
+                   request=s.CancelSerializer, responses={200: s.CancelResultSerializer, **WRITE_ERRORS})
+    def post(self, request, pk):
+        from orchestrator import control
+
+        run = get_run(pk)
+        data = validated(s.CancelSerializer, body(request))
+        cancelled = control.cancel_run(run, reason=data["reason"], by=request.user)
+        return Response({"cancelled": bool(cancelled), "run": s.RunSerializer(get_run(pk)).data})
+
+
+class RunRetryView(APIBase):
+    @extend_schema(tags=["runs"], summary="Retry every dead, failed or upstream-failed task run of a run",
+                   request=None, responses={200: s.RunRetriedSerializer, **errors(401, 403, 404)})
+    def post(self, request, pk):
+        from orchestrator import control
+
+        run = get_run(pk)
+        retried = control.retry_run(run)
+        return Response({"retried": retried, "run": s.RunSerializer(get_run(pk)).data})
+
+
+# --- task runs and logs -----------------------------------------------------------------------------
+
+
+class TaskRunDetailView(APIBase):
+    @extend_schema(tags=["runs"], summary="A task run with its attempts",
+                   responses={200: s.TaskRunDetailSerializer, **errors(401, 403, 404)})
+    def get(self, request, pk):
+        task_run = (TaskRun.objects.select_related("run__workflow")
+                    .prefetch_related(Prefetch("attempt_set", Attempt.objects.select_related("worker")))
+                    .filter(pk=pk).first())
+        if task_run is None:
+            raise NotFound(f"no task run {pk}")
+        return Response(s.TaskRunDetailSerializer(task_run).data)
+
+
+class AttemptLogView(APIBase):
+    @extend_schema(tags=["runs"], summary="The log of an attempt, one page of text at a time",
+                   description="Read from `offset` up to `limit` bytes; continue at `next_offset` until `eof`.",
+                   parameters=[s.LogQuerySerializer],
+                   responses={200: s.LogPageSerializer, **READ_ERRORS})
+    def get(self, request, pk, number):
+        from orchestrator import logs
+
+        query = validated(s.LogQuerySerializer, request.query_params)
+        attempt = Attempt.objects.filter(task_run_id=pk, number=number).first()
+        if attempt is None:
+            raise NotFound(f"task run {pk} has no attempt {number}")
+        text, next_offset, eof = logs.read(attempt, query["offset"], query["limit"])
+        return Response({"text": text, "next_offset": next_offset, "eof": eof})
+
+
+# --- jobs -----------------------------------------------------------------------------------------
+
+
+def jobs_queryset():
+    return Run.objects.filter(trigger=Trigger.JOB, workflow__isnull=True).prefetch_related("task_runs")
+
+
+def job_data(run: Run) -> dict:
+    return s.JobSerializer(run).data
+
+
+class JobListView(APIBase):
+    @extend_schema(tags=["jobs"], operation_id="jobs_list", summary="List jobs, newest first (cursor pagination)",
+                   parameters=[OpenApiParameter("cursor", str, description="from a page's next/previous link"),
+                               OpenApiParameter("limit", int, description="page size, at most 500")],
+                   responses={200: paginated_schema(s.JobSerializer), **errors(400, 401, 403)})
+    def get(self, request):
+        return self.page(jobs_queryset(), s.JobSerializer)
+
+    @extend_schema(
+        tags=["jobs"], summary="Enqueue a one-off or delayed job",
+        description="Calls `ref` (`package.module:function`) with `args` and `kwargs` on a worker of `queue`, "
+                    "not before `run_after`. Jobs run at least once: make them idempotent.",
+        request=s.JobRequestSerializer, parameters=[IDEMPOTENCY_HEADER],
+        responses={201: s.JobSerializer, 200: s.JobSerializer, **errors(400, 401, 403, 409)},
+    )
+    def post(self, request):
+        from orchestrator import jobs
+
+        data = validated(s.JobRequestSerializer, body(request))
+        key = idempotency_key(request, data)
+        # JobError (a RunError naming its field) and IdempotencyConflict become 400 and 409 in
+        # orchestrator.api.errors.
+        run, created = jobs.enqueue(
+            data["ref"], args=data["args"], kwargs=data["kwargs"], run_after=data["run_after"],
+            queue=data["queue"], priority=data["priority"], idempotency_key=key,
+            max_attempts=data["max_attempts"], timeout=data["timeout"], created_by=request.user,
+        )
+        run = jobs_queryset().get(pk=run.pk)
+        return Response(job_data(run), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+                        headers={"Location": f"/api/jobs/{run.pk}/"})
+
+
+class JobDetailView(APIBase):
+    @extend_schema(tags=["jobs"], summary="A job's state and result",
+                   responses={200: s.JobSerializer, **errors(401, 403, 404)})
+    def get(self, request, pk):
+        run = jobs_queryset().filter(pk=pk).first()
+        if run is None:
+            raise NotFound(f"no job {pk}")
+        return Response(job_data(run))
+
+
+# --- dead-letter queue ----------------------------------------------------------------------------
+
+
+class DeadLetterListView(APIBase):
+    @extend_schema(tags=["dead-letter queue"], operation_id="dlq_list", summary="Task runs that used every attempt, last failed first",
+                   parameters=[s.DeadLetterFilterSerializer,
+                               OpenApiParameter("cursor", str, description="from a page's next/previous link"),
+                               OpenApiParameter("limit", int, description="page size, at most 500")],
+                   responses={200: paginated_schema(s.DeadTaskRunSerializer), **errors(400, 401, 403)})
+    def get(self, request):
+        filters = validated(s.DeadLetterFilterSerializer, request.query_params)
+        dead = TaskRun.objects.filter(state=TaskState.DEAD).select_related("run__workflow")
+        if "workflow" in filters:
+            dead = dead.filter(run__workflow__name=filters["workflow"])
+        if "queue" in filters:
+            dead = dead.filter(queue=filters["queue"])
+        return self.page(dead, s.DeadTaskRunSerializer, DeadLetterPagination)
+
+
+class DeadLetterRetryView(APIBase):
+    @extend_schema(tags=["dead-letter queue"], summary="Retry task runs: each gets a fresh attempt",
+                   request=s.TaskRunIdsSerializer, responses={200: s.RetriedSerializer, **errors(400, 401, 403)})
+    def post(self, request):
+        from orchestrator import control
+
+        ids = validated(s.TaskRunIdsSerializer, body(request))["ids"]
+        return Response({"requested": len(set(ids)), "retried": control.retry_task_runs(sorted(set(ids)))})
+
+
+class DeadLetterDiscardView(APIBase):
+    @extend_schema(tags=["dead-letter queue"], summary="Discard task runs: they fail and leave the queue",
+                   request=s.TaskRunIdsSerializer, responses={200: s.DiscardedSerializer, **errors(400, 401, 403)})
+    def post(self, request):
+        from orchestrator import control
+
+        ids = validated(s.TaskRunIdsSerializer, body(request))["ids"]
+        return Response({"requested": len(set(ids)), "discarded": control.discard_task_runs(sorted(set(ids)))})
+
+
+# --- backfills ------------------------------------------------------------------------------------
+
+
+def backfills_queryset():
+    return Backfill.objects.select_related("workflow", "schedule")
+
+
+class BackfillListView(APIBase):
+    @extend_schema(tags=["backfills"], operation_id="backfills_list", summary="List backfills, newest first",
+                   parameters=[OpenApiParameter("cursor", str, description="from a page's next/previous link"),
+                               OpenApiParameter("limit", int, description="page size, at most 500")],
+                   responses={200: paginated_schema(s.BackfillSerializer), **errors(400, 401, 403)})
+    def get(self, request):
+        return self.page(backfills_queryset(), s.BackfillSerializer)
+
+    @extend_schema(
+        tags=["backfills"], summary="Backfill a date range, or preview it with dry_run",
+        description="Creates one run per fire time of the schedule between start and end (inclusive). "
+                    "With `dry_run` nothing is created: the answer lists the fire times and counts.",
+        request=s.BackfillRequestSerializer,
+        responses={201: s.BackfillSerializer, 200: s.BackfillPlanSerializer, **errors(400, 401, 403)},
+    )
+    def post(self, request):
+        from orchestrator import backfill as backfills
+        from orchestrator.params import clean_params
+
+        data = validated(s.BackfillRequestSerializer, body(request))
+        workflow = Workflow.objects.select_related("current_version").filter(name=data["workflow"]).first()
+        if workflow is None:
+            raise ValidationError({"workflow": [f"unknown workflow {data['workflow']!r}"]})
+        schedule = None
+        if data["schedule"] is not None:
+            schedule = workflow.schedules.filter(name=data["schedule"]).first()
+            if schedule is None:
+                names = ", ".join(workflow.schedules.values_list("name", flat=True)) or "none"
+                raise ValidationError({"schedule": [f"workflow {workflow.name!r} has no schedule "
+                                                    f"{data['schedule']!r} (its schedules: {names})"]})
+        # Checked here too, so a dry run reports bad params the way the real backfill would.
+        clean_params(workflow.spec.get("params", {}), data["params"])
+        try:
+            if data["dry_run"]:
+                plan = backfills.plan(workflow, data["start"], data["end"], schedule=schedule,
+                                      reprocess=data["reprocess"])
+                return Response({
+                    "dry_run": True, "workflow": workflow.name, "count": plan.count, "existing": plan.existing,
+                    "to_create": plan.to_create, "fire_times": [at.isoformat() for at in plan.fire_times],
+                })
+            backfill = backfills.start(workflow, data["start"], data["end"], reprocess=data["reprocess"],
+                                       params=data["params"], created_by=request.user, schedule=schedule)
+        except backfills.BackfillError as exc:
+            raise ValidationError(field_errors(getattr(exc, "field", None), str(exc))) from None
+        backfill = backfills_queryset().get(pk=backfill.pk)
+        return Response(s.BackfillSerializer(backfill).data, status=status.HTTP_201_CREATED,
+                        headers={"Location": f"/api/backfills/{backfill.pk}/"})
+
+
+class BackfillDetailView(APIBase):
+    @extend_schema(tags=["backfills"], summary="A backfill and its progress",
+                   responses={200: s.BackfillSerializer, **errors(401, 403, 404)})
+    def get(self, request, pk):
+        backfill = backfills_queryset().filter(pk=pk).first()
+        if backfill is None:
+            raise NotFound(f"no backfill {pk}")
+        return Response(s.BackfillSerializer(backfill).data)
