@@ -1,0 +1,152 @@
+"""Operator actions on runs and the dead-letter queue: cancel, retry, discard. Each one is a
+guarded update (it changes only rows still in the state it expects) and takes many ids at once,
+so the UI's and the API's bulk actions are one transaction each.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from orchestrator import resolver
+from orchestrator.models import Run
+
+CANCEL_CHANNEL = "orchestrator_cancel"
+
+# --- SQL ---------------------------------------------------------------------------------------
+
+# Cancel every unfinished task run of a run; the old state tells which ones a worker is running.
+CANCEL_TASK_RUNS = """
+UPDATE orchestrator_taskrun t SET state = 'cancelled', finished_at = %(now)s, error = %(reason)s
+FROM (SELECT id, state FROM orchestrator_taskrun
+      WHERE run_id = %(run)s AND state IN ('waiting', 'scheduled', 'queued', 'running')
+      FOR UPDATE) old
+WHERE t.id = old.id
+RETURNING t.id, old.state
+"""
+
+# The running attempts of cancelled task runs end now; the worker's later write is then a no-op.
+CANCEL_ATTEMPTS = """
+UPDATE orchestrator_attempt SET outcome = 'cancelled', finished_at = %(now)s, error = %(reason)s
+WHERE task_run_id = ANY (%(ids)s) AND outcome = 'running'
+"""
+
+# Dead (or discarded) task runs get a fresh set of attempts: as many as the task allows,
+# counted from now.
+RETRY_TASK_RUNS = """
+UPDATE orchestrator_taskrun SET state = 'scheduled', due_at = %(now)s, finished_at = NULL, error = '',
+    max_attempts = attempts + GREATEST(1, COALESCE((spec->>'max_attempts')::int, 1))
+WHERE id = ANY (%(ids)s) AND state IN ('dead', 'failed')
+RETURNING id, run_id, task
+"""
+
+# Downstream tasks that gave up because of a retried task wait for it again.
+REWAIT_DOWNSTREAM = """
+UPDATE orchestrator_taskrun SET state = 'waiting', finished_at = NULL, due_at = NULL
+WHERE id = ANY (%(ids)s) AND state IN ('upstream_failed', 'skipped')
+"""
+
+# The finished runs of the retried task runs are running again.
+RESUME_RUNS = """
+UPDATE orchestrator_run SET state = 'running', finished_at = NULL
+WHERE id = ANY (%(runs)s) AND state IN ('failed', 'succeeded')
+"""
+
+DISCARD_TASK_RUNS = """
+UPDATE orchestrator_taskrun SET state = 'failed'
+WHERE id = ANY (%(ids)s) AND state = 'dead'
+RETURNING run_id
+"""
+
+
+def cancel_run(run: Run | int, reason: str = "", by=None) -> bool:
+    """Cancel a pending or running run: its unfinished task runs are cancelled and workers kill
+    the processes of those that are running. False when the run had already ended."""
+    run_id = run if isinstance(run, int) else run.pk
+    now = timezone.now()
+    who = getattr(by, "username", None) or (str(by) if by else "")
+    reason = reason or (f"cancelled by {who}" if who else "cancelled")
+    with transaction.atomic():
+        if not Run.objects.filter(pk=run_id, state__in=["pending", "running"]).update(
+            state="cancelled", reason=reason, finished_at=now
+        ):
+            return False
+        with connection.cursor() as cursor:
+            cursor.execute(CANCEL_TASK_RUNS, {"run": run_id, "now": now, "reason": reason})
+            rows = cursor.fetchall()
+            running = [task_run_id for task_run_id, old in rows if old == "running"]
+            if running:
+                cursor.execute(CANCEL_ATTEMPTS, {"ids": running, "now": now, "reason": reason})
+                cursor.execute("SELECT pg_notify(%s, %s)", [CANCEL_CHANNEL, json.dumps(running)])
+    if not isinstance(run, int):
+        run.state, run.reason, run.finished_at = "cancelled", reason, now
+    return True
+
+
+def retry_task_runs(ids: Iterable[int], *, now=None) -> int:
+    """Give dead or failed task runs a fresh set of attempts; their runs resume and the
+    downstream tasks that gave up on them wait again. Returns how many were retried."""
+    ids = sorted({int(i) for i in ids})
+    if not ids:
+        return 0
+    now = now or timezone.now()
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(RETRY_TASK_RUNS, {"ids": ids, "now": now})
+        retried = cursor.fetchall()
+        if not retried:
+            return 0
+        runs = sorted({run_id for _, run_id, _ in retried})
+        downstream = _descendants(cursor, runs, {(run_id, task) for _, run_id, task in retried})
+        if downstream:
+            cursor.execute(REWAIT_DOWNSTREAM, {"ids": downstream})
+        cursor.execute(RESUME_RUNS, {"runs": runs})
+        resolver.resolve_runs(runs, now=now)
+        resolver.wake_dispatchers()
+    return len(retried)
+
+
+def discard_task_runs(ids: Iterable[int]) -> int:
+    """Take dead task runs out of the dead-letter queue (they stay failed); returns the count."""
+    ids = sorted({int(i) for i in ids})
+    if not ids:
+        return 0
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(DISCARD_TASK_RUNS, {"ids": ids})
+        runs = [row[0] for row in cursor.fetchall()]
+        if runs:
+            resolver.resolve_runs(runs)
+    return len(runs)
+
+
+def retry_run(run: Run | int, *, now=None) -> int:
+    """Retry every dead, failed or upstream-failed task of a finished run; returns how many task
+    runs were retried (upstream-failed ones wait for their retried parents)."""
+    run_id = run if isinstance(run, int) else run.pk
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id FROM orchestrator_taskrun WHERE run_id = %s AND state IN ('dead', 'failed')", [run_id]
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+    return retry_task_runs(ids, now=now)
+
+
+def _descendants(cursor, runs: list[int], roots: set[tuple[int, str]]) -> list[int]:
+    """Ids of the task runs downstream of ``roots`` ((run_id, task) pairs), transitively."""
+    cursor.execute("SELECT id, run_id, task, upstream FROM orchestrator_taskrun WHERE run_id = ANY (%s)", [runs])
+    children: dict[tuple[int, str], list[tuple[int, str]]] = {}
+    ids: dict[tuple[int, str], int] = {}
+    for task_run_id, run_id, task, upstream in cursor.fetchall():
+        ids[(run_id, task)] = task_run_id
+        for parent in upstream:
+            children.setdefault((run_id, parent), []).append((run_id, task))
+    seen: set[tuple[int, str]] = set()
+    stack = list(roots)
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in seen:
+                seen.add(child)
+                stack.append(child)
+    return sorted(ids[key] for key in seen)

@@ -1,0 +1,201 @@
+"""The dispatcher: moves due ``scheduled`` task runs to ``queued`` under the concurrency limits,
+fairly across tenants, live work before backfills, and wakes the workers of each queue.
+
+``tick()`` is one short transaction; ``serve()`` loops on it, woken by NOTIFY on
+``orchestrator_dispatch`` (sent when work becomes due now), by the earliest future ``due_at``,
+and by a polling fallback. Several dispatchers can run: rows are taken with SKIP LOCKED, and the
+limit checks are serialized per limited queue/tenant (see ``_lock_limits``).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from datetime import datetime
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from orchestrator.models import QueueLimit, TenantLimit
+from orchestrator.runs import DISPATCH_CHANNEL, queue_channel
+
+log = logging.getLogger(__name__)
+
+# --- SQL ---------------------------------------------------------------------------------------
+
+# Due work in dispatch order. Fairness: row_number() per (lane, tenant) interleaves the tenants
+# (every tenant's first task, then every tenant's second, ...), so a tenant with ten thousand
+# due tasks cannot push out one with a single task; within a tenant, higher priority first.
+CANDIDATES = """
+SELECT id FROM (
+    SELECT id, lane, priority, due_at,
+           row_number() OVER (PARTITION BY lane, tenant ORDER BY priority DESC, due_at, id) AS turn
+    FROM orchestrator_taskrun
+    WHERE state = 'scheduled' AND due_at <= %(now)s
+) due
+WHERE turn <= %(batch)s
+ORDER BY lane, turn, priority DESC, due_at, id
+LIMIT %(batch)s
+"""
+
+# Lock the candidates; rows another dispatcher holds are skipped, not waited for.
+LOCK = """
+SELECT id, queue, tenant FROM orchestrator_taskrun
+WHERE id = ANY (%(ids)s) AND state = 'scheduled'
+FOR UPDATE SKIP LOCKED
+"""
+
+# What is queued or running now, per limited queue and per limited tenant.
+BUSY_QUEUES = """
+SELECT queue, count(*) FROM orchestrator_taskrun
+WHERE state IN ('queued', 'running') AND queue = ANY (%(keys)s) GROUP BY queue
+"""
+BUSY_TENANTS = """
+SELECT tenant, count(*) FROM orchestrator_taskrun
+WHERE state IN ('queued', 'running') AND tenant = ANY (%(keys)s) GROUP BY tenant
+"""
+
+MARK_QUEUED = """
+UPDATE orchestrator_taskrun SET state = 'queued', queued_at = %(now)s
+WHERE id = ANY (%(ids)s) AND state = 'scheduled'
+"""
+
+# One NOTIFY per queue per transaction, delivered at commit.
+NOTIFY_QUEUES = "SELECT pg_notify('orchestrator_queue_' || q, '') FROM unnest(%(queues)s::text[]) AS q"
+
+NEXT_DUE = "SELECT min(due_at) FROM orchestrator_taskrun WHERE state = 'scheduled'"
+
+
+def _limits() -> tuple[dict[str, int], int | None, dict[str, int], int | None]:
+    conf = settings.ORCHESTRATOR
+    queues = dict(QueueLimit.objects.values_list("queue", "max_running"))
+    tenants = dict(TenantLimit.objects.values_list("tenant", "max_running"))
+    return queues, conf.get("DEFAULT_QUEUE_LIMIT"), tenants, conf.get("DEFAULT_TENANT_LIMIT")
+
+
+def _lock_limits(cursor, queues: list[str], tenants: list[str]) -> None:
+    """Serialize the limit check per limited queue and tenant, across dispatchers.
+
+    Transaction-level advisory locks rather than row locks on QueueLimit/TenantLimit: a default
+    limit has no row to lock, and an admin editing a limit should not wait on dispatchers. They
+    are taken in one sorted order so two dispatchers cannot deadlock, and held to commit, so the
+    second dispatcher counts the first one's queued rows.
+    """
+    keys = sorted([f"queue:{q}" for q in queues] + [f"tenant:{t}" for t in tenants])
+    cursor.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended('orchestrator.limit.' || k, 0)) "
+        "FROM unnest(%s::text[]) WITH ORDINALITY AS u(k, i) ORDER BY i", [keys]
+    )
+
+
+def tick(now: datetime | None = None, batch: int = 1000) -> int:
+    """Queue the due task runs that the limits allow; returns how many were queued."""
+    now = now or timezone.now()
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(CANDIDATES, {"now": now, "batch": batch})
+        order = [row[0] for row in cursor.fetchall()]
+        if not order:
+            return 0
+        cursor.execute(LOCK, {"ids": order})
+        locked = {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
+        rows = [(i, *locked[i]) for i in order if i in locked]
+        if not rows:
+            return 0
+        queue_limits, queue_default, tenant_limits, tenant_default = _limits()
+        limited_queues = sorted({q for _, q, _ in rows if queue_limits.get(q, queue_default) is not None})
+        limited_tenants = sorted({t for _, _, t in rows if tenant_limits.get(t, tenant_default) is not None})
+        room_q: dict[str, int] = {}
+        room_t: dict[str, int] = {}
+        if limited_queues or limited_tenants:
+            _lock_limits(cursor, limited_queues, limited_tenants)
+            busy_q, busy_t = {}, {}
+            if limited_queues:
+                cursor.execute(BUSY_QUEUES, {"keys": limited_queues})
+                busy_q = dict(cursor.fetchall())
+            if limited_tenants:
+                cursor.execute(BUSY_TENANTS, {"keys": limited_tenants})
+                busy_t = dict(cursor.fetchall())
+            room_q = {q: queue_limits.get(q, queue_default) - busy_q.get(q, 0) for q in limited_queues}
+            room_t = {t: tenant_limits.get(t, tenant_default) - busy_t.get(t, 0) for t in limited_tenants}
+        admitted, queues = [], set()
+        for task_run_id, queue, tenant in rows:
+            if room_q.get(queue, 1) <= 0 or room_t.get(tenant, 1) <= 0:
+                continue
+            if queue in room_q:
+                room_q[queue] -= 1
+            if tenant in room_t:
+                room_t[tenant] -= 1
+            admitted.append(task_run_id)
+            queues.add(queue)
+        if admitted:
+            cursor.execute(MARK_QUEUED, {"ids": admitted, "now": now})
+            cursor.execute(NOTIFY_QUEUES, {"queues": sorted(queues)})
+        return len(admitted)
+
+
+def next_due() -> datetime | None:
+    with connection.cursor() as cursor:
+        cursor.execute(NEXT_DUE)
+        return cursor.fetchone()[0]
+
+
+def listen_connection(*channels: str):
+    """A separate autocommit connection that LISTENs (Django's connection stays free for work)."""
+    import psycopg
+    from psycopg import sql
+
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    params.pop("server_side_binding", None)
+    conn = psycopg.connect(**params, autocommit=True)
+    for channel in channels:
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+    return conn
+
+
+def drain_notifies(conn) -> list:
+    """Every notification already received, without waiting."""
+    return list(conn.notifies(timeout=0))
+
+
+class Dispatcher:
+    def __init__(self, poll: float | None = None):
+        self.poll = poll if poll is not None else settings.ORCHESTRATOR["POLL_SECONDS"]
+        self.stopping = False
+
+    def stop(self, *_):
+        self.stopping = True
+
+    def serve(self, max_seconds: float | None = None) -> None:
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+        listener = listen_connection(DISPATCH_CHANNEL)
+        started = time.monotonic()
+        log.info("dispatcher started", extra={"action": "dispatcher_start"})
+        try:
+            while not self.stopping:
+                if max_seconds is not None and time.monotonic() - started > max_seconds:
+                    break
+                drain_notifies(listener)
+                queued = tick()
+                if queued:
+                    log.debug("queued %d task runs", queued)
+                    continue  # there may be more due work than one batch
+                wait = self.poll
+                upcoming = next_due()
+                if upcoming is not None:
+                    wait = min(wait, max(0.0, (upcoming - timezone.now()).total_seconds()))
+                if wait > 0:
+                    # A notification ends the wait early; it is consumed here and the loop ticks.
+                    for _ in listener.notifies(timeout=wait, stop_after=1):
+                        pass
+                connection.close_if_unusable_or_obsolete()
+        finally:
+            listener.close()
+            log.info("dispatcher stopped", extra={"action": "dispatcher_stop"})
+
+
+__all__ = ["Dispatcher", "tick", "next_due", "listen_connection", "queue_channel"]

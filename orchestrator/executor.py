@@ -1,0 +1,238 @@
+"""What a worker's child process does: run one task run's attempt and report its outcome.
+
+Children are forked by the worker after Django is set up and live for many tasks. A child is its
+own process group (a SIGTERM to the worker's group reaches the worker only, so a draining
+worker's tasks keep running) and dies with its parent (PR_SET_PDEATHSIG), so a task never
+outlives a crashed worker and runs beside its retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import importlib
+import inspect
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import traceback
+from datetime import datetime
+
+from django.conf import settings
+from django.db import close_old_connections
+
+from orchestrator import logformat, logs
+from orchestrator.dsl import TaskContext
+
+PR_SET_PDEATHSIG = 1
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+_callables: dict[str, object] = {}
+
+
+class TaskFailure(Exception):
+    """An attempt failed for a reason the product states itself (no user traceback)."""
+
+
+def die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the worker's reaper still rescues the task
+        pass
+
+
+def child_setup(parent_pid: int) -> None:
+    os.setpgid(0, 0)
+    die_with_parent()
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
+def child_main(conn, parent_pid: int) -> None:
+    """The child's loop: receive a task message, run it, send the outcome; never returns."""
+    code = 0
+    try:
+        child_setup(parent_pid)
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                break
+            if message is None:
+                break
+            conn.send(run(message))
+            close_old_connections()  # a task that used the ORM must not leave a broken connection
+    except BaseException:  # noqa: B036 - a child must never unwind into the worker's loop
+        traceback.print_exc()
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def resolve(ref: str):
+    found = _callables.get(ref)
+    if found is None:
+        module_name, _, qualname = ref.partition(":")
+        if not module_name or not qualname:
+            raise TaskFailure(f"task reference {ref!r} is not of the form 'package.module:function'")
+        try:
+            found = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise TaskFailure(f"cannot import {module_name!r} for task {ref!r}: {exc}") from None
+        for part in qualname.split("."):
+            try:
+                found = getattr(found, part)
+            except AttributeError:
+                raise TaskFailure(f"module {module_name!r} has no {qualname!r} (task {ref!r})") from None
+        _callables[ref] = found
+    return found
+
+
+def _takes_argument(fn) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params)
+
+
+def _django_context(task, message: dict):
+    from django.tasks.base import TaskContext as DjangoTaskContext
+    from django.tasks.base import TaskResult, TaskResultStatus
+
+    spec = message["spec"]
+    result = TaskResult(
+        task=task, id=str(message["id"]), status=TaskResultStatus.RUNNING, enqueued_at=None,
+        started_at=None, finished_at=None, last_attempted_at=None, args=list(spec.get("args", [])),
+        kwargs=dict(spec.get("kwargs", {})), backend=task.backend, errors=[],
+        worker_ids=[str(n) for n in range(message["number"])],
+    )
+    return DjangoTaskContext(task_result=result)
+
+
+def call_python(message: dict):
+    """The calling convention: jobs get their args, workflow tasks their TaskContext."""
+    from orchestrator.dsl import Task as DslTask
+
+    spec = message["spec"]
+    obj = resolve(spec.get("ref", ""))
+    lead = []
+    try:
+        from django.tasks import Task as DjangoTask
+    except ImportError:  # pragma: no cover - Django < 6
+        DjangoTask = ()
+    if isinstance(obj, DslTask):
+        fn = obj.fn
+    elif DjangoTask and isinstance(obj, DjangoTask):
+        fn = obj.func
+        if obj.takes_context:
+            lead = [_django_context(obj, message)]
+    else:
+        fn = obj
+    if not callable(fn):
+        raise TaskFailure(f"task reference {spec.get('ref')!r} is not callable")
+    if spec.get("call") == "job":
+        value = fn(*lead, *spec.get("args", []), **spec.get("kwargs", {}))
+    elif lead:
+        value = fn(*lead)
+    else:
+        ctx = TaskContext(
+            run_id=message["run_id"], task=message["task"], logical_date=message.get("logical_date"),
+            params=message.get("params") or {}, attempt=message["number"],
+            upstream=message.get("upstream") or {}, workflow=message.get("workflow", ""),
+            task_run_id=message["id"],
+        )
+        value = fn(ctx) if _takes_argument(fn) else fn()
+    if inspect.iscoroutine(value):
+        value = asyncio.run(value)
+    return value
+
+
+def shell_env(message: dict) -> dict:
+    spec = message["spec"]
+    env = dict(os.environ)
+    env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
+    for name, value in (message.get("params") or {}).items():
+        env[f"PARAM_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value, default=str)
+    logical_date = message.get("logical_date")
+    env.update({
+        "RUN_ID": str(message["run_id"]), "TASK": message["task"], "ATTEMPT": str(message["number"]),
+        "LOGICAL_DATE": logical_date.isoformat() if isinstance(logical_date, datetime) else str(logical_date or ""),
+    })
+    return env
+
+
+def call_shell(message: dict, log: logs.AttemptLog) -> None:
+    command = message["spec"].get("command")
+    if not command:
+        raise TaskFailure("shell task has no command")
+    fd = log.fileno_for_subprocess()
+    # The shell dies with this child too (a timeout kills the child's whole process group).
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", command], env=shell_env(message), stdin=subprocess.DEVNULL,
+        stdout=fd if fd is not None else subprocess.PIPE, stderr=subprocess.STDOUT,
+        preexec_fn=die_with_parent,  # noqa: PLW1509 - only prctl, async-signal-safe enough
+    )
+    if fd is None:
+        for line in proc.stdout:
+            log.write(line.decode("utf-8", errors="replace"))
+    code = proc.wait()
+    if code != 0:
+        raise TaskFailure(f"exit code {code}" if code > 0 else f"killed by signal {-code}")
+
+
+def encode_result(value) -> str | None:
+    if value is None:
+        return None
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise TaskFailure(f"the task's return value is not JSON-serialisable: {exc}") from None
+    limit = settings.ORCHESTRATOR["MAX_RESULT_BYTES"]
+    size = len(text.encode())
+    if size > limit:
+        raise TaskFailure(
+            f"the task's result is {size} bytes of JSON, over the limit of {limit} bytes "
+            "(ORCHESTRATOR_MAX_RESULT_BYTES); store large data elsewhere and return a reference"
+        )
+    return text
+
+
+def run(message: dict) -> tuple:
+    """Run one attempt; returns (task_run_id, number, outcome, result, error, traceback, log)."""
+    spec = message["spec"]
+    log = logs.AttemptLog(logs.name_for(message["run_id"], message["id"], message["number"]))
+    handler = logging.StreamHandler(log)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    saved = sys.stdout, sys.stderr
+    outcome, result, error, tb = "succeeded", None, "", ""
+    root.addHandler(handler)
+    sys.stdout = sys.stderr = log
+    try:
+        with logformat.bind(run_id=message["run_id"], task=message["task"], attempt=message["number"]):
+            if spec.get("kind") == "shell":
+                call_shell(message, log)
+            else:
+                result = encode_result(call_python(message))
+    except TaskFailure as exc:
+        outcome, error = "failed", str(exc)
+    except BaseException as exc:  # noqa: B036 - SystemExit/KeyboardInterrupt in a task fail it too
+        outcome = "failed"
+        error = f"{type(exc).__name__}: {exc}"
+        tb = traceback.format_exc()
+        with contextlib.suppress(Exception):
+            log.write(tb)
+    finally:
+        sys.stdout, sys.stderr = saved
+        root.removeHandler(handler)
+        log_name = log.finish()
+    return message["id"], message["number"], outcome, result, error[:10000], tb, log_name

@@ -1,0 +1,22 @@
+from django.core.management.base import BaseCommand, CommandError
+
+from orchestrator.worker import Worker
+
+
+class Command(BaseCommand):
+    help = "Run queued task runs of the given queues in a pool of child processes."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--queues", default="default", help="Comma-separated queues (default: default).")
+        parser.add_argument("--concurrency", type=int, default=4, help="Child processes, i.e. tasks at once.")
+        parser.add_argument("--grace", type=float, default=30.0,
+                            help="Seconds running tasks may take to finish after SIGTERM (default 30).")
+        parser.add_argument("--name", default=None, help="Worker name (default host:pid:random).")
+
+    def handle(self, *args, queues, concurrency, grace, name, **options):
+        names = [q.strip() for q in queues.split(",") if q.strip()]
+        try:
+            worker = Worker(names, concurrency=concurrency, grace=grace, name=name)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        worker.serve()

@@ -1,0 +1,112 @@
+"""Webhooks: when a run of a workflow ends, each URL in ``workflow.webhooks`` receives a POST.
+
+Each delivery is a WebhookDelivery row plus a job (``orchestrator.notifier:deliver``) created in
+the same transaction as the run's end, so a delivery is never lost and is retried with the jobs'
+backoff. The body is JSON; the header ``X-Orchestrator-Signature: sha256=<hex>`` is the
+HMAC-SHA256 of the exact body bytes with ``ORCHESTRATOR["WEBHOOK_SECRET"]``. A receiver checks
+it with ``hmac.compare_digest``. A delivery can arrive more than once (jobs run at least once).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+
+from django.conf import settings
+from django.utils import timezone
+
+from orchestrator.models import Run, WebhookDelivery
+
+DELIVER_REF = "orchestrator.notifier:deliver"
+MAX_ATTEMPTS = 5
+TIMEOUT_SECONDS = 10
+SIGNATURE_HEADER = "X-Orchestrator-Signature"
+
+
+class DeliveryFailed(Exception):
+    pass
+
+
+def sign(body: bytes, secret: str | None = None) -> str:
+    secret = settings.ORCHESTRATOR["WEBHOOK_SECRET"] if secret is None else secret
+    return "sha256=" + hmac.new((secret or "").encode(), body, hashlib.sha256).hexdigest()
+
+
+def runs_finished(finished: Sequence[tuple[int, str]]) -> int:
+    """Create the deliveries for runs that just ended (inside their transaction)."""
+    if not finished:
+        return 0
+    states = dict(finished)
+    runs = Run.objects.filter(pk__in=states, workflow__isnull=False).select_related("workflow")
+    count = 0
+    for run in runs:
+        for url in run.workflow.webhooks or []:
+            delivery = WebhookDelivery.objects.create(run=run, url=url, event=f"run.{states[run.pk]}")
+            _enqueue(delivery)
+            count += 1
+    return count
+
+
+def _enqueue(delivery: WebhookDelivery) -> None:
+    options = {"retry_delay": 5.0, "retry_backoff": 2.0, "retry_max_delay": 600.0, "timeout": 60}
+    try:
+        from orchestrator.jobs import enqueue
+    except ImportError:
+        enqueue = None
+    if enqueue is not None:
+        enqueue(DELIVER_REF, kwargs={"delivery_id": delivery.pk}, max_attempts=MAX_ATTEMPTS,
+                timeout=options["timeout"], spec_extra={k: v for k, v in options.items() if k != "timeout"})
+        return
+    from orchestrator.runs import create_run
+
+    spec = {"kind": "python", "ref": DELIVER_REF, "call": "job", "args": [],
+            "kwargs": {"delivery_id": delivery.pk}, "max_attempts": MAX_ATTEMPTS, **options}
+    create_run(None, trigger="job", tasks={DELIVER_REF: spec})
+
+
+def payload(run: Run, event: str) -> dict:
+    def iso(value):
+        return value.isoformat() if value else None
+
+    return {
+        "event": event, "run_id": run.pk, "workflow": run.workflow.name if run.workflow_id else None,
+        "state": run.state, "logical_date": iso(run.logical_date), "started_at": iso(run.started_at),
+        "finished_at": iso(run.finished_at), "trigger": run.trigger, "params": run.params,
+    }
+
+
+def deliver(delivery_id: int) -> dict:
+    """The job: POST once; a non-2xx answer or a network error raises, so the job is retried."""
+    delivery = WebhookDelivery.objects.select_related("run__workflow").get(pk=delivery_id)
+    if delivery.state == WebhookDelivery.State.DELIVERED:
+        return {"status": delivery.status_code, "already": True}
+    body = json.dumps(payload(delivery.run, delivery.event), sort_keys=True).encode()
+    request = urllib.request.Request(delivery.url, data=body, method="POST", headers={
+        "Content-Type": "application/json", SIGNATURE_HEADER: sign(body),
+        "User-Agent": "orchestrator-webhook/1", "X-Orchestrator-Event": delivery.event,
+        "X-Orchestrator-Delivery": str(delivery.pk),
+    })
+    status, error = None, ""
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:  # noqa: S310 - operator's URL
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        status, error = exc.code, f"HTTP {exc.code} {exc.reason}"
+    except (urllib.error.URLError, OSError) as exc:
+        error = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+    delivered = status is not None and 200 <= status < 300
+    attempts = delivery.attempts + 1
+    final = not delivered and attempts >= MAX_ATTEMPTS
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(
+        attempts=attempts, status_code=status, last_error=error,
+        state=WebhookDelivery.State.DELIVERED if delivered else (
+            WebhookDelivery.State.FAILED if final else WebhookDelivery.State.PENDING),
+        delivered_at=timezone.now() if delivered else None,
+    )
+    if not delivered:
+        raise DeliveryFailed(f"webhook {delivery.url} failed (attempt {attempts}): {error or status}")
+    return {"status": status}

@@ -1,0 +1,65 @@
+"""The reaper: rescues attempts nobody will finish. An attempt whose worker's heartbeat is older
+than HEARTBEAT_TIMEOUT_SECONDS (database clock) ends ``lost``; one running past its timeout plus
+a margin (its worker should have killed it; the worker may be stuck) ends ``timed_out``. Both go
+through the retry rule. The worker is marked ``lost``; if it was only paused, its guarded writes
+for these attempts change nothing, and its next heartbeat tells it to kill them.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from orchestrator import clock as clocks
+from orchestrator import resolver
+from orchestrator.resolver import Ending
+
+# --- SQL ---------------------------------------------------------------------------------------
+
+# Live workers whose heartbeat is too old.
+MARK_LOST = """
+UPDATE orchestrator_worker SET state = 'lost', stopped_at = %(db_now)s
+WHERE state IN ('running', 'draining') AND heartbeat_at < %(db_now)s - make_interval(secs => %(timeout)s)
+RETURNING id
+"""
+
+# Running attempts whose worker is gone (lost, stopped or deleted), locked so two reapers do
+# not both end them; the current attempt of a running task run only.
+ORPHANED = """
+SELECT a.task_run_id, a.number, a.log_path FROM orchestrator_attempt a
+JOIN orchestrator_taskrun t ON t.id = a.task_run_id AND t.attempts = a.number AND t.state = 'running'
+LEFT JOIN orchestrator_worker w ON w.id = a.worker_id
+WHERE a.outcome = 'running' AND (w.id IS NULL OR w.state NOT IN ('running', 'draining'))
+FOR UPDATE OF t SKIP LOCKED
+"""
+
+# Running attempts past their timeout plus the margin.
+OVERDUE = """
+SELECT a.task_run_id, a.number, a.log_path, t.timeout FROM orchestrator_attempt a
+JOIN orchestrator_taskrun t ON t.id = a.task_run_id AND t.attempts = a.number AND t.state = 'running'
+WHERE a.outcome = 'running' AND t.timeout IS NOT NULL
+  AND a.started_at + make_interval(secs => t.timeout + %(margin)s) < %(now)s
+FOR UPDATE OF t SKIP LOCKED
+"""
+
+
+def reap_once(clock=None) -> int:
+    """One pass; returns how many attempts were ended."""
+    clock = clock or clocks.system
+    conf = settings.ORCHESTRATOR
+    timeout = conf["HEARTBEAT_TIMEOUT_SECONDS"]
+    with transaction.atomic(), connection.cursor() as cursor:
+        db_now = clock.db_now()
+        now = clock.now()
+        cursor.execute(MARK_LOST, {"db_now": db_now, "timeout": timeout})
+        cursor.execute(ORPHANED)
+        endings = [Ending(task_run_id, number, "lost", error="lost: the worker stopped sending heartbeats",
+                          log_path=log_path)
+                   for task_run_id, number, log_path in cursor.fetchall()]
+        cursor.execute(OVERDUE, {"now": now, "margin": max(timeout, 5.0)})
+        seen = {e.task_run_id for e in endings}
+        endings += [Ending(task_run_id, number, "timed_out",
+                           error=f"timed out after {limit:g}s (ended by the reaper: its worker did not)",
+                           log_path=log_path)
+                    for task_run_id, number, log_path, limit in cursor.fetchall() if task_run_id not in seen]
+        return len(resolver.end_attempts(endings, now=now))

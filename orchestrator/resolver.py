@@ -1,0 +1,213 @@
+"""What happens when an attempt ends: the retry rule, the trigger rules that release (or give up
+on) the children, and the end of the run. Set-based SQL, called inside the caller's transaction
+(a worker's completion batch, the reaper, the control functions), so an outcome, its children
+and its run change together or not at all.
+
+The retry rule: an attempt that did not succeed schedules the next one after
+
+    delay = min(retry_max_delay, retry_delay * retry_backoff ** (attempt - 1)) * jitter
+
+with jitter uniform in [0.5, 1.0] (so many tasks failing together do not retry together) and
+the defaults retry_delay=10 s, retry_backoff=2, retry_max_delay=3600 s from the task's spec. After
+``max_attempts`` attempts the task run is ``dead``: the dead-letter queue.
+
+Trigger rules follow Airflow's: a child is decided as soon as its rule is settled, not only when
+every parent is done (one failed parent settles ``all_success`` as ``upstream_failed``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import connection
+from django.utils import timezone
+
+from orchestrator.runs import DISPATCH_CHANNEL
+
+FINISHED = ("succeeded", "failed", "dead", "upstream_failed", "skipped", "cancelled")
+# Parent states that count as "failed" for the trigger rules.
+BAD = ("failed", "dead", "upstream_failed", "cancelled")
+
+
+@dataclass
+class Ending:
+    """One attempt's end, as reported by a worker or decided by the reaper."""
+
+    task_run_id: int
+    number: int
+    outcome: str  # an AttemptOutcome value
+    result: str | None = None  # JSON text, only for succeeded
+    error: str = ""
+    traceback: str = ""
+    log_path: str = ""
+
+
+# --- SQL ---------------------------------------------------------------------------------------
+
+# End many attempts at once. The guard (state running, same attempt number and, for a worker's
+# own writes, the same worker) makes a late write from a reaped worker or a cancelled task change
+# nothing. Failures follow the retry rule above, computed from each row's spec.
+END_TASK_RUNS = """
+WITH d AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(numbers)s::int[], %(outcomes)s::text[],
+                         %(results)s::text[], %(errors)s::text[]) AS d(id, number, outcome, result, error)
+)
+UPDATE orchestrator_taskrun t SET
+    state = CASE WHEN d.outcome = 'succeeded' THEN 'succeeded'
+                 WHEN t.attempts < t.max_attempts THEN 'scheduled' ELSE 'dead' END,
+    result = CASE WHEN d.outcome = 'succeeded' THEN d.result::jsonb ELSE t.result END,
+    error = CASE WHEN d.outcome = 'succeeded' THEN '' ELSE d.error END,
+    due_at = CASE WHEN d.outcome <> 'succeeded' AND t.attempts < t.max_attempts
+        THEN %(now)s + make_interval(secs => LEAST(
+                 COALESCE((t.spec->>'retry_max_delay')::float8, 3600),
+                 COALESCE((t.spec->>'retry_delay')::float8, 10)
+                   * power(COALESCE((t.spec->>'retry_backoff')::float8, 2), t.attempts - 1))
+             * (0.5 + random() * 0.5))
+        ELSE t.due_at END,
+    finished_at = CASE WHEN d.outcome <> 'succeeded' AND t.attempts < t.max_attempts THEN NULL
+                       ELSE %(now)s END
+FROM d
+WHERE t.id = d.id AND t.state = 'running' AND t.attempts = d.number
+  AND (%(worker)s::bigint IS NULL OR t.worker_id = %(worker)s::bigint)
+RETURNING t.id, t.run_id, t.state
+"""
+
+# The attempt rows of the task runs whose end was accepted above.
+END_ATTEMPTS = """
+UPDATE orchestrator_attempt a SET outcome = d.outcome, finished_at = %(now)s, error = d.error,
+    traceback = d.traceback, log_path = CASE WHEN d.log_path <> '' THEN d.log_path ELSE a.log_path END
+FROM unnest(%(ids)s::bigint[], %(numbers)s::int[], %(outcomes)s::text[], %(errors)s::text[],
+            %(tracebacks)s::text[], %(log_paths)s::text[]) AS d(id, number, outcome, error, traceback, log_path)
+WHERE a.task_run_id = d.id AND a.number = d.number AND a.outcome = 'running'
+"""
+
+# Decide waiting children of the given runs whose trigger rule is settled by their parents'
+# states: 'scheduled' releases them now, 'upstream_failed'/'skipped' ends them. NULL: not yet.
+RELEASE_CHILDREN = """
+WITH c AS (
+    SELECT c.id, COALESCE(c.spec->>'trigger_rule', 'all_success') AS rule,
+           cardinality(c.upstream) AS n,
+           count(*) FILTER (WHERE p.state = 'succeeded') AS ok,
+           count(*) FILTER (WHERE p.state IN ('failed', 'dead', 'upstream_failed', 'cancelled')) AS bad,
+           count(*) FILTER (WHERE p.state = 'skipped') AS skip
+    FROM orchestrator_taskrun c
+    JOIN orchestrator_taskrun p ON p.run_id = c.run_id AND p.task = ANY (c.upstream)
+    WHERE c.run_id = ANY (%(runs)s) AND c.state = 'waiting'
+    GROUP BY c.id
+), d AS (
+    SELECT id, CASE rule
+        WHEN 'all_done' THEN CASE WHEN ok + bad + skip = n THEN 'scheduled' END
+        WHEN 'all_failed' THEN CASE WHEN ok + skip > 0 THEN 'skipped' WHEN bad = n THEN 'scheduled' END
+        WHEN 'one_success' THEN CASE WHEN ok > 0 THEN 'scheduled'
+                                     WHEN ok + bad + skip = n THEN
+                                         CASE WHEN skip = n THEN 'skipped' ELSE 'upstream_failed' END END
+        WHEN 'one_failed' THEN CASE WHEN bad > 0 THEN 'scheduled' WHEN ok + skip = n THEN 'skipped' END
+        WHEN 'none_failed' THEN CASE WHEN bad > 0 THEN 'upstream_failed' WHEN ok + skip = n THEN 'scheduled' END
+        ELSE CASE WHEN bad > 0 THEN 'upstream_failed' WHEN skip > 0 THEN 'skipped'
+                  WHEN ok = n THEN 'scheduled' END  -- all_success
+    END AS next
+    FROM c
+)
+UPDATE orchestrator_taskrun t SET state = d.next,
+    due_at = CASE WHEN d.next = 'scheduled' THEN %(now)s END,
+    finished_at = CASE WHEN d.next <> 'scheduled' THEN %(now)s END
+FROM d
+WHERE t.id = d.id AND d.next IS NOT NULL AND t.state = 'waiting'
+RETURNING t.state
+"""
+
+# A running run whose task runs have all ended: succeeded when each one ended well.
+FINISH_RUNS = """
+WITH f AS (
+    SELECT run_id, bool_and(state IN ('succeeded', 'skipped')) AS ok
+    FROM orchestrator_taskrun WHERE run_id = ANY (%(runs)s)
+    GROUP BY run_id
+    HAVING bool_and(state IN ('succeeded', 'failed', 'dead', 'upstream_failed', 'skipped', 'cancelled'))
+)
+UPDATE orchestrator_run r SET state = CASE WHEN f.ok THEN 'succeeded' ELSE 'failed' END, finished_at = %(now)s
+FROM f WHERE r.id = f.run_id AND r.state = 'running'
+RETURNING r.id, r.state, r.workflow_id
+"""
+
+
+# --- functions ---------------------------------------------------------------------------------
+
+def retry_delay(spec: dict, attempt: int, jitter: float = 1.0) -> float:
+    """The delay before the attempt after ``attempt`` (the formula above; SQL applies it too)."""
+    base = float(spec.get("retry_delay") if spec.get("retry_delay") is not None else 10)
+    backoff = float(spec.get("retry_backoff") if spec.get("retry_backoff") is not None else 2)
+    cap = float(spec.get("retry_max_delay") if spec.get("retry_max_delay") is not None else 3600)
+    return min(cap, base * backoff ** (attempt - 1)) * jitter
+
+
+def end_attempts(endings: Sequence[Ending], *, worker_id: int | None = None,
+                 now: datetime | None = None) -> list[tuple[int, int, str]]:
+    """Record many attempt endings in the current transaction; returns (task_run_id, run_id,
+    new_state) for each ending that was accepted. Children and runs are resolved too."""
+    if not endings:
+        return []
+    now = now or timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(END_TASK_RUNS, {
+            "ids": [e.task_run_id for e in endings], "numbers": [e.number for e in endings],
+            "outcomes": [e.outcome for e in endings], "results": [e.result for e in endings],
+            "errors": [e.error for e in endings], "worker": worker_id, "now": now,
+        })
+        accepted = cursor.fetchall()
+        if not accepted:
+            return []
+        won = {row[0] for row in accepted}
+        mine = [e for e in endings if e.task_run_id in won]
+        cursor.execute(END_ATTEMPTS, {
+            "ids": [e.task_run_id for e in mine], "numbers": [e.number for e in mine],
+            "outcomes": [e.outcome for e in mine], "errors": [e.error for e in mine],
+            "tracebacks": [e.traceback for e in mine], "log_paths": [e.log_path for e in mine],
+            "now": now,
+        })
+    ended_runs = {run_id for _, run_id, state in accepted if state != "scheduled"}
+    retrying = any(state == "scheduled" for _, _, state in accepted)
+    released = resolve_runs(ended_runs, now=now) if ended_runs else 0
+    if retrying or released:
+        wake_dispatchers()
+    return accepted
+
+
+def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None) -> int:
+    """Decide the waiting children of these runs, then end the runs that are complete. Returns
+    how many children were released (made due)."""
+    runs = sorted(set(run_ids))
+    if not runs:
+        return 0
+    now = now or timezone.now()
+    released = 0
+    with connection.cursor() as cursor:
+        # A child that ends (upstream_failed/skipped) can settle its own children: repeat until
+        # nothing more is decided. Each pass goes one level deeper, so the loop is bounded by the
+        # depth of the graph.
+        while True:
+            cursor.execute(RELEASE_CHILDREN, {"runs": runs, "now": now})
+            states = [row[0] for row in cursor.fetchall()]
+            released += states.count("scheduled")
+            if not any(state != "scheduled" for state in states):
+                break
+        cursor.execute(FINISH_RUNS, {"runs": runs, "now": now})
+        finished = cursor.fetchall()
+    if finished:
+        from orchestrator import notifier
+
+        notifier.runs_finished([(run_id, state) for run_id, state, workflow_id in finished if workflow_id])
+    return released
+
+
+def wake_dispatchers() -> None:
+    """NOTIFY the dispatchers at commit (one per transaction, PostgreSQL folds duplicates)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, '')", [DISPATCH_CHANNEL])
+
+
+def result_json(value) -> str | None:
+    """A task's return value as JSON text for the result column (None stays SQL NULL)."""
+    return None if value is None else json.dumps(value)

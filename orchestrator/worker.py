@@ -1,0 +1,465 @@
+"""The worker: claims queued task runs of its queues and runs them in a pool of child processes.
+
+One loop, one thread. Each turn of the loop is at most one transaction that records the
+outcomes that came back from the children (and resolves their runs) and claims as many queued
+task runs as there are idle children; it commits before any child starts user code. Children
+are pre-forked and reused; a child whose task outlives its timeout, or whose task run was
+cancelled, is killed (SIGKILL on its process group) and replaced.
+
+Jobs run at least once: a worker can finish a task and die before recording it, and the reaper
+then gives the task run another attempt. Task code must be idempotent.
+
+SIGTERM drains: claim nothing more, let running tasks finish within the grace period, then kill
+the rest and hand them back (see ``hand_back``). A second SIGTERM ends the grace period at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Pipe
+
+from django.conf import settings
+from django.db import connection, connections, transaction
+from django.utils import timezone
+
+from orchestrator import executor, resolver
+from orchestrator.control import CANCEL_CHANNEL
+from orchestrator.dispatcher import drain_notifies, listen_connection
+from orchestrator.resolver import Ending
+from orchestrator.runs import queue_channel
+
+log = logging.getLogger(__name__)
+
+# --- SQL ---------------------------------------------------------------------------------------
+
+REGISTER = """
+INSERT INTO orchestrator_worker (name, host, pid, queues, concurrency, state, started_at, heartbeat_at)
+VALUES (%s, %s, %s, %s, %s, 'running', now(), now()) RETURNING id
+"""
+
+# The heartbeat, on the database clock. No row: the reaper declared this worker lost.
+HEARTBEAT = """
+UPDATE orchestrator_worker SET heartbeat_at = now()
+WHERE id = %s AND state IN ('running', 'draining') RETURNING state
+"""
+
+REVIVE = "UPDATE orchestrator_worker SET state = 'running', heartbeat_at = now(), stopped_at = NULL WHERE id = %s"
+
+SET_STATE = "UPDATE orchestrator_worker SET state = %s, stopped_at = CASE WHEN %s THEN now() END WHERE id = %s"
+
+# Claim up to n queued task runs of these queues, highest priority first; rows another worker
+# is claiming are skipped. The attempt number is incremented here, so it identifies this claim.
+CLAIM = """
+WITH c AS (
+    SELECT id FROM orchestrator_taskrun
+    WHERE state = 'queued' AND queue = ANY (%(queues)s)
+    ORDER BY priority DESC, id
+    LIMIT %(n)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE orchestrator_taskrun t
+SET state = 'running', attempts = t.attempts + 1, worker_id = %(worker)s, started_at = %(now)s
+FROM c WHERE t.id = c.id
+RETURNING t.id, t.run_id, t.task, t.attempts, t.spec, t.timeout, cardinality(t.upstream) > 0
+"""
+
+INSERT_ATTEMPTS = """
+INSERT INTO orchestrator_attempt (task_run_id, number, worker_id, outcome, started_at, error, traceback, log_path)
+SELECT id, number, %(worker)s, 'running', %(now)s, '', '', ''
+FROM unnest(%(ids)s::bigint[], %(numbers)s::int[]) AS u(id, number)
+"""
+
+# The first task start of a run is the run's start; schedule_delay is measured from its fire time.
+START_RUNS = """
+UPDATE orchestrator_run SET started_at = %(now)s, schedule_delay = EXTRACT(EPOCH FROM %(now)s - logical_date)
+WHERE id = ANY (%(runs)s) AND started_at IS NULL
+"""
+
+# What a workflow task's context needs: its run, and its parents' results.
+RUN_CONTEXT = """
+SELECT r.id, r.logical_date, r.params, COALESCE(w.name, '')
+FROM orchestrator_run r LEFT JOIN orchestrator_workflow w ON w.id = r.workflow_id
+WHERE r.id = ANY (%(runs)s)
+"""
+PARENT_RESULTS = """
+SELECT c.id, p.task, p.result
+FROM orchestrator_taskrun c JOIN orchestrator_taskrun p ON p.run_id = c.run_id AND p.task = ANY (c.upstream)
+WHERE c.id = ANY (%(ids)s)
+"""
+
+# Which of the task runs this worker is executing are still its own (not cancelled, not reaped).
+STILL_MINE = """
+SELECT t.id FROM orchestrator_taskrun t
+JOIN unnest(%(ids)s::bigint[], %(numbers)s::int[]) AS u(id, number) ON t.id = u.id
+WHERE t.state = 'running' AND t.attempts = u.number AND t.worker_id = %(worker)s
+"""
+
+# Interrupted by a shutdown: due again now, and the interrupted attempt does not count against
+# the task's allowance (max_attempts grows by one; attempt numbers stay unique and the history
+# keeps the interrupted attempt).
+HAND_BACK = """
+UPDATE orchestrator_taskrun t SET state = 'scheduled', due_at = %(now)s, max_attempts = t.max_attempts + 1
+FROM unnest(%(ids)s::bigint[], %(numbers)s::int[]) AS u(id, number)
+WHERE t.id = u.id AND t.state = 'running' AND t.attempts = u.number AND t.worker_id = %(worker)s
+RETURNING t.id, t.attempts
+"""
+HAND_BACK_ATTEMPTS = """
+UPDATE orchestrator_attempt a SET outcome = 'lost', finished_at = %(now)s, error = %(error)s
+FROM unnest(%(ids)s::bigint[], %(numbers)s::int[]) AS u(id, number)
+WHERE a.task_run_id = u.id AND a.number = u.number AND a.outcome = 'running'
+"""
+
+
+def _json(value):
+    return json.loads(value) if isinstance(value, str) else value
+
+
+@dataclass
+class Slot:
+    pid: int
+    conn: object
+    message: dict | None = None
+    deadline: float | None = None
+    started: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+class Worker:
+    def __init__(self, queues: list[str], concurrency: int = 4, grace: float = 30.0, poll: float | None = None,
+                 name: str | None = None):
+        if not queues:
+            raise ValueError("a worker needs at least one queue (--queues default,batch)")
+        if concurrency < 1:
+            raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
+        conf = settings.ORCHESTRATOR
+        self.queues = queues
+        self.concurrency = concurrency
+        self.grace = grace
+        self.poll = poll if poll is not None else conf["POLL_SECONDS"]
+        self.heartbeat_every = conf["HEARTBEAT_SECONDS"]
+        self.host = socket.gethostname()
+        self.name = name or f"{self.host}:{os.getpid()}:{os.urandom(3).hex()}"
+        self.id: int | None = None
+        self.slots: list[Slot] = []
+        self.endings: list[Ending] = []
+        self.selector = selectors.DefaultSelector()
+        self.listener = None
+        self.stop_requests = 0
+        self.drain_deadline: float | None = None
+        self.completed = 0
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def request_stop(self, *_):
+        self.stop_requests += 1
+
+    def register(self) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(REGISTER, [self.name, self.host, os.getpid(), self.queues, self.concurrency])
+            self.id = cursor.fetchone()[0]
+
+    def fork_child(self) -> Slot:
+        # Django's connection is closed before forking: a child must not share its socket (its
+        # exit would otherwise end the parent's session). The LISTEN connection stays referenced
+        # by this object in the child, which never closes it and leaves with os._exit().
+        connections.close_all()
+        parent_conn, child_conn = Pipe(duplex=True)
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            parent_conn.close()
+            executor.child_main(child_conn, parent)
+        child_conn.close()
+        slot = Slot(pid=pid, conn=parent_conn)
+        self.selector.register(parent_conn, selectors.EVENT_READ, slot)
+        return slot
+
+    def kill_child(self, slot: Slot) -> None:
+        self.selector.unregister(slot.conn)
+        try:
+            os.killpg(slot.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(slot.pid, 0)
+        except ChildProcessError:
+            pass
+        slot.conn.close()
+
+    def replace_child(self, slot: Slot) -> None:
+        self.kill_child(slot)
+        index = self.slots.index(slot)
+        self.slots[index] = self.fork_child()
+
+    def serve(self, max_seconds: float | None = None) -> None:
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+        self.register()
+        self.slots = [self.fork_child() for _ in range(self.concurrency)]
+        self.listener = listen_connection(*[queue_channel(q) for q in self.queues], CANCEL_CHANNEL)
+        self.selector.register(self.listener.fileno(), selectors.EVENT_READ, "listen")
+        log.info("worker %s started: queues %s, concurrency %d", self.name, ",".join(self.queues),
+                 self.concurrency, extra={"action": "worker_start"})
+        started = time.monotonic()
+        try:
+            self.loop(started, max_seconds)
+        finally:
+            for slot in self.slots:
+                if slot.message is None:
+                    try:
+                        slot.conn.send(None)
+                    except OSError:
+                        pass
+            for slot in self.slots:
+                self.kill_child(slot) if slot.message is not None else self._reap_idle(slot)
+            with connection.cursor() as cursor:
+                cursor.execute(SET_STATE, ["stopped", True, self.id])
+            self.listener.close()
+            log.info("worker %s stopped after %d task runs", self.name, self.completed,
+                     extra={"action": "worker_stop"})
+
+    def _reap_idle(self, slot: Slot) -> None:
+        try:
+            os.waitpid(slot.pid, 0)
+        except ChildProcessError:
+            pass
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def loop(self, started: float, max_seconds: float | None) -> None:
+        want_claim = True
+        last_claim = 0.0
+        next_heartbeat = time.monotonic() + self.heartbeat_every
+        while True:
+            now = time.monotonic()
+            if max_seconds is not None and now - started > max_seconds and not self.stop_requests:
+                self.stop_requests = 1
+            if self.stop_requests and self.drain_deadline is None:
+                self.drain_deadline = now + self.grace
+                with connection.cursor() as cursor:
+                    cursor.execute(SET_STATE, ["draining", False, self.id])
+                log.info("draining: %d running task(s), grace %.0fs", self.busy_count(), self.grace,
+                         extra={"action": "worker_drain"})
+            draining = self.drain_deadline is not None
+            if draining and (self.stop_requests > 1 or now >= self.drain_deadline):
+                self.flush()
+                self.hand_back()
+                return
+            if draining and not self.busy_count() and not self.endings:
+                return
+
+            idle = [slot for slot in self.slots if slot.message is None]
+            claim = 0 if draining or not want_claim else len(idle)
+            if self.endings or claim:
+                claimed = self.flush(claim)
+                if claim:
+                    last_claim = now
+                    want_claim = len(claimed) == claim  # a full batch: there may be more
+                    for slot, message in zip(idle, claimed, strict=False):
+                        self.start(slot, message)
+
+            if now >= next_heartbeat:
+                self.heartbeat()
+                next_heartbeat = now + self.heartbeat_every
+
+            timeout = next_heartbeat - now
+            if not draining:
+                timeout = min(timeout, last_claim + self.poll - now)
+            else:
+                timeout = min(timeout, self.drain_deadline - now)
+            deadlines = [slot.deadline for slot in self.slots if slot.deadline is not None]
+            if deadlines:
+                timeout = min(timeout, min(deadlines) - now)
+            if want_claim and not draining and any(slot.message is None for slot in self.slots):
+                timeout = 0
+            for key, _ in self.selector.select(max(0.0, timeout)):
+                if key.data == "listen":
+                    want_claim |= self.on_notifications()
+                else:
+                    self.on_child_ready(key.data)
+            now = time.monotonic()
+            for slot in list(self.slots):
+                if slot.deadline is not None and now >= slot.deadline:
+                    self.on_timeout(slot)
+            if now - last_claim >= self.poll:
+                want_claim = True
+
+    def busy_count(self) -> int:
+        return sum(1 for slot in self.slots if slot.message is not None)
+
+    def start(self, slot: Slot, message: dict) -> None:
+        slot.message = message
+        slot.started = time.monotonic()
+        timeout = message.get("timeout")
+        slot.deadline = slot.started + timeout if timeout else None
+        try:
+            slot.conn.send(message)
+        except OSError:
+            self.child_died(slot)
+
+    def on_child_ready(self, slot: Slot) -> None:
+        try:
+            reply = slot.conn.recv()
+        except (EOFError, OSError):
+            self.child_died(slot)
+            return
+        task_run_id, number, outcome, result, error, tb, log_path = reply
+        self.endings.append(Ending(task_run_id, number, outcome, result, error, tb, log_path))
+        slot.message = None
+        slot.deadline = None
+
+    def child_died(self, slot: Slot) -> None:
+        message = slot.message
+        status = None
+        try:
+            _, status = os.waitpid(slot.pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        if message is not None:
+            how = f"signal {os.WTERMSIG(status)}" if status and os.WIFSIGNALED(status) else (
+                f"exit code {os.WEXITSTATUS(status)}" if status else "an unknown cause")
+            self.endings.append(Ending(message["id"], message["number"], "failed",
+                                       error=f"the task's process ended unexpectedly ({how})"))
+        slot.message = None
+        self.replace_child(slot)
+
+    def on_timeout(self, slot: Slot) -> None:
+        message = slot.message
+        self.replace_child(slot)
+        self.endings.append(Ending(
+            message["id"], message["number"], "timed_out",
+            error=f"timed out after {message['timeout']:g}s: the task's process was killed",
+            log_path=self._existing_log(message),
+        ))
+
+    @staticmethod
+    def _existing_log(message: dict) -> str:
+        from orchestrator import logs
+
+        name = logs.name_for(message["run_id"], message["id"], message["number"])
+        path = logs.local_path(name)
+        return name if path and os.path.exists(path) else ""
+
+    def on_notifications(self) -> bool:
+        wake = False
+        for note in drain_notifies(self.listener):
+            if note.channel == CANCEL_CHANNEL:
+                try:
+                    ids = set(json.loads(note.payload or "[]"))
+                except ValueError:
+                    continue
+                for slot in list(self.slots):
+                    if slot.message is not None and slot.message["id"] in ids:
+                        self.abandon(slot, "cancelled")
+            else:
+                wake = True
+        return wake
+
+    def abandon(self, slot: Slot, why: str) -> None:
+        """Kill a task whose attempt is no longer this worker's (cancelled or reaped)."""
+        message = slot.message
+        log.info("killing task run %s attempt %s: %s", message["id"], message["number"], why,
+                 extra={"action": "task_killed"})
+        slot.message = None
+        slot.deadline = None
+        self.replace_child(slot)
+        self.endings = [e for e in self.endings if e.task_run_id != message["id"]]
+
+    def heartbeat(self) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(HEARTBEAT, [self.id])
+            alive = cursor.fetchone() is not None
+            if not alive:
+                # Declared lost (a long pause): the reaper already gave these attempts to others.
+                log.warning("this worker was declared lost; abandoning its running tasks",
+                            extra={"action": "worker_revived"})
+                cursor.execute(REVIVE, [self.id])
+            busy = [slot for slot in self.slots if slot.message is not None]
+            if not busy:
+                return
+            cursor.execute(STILL_MINE, {"ids": [s.message["id"] for s in busy],
+                                        "numbers": [s.message["number"] for s in busy], "worker": self.id})
+            mine = {row[0] for row in cursor.fetchall()}
+        for slot in busy:
+            if slot.message["id"] not in mine:
+                self.abandon(slot, "its attempt was cancelled or reaped")
+
+    # --- the transaction -----------------------------------------------------------------------
+
+    def flush(self, claim: int = 0) -> list[dict]:
+        """Record the outcomes gathered so far and claim up to ``claim`` task runs, in one
+        transaction that commits before anything claimed starts."""
+        endings, self.endings = self.endings, []
+        now = timezone.now()
+        with transaction.atomic():
+            if endings:
+                resolver.end_attempts(endings, worker_id=self.id, now=now)
+                # Finished work frees concurrency-limit room: let the dispatchers look again.
+                resolver.wake_dispatchers()
+                self.completed += len(endings)
+            claimed = self.claim(claim, now) if claim else []
+        return claimed
+
+    def claim(self, n: int, now) -> list[dict]:
+        with connection.cursor() as cursor:
+            cursor.execute(CLAIM, {"queues": self.queues, "n": n, "worker": self.id, "now": now})
+            rows = cursor.fetchall()
+            if not rows:
+                return []
+            messages = []
+            for task_run_id, run_id, task, number, spec, timeout, has_parents in rows:
+                spec = _json(spec)
+                messages.append({
+                    "id": task_run_id, "run_id": run_id, "task": task, "number": number, "spec": spec,
+                    "timeout": timeout or spec.get("timeout"), "has_parents": has_parents,
+                })
+            ids = [m["id"] for m in messages]
+            runs = sorted({m["run_id"] for m in messages})
+            cursor.execute(INSERT_ATTEMPTS, {"worker": self.id, "now": now, "ids": ids,
+                                             "numbers": [m["number"] for m in messages]})
+            cursor.execute(START_RUNS, {"now": now, "runs": runs})
+            tasks = [m for m in messages if m["spec"].get("call") != "job"]
+            if tasks:
+                cursor.execute(RUN_CONTEXT, {"runs": sorted({m["run_id"] for m in tasks})})
+                context = {row[0]: row[1:] for row in cursor.fetchall()}
+                upstream: dict[int, dict] = {}
+                with_parents = [m["id"] for m in tasks if m["has_parents"]]
+                if with_parents:
+                    cursor.execute(PARENT_RESULTS, {"ids": with_parents})
+                    for child, parent, result in cursor.fetchall():
+                        upstream.setdefault(child, {})[parent] = _json(result)
+                for m in tasks:
+                    logical_date, params, workflow = context[m["run_id"]]
+                    m.update(logical_date=logical_date, params=_json(params) or {}, workflow=workflow,
+                             upstream=upstream.get(m["id"], {}))
+        return messages
+
+    def hand_back(self) -> None:
+        """Kill what is still running after the grace period and make it due again."""
+        busy = [slot for slot in self.slots if slot.message is not None]
+        if not busy:
+            return
+        messages = [slot.message for slot in busy]
+        for slot in busy:
+            slot.message = None
+            self.kill_child(slot)
+            self.slots.remove(slot)
+        now = timezone.now()
+        params = {"ids": [m["id"] for m in messages], "numbers": [m["number"] for m in messages],
+                  "worker": self.id, "now": now,
+                  "error": "interrupted: the worker shut down before the task finished; it runs again "
+                           "without counting this attempt"}
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(HAND_BACK, params)
+            returned = cursor.fetchall()
+            if returned:
+                cursor.execute(HAND_BACK_ATTEMPTS, params)
+                resolver.wake_dispatchers()
+        log.info("handed back %d unfinished task run(s)", len(returned), extra={"action": "worker_hand_back"})

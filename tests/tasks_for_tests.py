@@ -1,0 +1,100 @@
+"""Tiny task functions the execution tests run in real worker processes. Times are recorded in
+files named by the run's params, so a test can compare when tasks started and ended."""
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger("tests.tasks")
+
+
+def _record(path, **fields):
+    if path:
+        with open(path, "a") as handle:  # O_APPEND: concurrent short writes do not interleave
+            handle.write(json.dumps({"pid": os.getpid(), **fields}) + "\n")
+
+
+def record(ctx):
+    """Writes its start and end time; sleeps params["sleep"] seconds in between."""
+    path = ctx.params.get("record")
+    _record(path, task=ctx.task, attempt=ctx.attempt, event="start", at=time.time())
+    time.sleep(float(ctx.params.get("sleep", 0)))
+    _record(path, task=ctx.task, attempt=ctx.attempt, event="end", at=time.time())
+    return {"task": ctx.task, "upstream": sorted(ctx.upstream)}
+
+
+def record_job(path, sleep=0.0, tag=""):
+    _record(path, task=tag, event="start", at=time.time())
+    time.sleep(sleep)
+    _record(path, task=tag, event="end", at=time.time())
+    return tag
+
+
+def crash_first_attempt(ctx):
+    """Attempt 1 sleeps long (the test kills its worker); later attempts succeed."""
+    path = ctx.params["record"]
+    _record(path, task=ctx.task, attempt=ctx.attempt, event="start", at=time.time())
+    if ctx.attempt == 1:
+        time.sleep(60)
+    _record(path, task=ctx.task, attempt=ctx.attempt, event="end", at=time.time())
+    return "done"
+
+
+def slow_then_fast(ctx):
+    """Attempt 1 outlives any small timeout; later attempts return at once."""
+    if ctx.attempt == 1:
+        time.sleep(60)
+    return ctx.attempt
+
+
+def always_fails(ctx):
+    if ctx.params.get("heal_file") and os.path.exists(ctx.params["heal_file"]):
+        return "healed"
+    raise RuntimeError(f"boom on attempt {ctx.attempt}")
+
+
+def too_big():
+    return "x" * (1024 * 1024)
+
+
+def not_json():
+    return {1, 2, 3}
+
+
+def noisy(ctx):
+    print("to stdout")
+    print("to stderr", file=sys.stderr)
+    log.warning("through logging")
+    gate = ctx.params.get("gate")
+    deadline = time.monotonic() + 30
+    while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print("after the gate")
+    return "noisy"
+
+
+def sleeper(seconds=30.0, marker=""):
+    if marker:
+        Path(marker).write_text(str(os.getpid()))
+    time.sleep(seconds)
+    return "slept"
+
+
+def add(a, b=0):
+    return a + b
+
+
+def context_echo(ctx):
+    return {"run_id": ctx.run_id, "task": ctx.task, "params": ctx.params, "attempt": ctx.attempt,
+            "upstream": ctx.upstream, "logical_date": ctx.logical_date.isoformat()}
+
+
+def no_argument():
+    return "no argument"
+
+
+async def coroutine_job(x):
+    return x * 2
