@@ -1,17 +1,344 @@
-from django.contrib import admin
+"""The admin: every model with useful columns, filters and search; actions to pause and resume
+workflows, cancel runs, retry and discard dead task runs; and backfills, started from a
+workflow with a dry-run preview before anything is created.
 
-from orchestrator import admin_schedules  # noqa: F401 - registers the Schedule admin
-from orchestrator.models import Run, Workflow
+Actions that change state need an operator (``access.is_operator``), whatever the model
+permissions say.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count
+from django.http import HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from orchestrator import (
+    access,
+    admin_schedules,  # noqa: F401 - registers the Schedule admin
+)
+from orchestrator.models import (
+    Attempt,
+    Backfill,
+    DeadTaskRun,
+    Lease,
+    QueueLimit,
+    Run,
+    RunState,
+    TaskRun,
+    TaskState,
+    TenantLimit,
+    WebhookDelivery,
+    Worker,
+    Workflow,
+    WorkflowVersion,
+)
+
+
+class OperatorActions:
+    """``@admin.action(permissions=["operate"])`` shows an action to operators only."""
+
+    def has_operate_permission(self, request) -> bool:
+        return access.is_operator(request.user)
+
+
+def _state(value: str) -> str:
+    return format_html('<span class="st st-{}">{}</span>', value, value.replace("_", " "))
+
+
+class ReadOnly:
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+# ---------------------------------------------------------------- workflows and backfills
 
 
 @admin.register(Workflow)
-class WorkflowAdmin(admin.ModelAdmin):
-    list_display = ["name", "module", "tenant", "paused", "broken", "present"]
+class WorkflowAdmin(OperatorActions, admin.ModelAdmin):
+    list_display = ["name", "schedules_column", "tenant", "owner", "paused", "broken", "present", "synced_at"]
     list_filter = ["paused", "broken", "present", "tenant"]
-    search_fields = ["name", "module", "description"]
+    search_fields = ["name", "module", "description", "owner"]
+    readonly_fields = ["current_version", "broken", "sync_error", "present", "synced_at", "created_at", "updated_at"]
+    actions = ["pause", "resume", "backfill"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(schedule_count=Count("schedules"))
+
+    @admin.display(description="schedules", ordering="schedule_count")
+    def schedules_column(self, obj):
+        return obj.schedule_count
+
+    @admin.action(description="Pause the selected workflows", permissions=["operate"])
+    def pause(self, request, queryset):
+        from orchestrator import scheduler
+
+        for wf in queryset:
+            scheduler.pause_workflow(wf)
+        self.message_user(request, f"Paused {queryset.count()} workflow(s).", messages.SUCCESS)
+
+    @admin.action(description="Resume the selected workflows", permissions=["operate"])
+    def resume(self, request, queryset):
+        from orchestrator import scheduler
+
+        for wf in queryset:
+            scheduler.resume_workflow(wf)
+        self.message_user(request, f"Resumed {queryset.count()} workflow(s).", messages.SUCCESS)
+
+    @admin.action(description="Backfill the selected workflow…", permissions=["operate"])
+    def backfill(self, request, queryset):
+        if queryset.count() != 1:
+            self.message_user(request, "Select exactly one workflow to backfill.", messages.WARNING)
+            return None
+        return HttpResponseRedirect(reverse("admin:orchestrator_workflow_backfill", args=[queryset.get().pk]))
+
+    def get_urls(self):
+        return [
+            path("<int:object_id>/backfill/", self.admin_site.admin_view(self.backfill_view),
+                 name="orchestrator_workflow_backfill"),
+            *super().get_urls(),
+        ]
+
+    def backfill_view(self, request, object_id):
+        """Form → dry-run preview (count and first fire times from ``backfill.plan``) → start.
+        The start button carries a digest of the previewed values: if they were edited after
+        the preview, the page shows the new preview instead of starting."""
+        from orchestrator import backfill
+        from orchestrator.web.forms import BackfillForm
+
+        if not access.is_operator(request.user):
+            raise PermissionDenied("Only operators can start backfills.")
+        wf = get_object_or_404(Workflow, pk=object_id)
+        form = BackfillForm(request.POST or None, workflow=wf)
+        preview = None
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            schedule = data["schedule_obj"]
+            try:
+                plan = backfill.plan(wf, data["start"], data["end"], schedule=schedule, reprocess=data["reprocess"])
+            except backfill.BackfillError as exc:
+                field = getattr(exc, "field", None)
+                form.add_error(field if field in form.fields else None, str(exc))
+            else:
+                digest = _digest(data)
+                if request.POST.get("confirm") == digest:
+                    started = backfill.start(wf, data["start"], data["end"], reprocess=data["reprocess"],
+                                             params=data["params"], created_by=request.user, schedule=schedule)
+                    self.message_user(request, f"Started {started}: {started.total} run(s).", messages.SUCCESS)
+                    return HttpResponseRedirect(reverse("admin:orchestrator_backfill_change", args=[started.pk]))
+                preview = {
+                    "count": _count(plan.count),
+                    "existing": _count(plan.existing),
+                    "to_create": _count(plan.to_create),
+                    "first": list(plan.fire_times[:10]),
+                    "digest": digest,
+                }
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "original": wf,
+            "wf": wf,
+            "form": form,
+            "preview": preview,
+            "title": f"Backfill {wf.name}",
+            "has_view_permission": True,
+        }
+        return TemplateResponse(request, "admin/orchestrator/workflow/backfill.html", context)
+
+
+def _count(value) -> int:
+    return value if isinstance(value, int) else len(value)
+
+
+def _digest(data: dict) -> str:
+    schedule = data.get("schedule_obj")
+    values = [data["start"].isoformat(), data["end"].isoformat(), data["reprocess"], data["params"],
+              schedule.pk if schedule else None]
+    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+@admin.register(WorkflowVersion)
+class WorkflowVersionAdmin(ReadOnly, admin.ModelAdmin):
+    list_display = ["workflow", "number", "hash", "created_at"]
+    list_filter = ["workflow"]
+    search_fields = ["workflow__name", "hash"]
+
+
+@admin.register(Backfill)
+class BackfillAdmin(admin.ModelAdmin):
+    list_display = ["id", "workflow", "start", "end", "reprocess", "progress", "created_by", "created_at"]
+    list_filter = ["reprocess", "workflow"]
+    search_fields = ["workflow__name"]
+    readonly_fields = ["workflow", "schedule", "start", "end", "reprocess", "params", "total", "progress",
+                       "created_by", "created_at"]
+    fields = readonly_fields
+
+    def has_add_permission(self, request):
+        # A backfill starts from its workflow (the "Backfill…" action), after a dry run.
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="progress (runs done / total)")
+    def progress(self, obj):
+        from orchestrator import backfill
+
+        done, total = backfill.progress(obj)
+        percent = int(100 * done / total) if total else 100
+        return format_html(
+            '<span class="bf-progress" title="{} of {} runs finished"><progress max="100" value="{}"></progress> {} / {}</span>',
+            done, total, percent, done, total,
+        )
+
+
+# ---------------------------------------------------------------- runs and task runs
 
 
 @admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
-    list_display = ["id", "workflow", "trigger", "state", "logical_date", "created_at"]
-    list_filter = ["state", "trigger"]
+class RunAdmin(OperatorActions, admin.ModelAdmin):
+    list_display = ["id", "workflow", "trigger", "state_badge", "logical_date", "started_at", "finished_at", "lane"]
+    list_filter = ["state", "trigger", "lane", "workflow"]
+    search_fields = ["=id", "workflow__name", "idempotency_key"]
+    list_select_related = ["workflow"]
+    raw_id_fields = ["workflow", "version", "schedule", "backfill", "created_by"]
+    readonly_fields = ["state", "started_at", "finished_at", "created_at", "schedule_delay", "payload_hash"]
+    show_full_result_count = False
+    actions = ["cancel"]
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, obj):
+        return _state(obj.state)
+
+    @admin.action(description="Cancel the selected runs", permissions=["operate"])
+    def cancel(self, request, queryset):
+        from orchestrator import control
+
+        cancelled = sum(
+            1 for run in queryset.filter(state__in=[RunState.PENDING, RunState.RUNNING])
+            if control.cancel_run(run, reason=f"cancelled in the admin by {request.user.get_username()}",
+                                  by=request.user)
+        )
+        self.message_user(request, f"Cancelled {cancelled} run(s).", messages.SUCCESS)
+
+
+class AttemptInline(ReadOnly, admin.TabularInline):
+    model = Attempt
+    fields = ["number", "outcome", "worker", "started_at", "finished_at", "error"]
+    readonly_fields = fields
+    extra = 0
+
+
+class TaskRunActions(OperatorActions):
+    @admin.action(description="Retry the selected dead or failed task runs", permissions=["operate"])
+    def retry(self, request, queryset):
+        from orchestrator import control
+
+        count = control.retry_task_runs(list(queryset.values_list("pk", flat=True)))
+        self.message_user(request, f"Retrying {count} task run(s).", messages.SUCCESS)
+
+    @admin.action(description="Discard the selected dead task runs (mark them failed)", permissions=["operate"])
+    def discard(self, request, queryset):
+        from orchestrator import control
+
+        count = control.discard_task_runs(list(queryset.filter(state=TaskState.DEAD).values_list("pk", flat=True)))
+        self.message_user(request, f"Discarded {count} task run(s).", messages.SUCCESS)
+
+
+@admin.register(TaskRun)
+class TaskRunAdmin(TaskRunActions, admin.ModelAdmin):
+    list_display = ["id", "task", "run", "state_badge", "queue", "tenant", "attempts", "due_at", "finished_at"]
+    list_filter = ["state", "queue", "lane", "tenant"]
+    search_fields = ["task", "=run__id", "error"]
+    list_select_related = ["run__workflow"]
+    raw_id_fields = ["run", "worker"]
+    readonly_fields = ["state", "attempts", "created_at", "queued_at", "started_at", "finished_at", "result", "error"]
+    show_full_result_count = False
+    inlines = [AttemptInline]
+    actions = ["retry", "discard"]
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, obj):
+        return _state(obj.state)
+
+
+@admin.register(DeadTaskRun)
+class DeadTaskRunAdmin(TaskRunActions, ReadOnly, admin.ModelAdmin):
+    list_display = ["id", "task", "workflow", "run_link", "queue", "attempts", "finished_at", "short_error"]
+    list_filter = ["queue", "run__workflow", "finished_at"]
+    search_fields = ["task", "error", "run__workflow__name"]
+    list_select_related = ["run__workflow"]
+    ordering = ["-finished_at"]
+    inlines = [AttemptInline]
+    actions = ["retry", "discard"]
+
+    @admin.display(description="workflow", ordering="run__workflow__name")
+    def workflow(self, obj):
+        return obj.run.workflow.name if obj.run.workflow_id else "job"
+
+    @admin.display(description="run")
+    def run_link(self, obj):
+        return format_html('<a href="{}">#{}</a>', reverse("web:run", args=[obj.run_id]), obj.run_id)
+
+    @admin.display(description="error")
+    def short_error(self, obj):
+        return obj.error[:160]
+
+
+@admin.register(Attempt)
+class AttemptAdmin(ReadOnly, admin.ModelAdmin):
+    list_display = ["id", "task_run", "number", "outcome", "worker", "started_at", "finished_at"]
+    list_filter = ["outcome"]
+    search_fields = ["=task_run__id", "task_run__task", "error"]
+    list_select_related = ["task_run", "worker"]
+    show_full_result_count = False
+
+
+# ---------------------------------------------------------------- processes and limits
+
+
+@admin.register(Worker)
+class WorkerAdmin(ReadOnly, admin.ModelAdmin):
+    list_display = ["name", "host", "pid", "queues", "concurrency", "state", "heartbeat_at", "started_at"]
+    list_filter = ["state", "host"]
+    search_fields = ["name", "host"]
+
+
+@admin.register(Lease)
+class LeaseAdmin(ReadOnly, admin.ModelAdmin):
+    list_display = ["name", "holder", "epoch", "acquired_at", "expires_at"]
+
+
+@admin.register(QueueLimit)
+class QueueLimitAdmin(admin.ModelAdmin):
+    list_display = ["queue", "max_running"]
+    list_editable = ["max_running"]
+    search_fields = ["queue"]
+
+
+@admin.register(TenantLimit)
+class TenantLimitAdmin(admin.ModelAdmin):
+    list_display = ["tenant", "max_running"]
+    list_editable = ["max_running"]
+    search_fields = ["tenant"]
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(ReadOnly, admin.ModelAdmin):
+    list_display = ["id", "run", "event", "url", "state", "attempts", "status_code", "created_at", "delivered_at"]
+    list_filter = ["state", "event"]
+    search_fields = ["url", "=run__id", "last_error"]
+    list_select_related = ["run__workflow"]

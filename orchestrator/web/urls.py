@@ -1,2 +1,25 @@
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from orchestrator.web import views
+
 app_name = "web"
-urlpatterns: list = []
+
+urlpatterns = [
+    path("", views.dashboard, name="dashboard"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("workflows/", views.workflow_list, name="workflows"),
+    path("workflows/<str:name>/", views.workflow_detail, name="workflow"),
+    path("workflows/<str:name>/trigger/", views.workflow_trigger, name="workflow_trigger"),
+    path("workflows/<str:name>/pause/", views.workflow_pause, name="workflow_pause"),
+    path("workflows/<str:name>/resume/", views.workflow_resume, name="workflow_resume"),
+    path("runs/", views.run_list, name="runs"),
+    path("runs/<int:run_id>/", views.run_detail, name="run"),
+    path("runs/<int:run_id>/cancel/", views.run_cancel, name="run_cancel"),
+    path("runs/<int:run_id>/retry/", views.run_retry, name="run_retry"),
+    path("task-runs/<int:task_run_id>/", views.task_run_detail, name="task_run"),
+    path("attempts/<int:attempt_id>/log/", views.attempt_log, name="attempt_log"),
+    path("attempts/<int:attempt_id>/log/download/", views.attempt_log_download, name="attempt_log_download"),
+    path("dead-letter/", views.dead_letter, name="dead_letter"),
+]

@@ -1,0 +1,201 @@
+"""Forms of the web pages and the admin: list filters, the trigger form built from a workflow's
+declared params, and the backfill form."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from django import forms
+
+from orchestrator.models import Backfill, RunState, TaskState, Trigger, Workflow
+
+JOBS = "-jobs"  # the workflow filter's value for one-off jobs (runs without a workflow)
+PARAM_PREFIX = "param."
+
+
+class RunFilterForm(forms.Form):
+    workflow = forms.ChoiceField(required=False)
+    state = forms.ChoiceField(required=False, choices=[("", "any state"), *RunState.choices])
+    trigger = forms.ChoiceField(required=False, choices=[("", "any trigger"), *Trigger.choices])
+    since = forms.DateField(required=False, label="logical date from (UTC)")
+    until = forms.DateField(required=False, label="to (UTC, inclusive)")
+    # Keyset pagination: rows with a smaller id (older) or a larger id (newer) than this one.
+    before = forms.IntegerField(required=False, min_value=1)
+    after = forms.IntegerField(required=False, min_value=1)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        names = Workflow.objects.order_by("name").values_list("name", flat=True)
+        self.fields["workflow"].choices = [("", "all workflows"), (JOBS, "jobs (no workflow)")] + [
+            (name, name) for name in names
+        ]
+
+    def clean(self):
+        data = super().clean()
+        if data.get("since") and data.get("until") and data["since"] > data["until"]:
+            self.add_error("until", "must not be before the start date")
+        return data
+
+
+class DeadLetterFilterForm(forms.Form):
+    workflow = forms.ChoiceField(required=False)
+    queue = forms.CharField(required=False, max_length=100)
+    error = forms.CharField(required=False, max_length=200, label="error contains")
+    since = forms.DateField(required=False, label="died from (UTC)")
+    until = forms.DateField(required=False, label="to (UTC, inclusive)")
+    before = forms.IntegerField(required=False, min_value=1)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        names = Workflow.objects.order_by("name").values_list("name", flat=True)
+        self.fields["workflow"].choices = [("", "all workflows"), (JOBS, "jobs (no workflow)")] + [
+            (name, name) for name in names
+        ]
+
+
+class BulkTaskRunForm(forms.Form):
+    action = forms.ChoiceField(choices=[("retry", "retry"), ("discard", "discard")])
+    ids = forms.TypedMultipleChoiceField(coerce=int, choices=(), error_messages={
+        "required": "Select at least one task run.",
+    })
+    confirmed = forms.BooleanField(required=False)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Any integer is a candidate; the view keeps only those still in the dead-letter queue.
+        self.fields["ids"].valid_value = lambda value: str(value).isdigit()
+
+
+@dataclass
+class ParamField:
+    """One input of the trigger form, from one declared param."""
+
+    name: str
+    type: str
+    required: bool
+    description: str
+    choices: list | None
+    value: object
+    error: str = ""
+
+    @property
+    def html_name(self) -> str:
+        return PARAM_PREFIX + self.name
+
+    @property
+    def widget(self) -> str:
+        if self.choices:
+            return "select"
+        return {"bool": "checkbox", "int": "number", "float": "number", "date": "date",
+                "list": "textarea", "dict": "textarea"}.get(self.type, "text")
+
+    @property
+    def step(self) -> str:
+        return "any" if self.type == "float" else "1"
+
+    @property
+    def checked(self) -> bool:
+        return str(self.value).lower() in {"true", "1", "yes", "on"}
+
+    @property
+    def text(self) -> str:
+        if self.value is None:
+            return ""
+        if isinstance(self.value, list | dict):
+            return json.dumps(self.value)
+        return str(self.value)
+
+    @property
+    def choice_values(self) -> list[str]:
+        return [str(choice) for choice in self.choices or []]
+
+
+def param_fields(declared: dict[str, dict], submitted: dict | None = None,
+                 errors: dict[str, str] | None = None) -> list[ParamField]:
+    submitted = submitted or {}
+    errors = errors or {}
+    fields = []
+    for name, spec in declared.items():
+        value = submitted[name] if name in submitted else spec.get("default")
+        fields.append(ParamField(
+            name=name, type=spec.get("type", "str"), required=bool(spec.get("required")),
+            description=spec.get("description", ""), choices=spec.get("choices"), value=value,
+            error=errors.get(name, ""),
+        ))
+    return fields
+
+
+def submitted_params(declared: dict[str, dict], post) -> dict:
+    """The raw param values of a posted trigger form (``param.<name>`` inputs), unknown names
+    included so that ``clean_params`` names them. An empty input means "use the default"."""
+    values = {}
+    for key in post:
+        if not key.startswith(PARAM_PREFIX):
+            continue
+        name = key[len(PARAM_PREFIX):]
+        value = post.get(key)
+        if value is None or (isinstance(value, str) and value.strip() == ""):
+            continue
+        values[name] = value
+    for name, spec in declared.items():
+        # An unchecked checkbox sends nothing; the form marks its booleans so absence means false.
+        if spec.get("type") == "bool" and name not in values and f"{PARAM_PREFIX}{name}.present" in post:
+            values[name] = "false"
+    values = {key: value for key, value in values.items() if not key.endswith(".present")}
+    return values
+
+
+class BackfillForm(forms.Form):
+    start = forms.DateTimeField(
+        label="from (UTC)", help_text="First logical date included, e.g. 2026-01-01 00:00.",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+    )
+    end = forms.DateTimeField(
+        label="to (UTC)", help_text="Last logical date included.",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+    )
+    schedule = forms.ChoiceField(required=False, help_text="Whose fire times to backfill.")
+    reprocess = forms.ChoiceField(choices=Backfill.Reprocess.choices, initial=Backfill.Reprocess.NONE,
+                                  widget=forms.RadioSelect)
+    params = forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text='Optional JSON object of param values, e.g. {"orders": 10}. Unset params use their defaults.',
+    )
+
+    def __init__(self, *args, workflow: Workflow, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.workflow = workflow
+        schedules = list(workflow.schedules.all())
+        self.schedules = {str(s.pk): s for s in schedules}
+        self.fields["schedule"].choices = [("", "the workflow's first schedule")] + [
+            (str(s.pk), f"{s.name}: {s.cron} ({s.timezone})") for s in schedules
+        ]
+
+    def clean_params(self):
+        from orchestrator.params import ParamError, clean_params
+
+        raw = self.cleaned_data.get("params", "").strip()
+        if not raw:
+            values = {}
+        else:
+            try:
+                values = json.loads(raw)
+            except ValueError as exc:
+                raise forms.ValidationError(f"not valid JSON: {exc}") from None
+            if not isinstance(values, dict):
+                raise forms.ValidationError("must be a JSON object of param values")
+        try:
+            return clean_params(self.workflow.spec.get("params", {}), values)
+        except ParamError as exc:
+            raise forms.ValidationError([f"{key}: {message}" for key, message in exc.errors.items()]) from None
+
+    def clean(self):
+        data = super().clean()
+        if data.get("start") and data.get("end") and data["start"] > data["end"]:
+            self.add_error("end", "must not be before the start")
+        data["schedule_obj"] = self.schedules.get(data.get("schedule") or "")
+        return data
+
+
+TASK_STATE_CHOICES = TaskState.choices
