@@ -41,12 +41,6 @@ def check_configuration(app_configs=None, **kwargs):
             hint="Point ORCHESTRATOR_DATA_DIR at a writable folder; logs are stored there.",
             id="orchestrator.E004",
         ))
-    if not settings.DEBUG and not settings.ALLOWED_HOSTS:
-        problems.append(Error(
-            "ALLOWED_HOSTS is empty and DEBUG is off: every request would be refused.",
-            hint="Set ALLOWED_HOSTS to a comma-separated list of the host names the web server answers to.",
-            id="orchestrator.E005",
-        ))
     options = settings.ORCHESTRATOR
     if options["HEARTBEAT_TIMEOUT_SECONDS"] <= 2 * options["HEARTBEAT_SECONDS"]:
         problems.append(Warning(
@@ -55,3 +49,16 @@ def check_configuration(app_configs=None, **kwargs):
             id="orchestrator.W001",
         ))
     return problems
+
+
+# A deployment check: only the web server answers requests, so the scheduler, dispatcher and
+# workers start with DATABASE_URL and SECRET_KEY alone. wsgi.py runs deployment checks.
+@register(Tags.security, deploy=True)
+def check_web_hosts(app_configs=None, **kwargs):
+    if not settings.DEBUG and not settings.ALLOWED_HOSTS:
+        return [Error(
+            "ALLOWED_HOSTS is empty and DEBUG is off: every request would be refused.",
+            hint="Set ALLOWED_HOSTS to a comma-separated list of the host names the web server answers to.",
+            id="orchestrator.E005",
+        )]
+    return []

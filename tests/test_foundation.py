@@ -132,7 +132,7 @@ def test_a_missing_secret_key_is_reported_by_a_system_check(settings):
     settings.DEBUG = False
     settings.SECRET_KEY = ""
     settings.ALLOWED_HOSTS = []
-    ids = {problem.id for problem in checks.check_configuration()}
+    ids = {problem.id for problem in [*checks.check_configuration(), *checks.check_web_hosts()]}
     assert {"orchestrator.E002", "orchestrator.E005"} <= ids
 
 
