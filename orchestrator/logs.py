@@ -52,7 +52,8 @@ class AttemptLog(io.TextIOBase):
         path = local_path(self.name)
         if path is not None:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            self.file = open(path, "a", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed in finish()
+            # "w": one opener per attempt; a leftover file of a reset database is replaced.
+            self.file = open(path, "w", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed in finish()
         else:
             self.buffer_ = io.StringIO()
         self.written = True

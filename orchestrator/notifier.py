@@ -52,7 +52,7 @@ def runs_finished(finished: Sequence[tuple[int, str]]) -> int:
 
 
 def _enqueue(delivery: WebhookDelivery) -> None:
-    options = {"retry_delay": 5.0, "retry_backoff": 2.0, "retry_max_delay": 600.0, "timeout": 60}
+    options = {"retry_delay": settings.ORCHESTRATOR.get("WEBHOOK_RETRY_SECONDS", 5.0), "retry_backoff": 2.0, "retry_max_delay": 600.0, "timeout": 60}
     try:
         from orchestrator.jobs import enqueue
     except ImportError:

@@ -215,6 +215,8 @@ ORCHESTRATOR = {
     "DEFAULT_TENANT_LIMIT": int(os.environ.get("ORCHESTRATOR_DEFAULT_TENANT_LIMIT", "0")) or None,
     "RETENTION_DAYS": int(os.environ.get("ORCHESTRATOR_RETENTION_DAYS", "30")),
     "WEBHOOK_SECRET": os.environ.get("ORCHESTRATOR_WEBHOOK_SECRET", SECRET_KEY),
+    # First retry delay of a failed webhook delivery (doubling, at most 10 minutes, 5 attempts).
+    "WEBHOOK_RETRY_SECONDS": float(os.environ.get("ORCHESTRATOR_WEBHOOK_RETRY_SECONDS", "5")),
     "POLL_SECONDS": float(os.environ.get("ORCHESTRATOR_POLL_SECONDS", "1")),
     # When set, /metrics answers only requests with "Authorization: Bearer <token>".
     "METRICS_TOKEN": os.environ.get("METRICS_TOKEN", ""),
