@@ -135,15 +135,23 @@ class WorkflowAdmin(OperatorActions, admin.ModelAdmin):
             else:
                 digest = _digest(data)
                 if request.POST.get("confirm") == digest:
-                    started = backfill.start(wf, data["start"], data["end"], reprocess=data["reprocess"],
-                                             params=data["params"], created_by=request.user, schedule=schedule)
-                    self.message_user(request, f"Started {started}: {started.total} run(s).", messages.SUCCESS)
-                    return HttpResponseRedirect(reverse("admin:orchestrator_backfill_change", args=[started.pk]))
+                    try:
+                        started = backfill.start(wf, data["start"], data["end"], reprocess=data["reprocess"],
+                                                 params=data["params"], created_by=request.user, schedule=schedule)
+                    except backfill.BackfillError as exc:
+                        form.add_error(None, str(exc))
+                    else:
+                        self.message_user(request, f"Started {started}: {started.total} run(s).", messages.SUCCESS)
+                        return HttpResponseRedirect(reverse("admin:orchestrator_backfill_change", args=[started.pk]))
                 preview = {
-                    "count": _count(plan.count),
-                    "existing": _count(plan.existing),
-                    "to_create": _count(plan.to_create),
-                    "first": list(plan.fire_times[:10]),
+                    "count": plan.count,
+                    "existing": len(plan.existing),
+                    "to_create": len(plan.to_create),
+                    "to_reprocess": len(plan.to_reprocess),
+                    "total": plan.total,
+                    "first": list(plan.to_create[:10] or plan.fire_times[:10]),
+                    "cron": plan.cron,
+                    "timezone": plan.timezone,
                     "digest": digest,
                 }
         context = {
@@ -157,10 +165,6 @@ class WorkflowAdmin(OperatorActions, admin.ModelAdmin):
             "has_view_permission": True,
         }
         return TemplateResponse(request, "admin/orchestrator/workflow/backfill.html", context)
-
-
-def _count(value) -> int:
-    return value if isinstance(value, int) else len(value)
 
 
 def _digest(data: dict) -> str:

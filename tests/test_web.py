@@ -438,3 +438,18 @@ def test_pausing_and_resuming_a_workflow_from_the_list(as_operator, etl):
     assert response["Location"] == reverse("web:workflow", args=[etl.name])  # no open redirect
     etl.refresh_from_db()
     assert not etl.paused
+
+
+def test_the_page_benchmark_fills_a_history_and_times_every_page():
+    import io
+
+    from orchestrator import bench_pages
+
+    out = io.StringIO()
+    results = bench_pages.run(out, runs=3000, repeat=2)
+    assert Run.objects.count() == 3000
+    assert Run.objects.filter(state=RunState.FAILED).count() == 60  # one in fifty
+    assert TaskRun.objects.filter(state=TaskState.DEAD).count() == 1
+    assert results["runs list, first page"]["median_ms"] > 0
+    assert "workflow grid (25 runs x tasks)" in out.getvalue()
+    assert all(key in results for key in ("plan first page", "plan keyset page", "plan grid runs"))

@@ -1,0 +1,137 @@
+"""Page speed with a big history: fills the (bench) database with a million runs, then measures
+the server time of the pages that must stay fast (the runs list, its later keyset pages and
+filters, a workflow's grid) through Django's test client.
+
+Called by ``manage.py bench --only pages`` on a dedicated database. Filling is one
+``INSERT … SELECT generate_series`` statement, so a million runs take seconds, not minutes.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test import Client
+from django.test.utils import override_settings
+
+from orchestrator.models import Run, TaskRun, Workflow
+from orchestrator.runs import task_runs_for
+from orchestrator.sync import sync_workflows
+
+TARGET_MS = 150.0
+
+# Runs spread over the workflows, one logical date per minute going back from now; about one in
+# fifty failed, a few manual and API runs among the scheduled ones.
+FILL_RUNS = """
+INSERT INTO orchestrator_run (workflow_id, version_id, logical_date, trigger, params, tenant, priority, lane,
+    state, reason, payload_hash, created_at, started_at, finished_at, schedule_delay)
+SELECT w.id, w.current_version_id, ts, tr, '{}'::jsonb, 'default', 0, 0, st, '', '', ts, ts + interval '2 seconds',
+       ts + (20 + (g % 40)) * interval '1 second', CASE WHEN tr = 'schedule' THEN 0.5 + (g % 7) * 0.1 END
+FROM generate_series(1, %(n)s) AS g
+CROSS JOIN LATERAL (SELECT now() - (%(n)s - g) * interval '1 minute' AS ts,
+    CASE WHEN g %% 50 = 0 THEN 'failed' WHEN g %% 997 = 0 THEN 'cancelled' ELSE 'succeeded' END AS st,
+    CASE WHEN g %% 40 = 0 THEN 'manual' WHEN g %% 101 = 0 THEN 'api' WHEN g %% 503 = 0 THEN 'backfill'
+         ELSE 'schedule' END AS tr) AS v
+JOIN (SELECT id, current_version_id, row_number() OVER (ORDER BY id) - 1 AS k,
+             count(*) OVER () AS c FROM orchestrator_workflow WHERE current_version_id IS NOT NULL) AS w
+  ON w.k = g %% w.c
+"""
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+
+
+def fill(runs: int, out) -> Workflow:
+    sync_workflows()
+    workflow = Workflow.objects.select_related("current_version").get(name="nightly_etl")
+    have = Run.objects.count()
+    if have < runs:
+        started = time.monotonic()
+        with connection.cursor() as cursor:
+            cursor.execute(FILL_RUNS.replace("%(n)s", str(int(runs - have))).replace("%%", "%"))
+        out.write(f"  filled {runs - have:,} runs in {time.monotonic() - started:.1f}s\n")
+    # The grid's cells: task runs of the workflow's newest runs (the rest of the history has none,
+    # as after retention pruned old task runs; the grid only reads the newest runs).
+    recent = list(Run.objects.filter(workflow=workflow).order_by("-id")[:25])
+    missing = [run for run in recent if not TaskRun.objects.filter(run=run).exists()]
+    rows = []
+    for index, run in enumerate(missing):
+        for task_run in task_runs_for(run, workflow.current_version.spec["tasks"], run.logical_date):
+            task_run.state = "dead" if index == 3 and not task_run.upstream else run.state
+            task_run.attempts, task_run.finished_at = 1, run.finished_at
+            if task_run.state == "dead":
+                task_run.error = "ValueError: upstream API said no"
+            rows.append(task_run)
+    TaskRun.objects.bulk_create(rows)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE orchestrator_run")
+        cursor.execute("ANALYZE orchestrator_taskrun")
+    return workflow
+
+
+def explain(sql_and_params) -> str:
+    sql, params = sql_and_params
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + sql, params)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+def run(out=sys.stdout, runs: int = 1_000_000, repeat: int = 15) -> dict[str, dict[str, float]]:
+    from orchestrator.web.views import filter_runs
+
+    out.write(f"pages: {runs:,} runs\n")
+    workflow = fill(runs, out)
+    total = Run.objects.count()
+    middle = Run.objects.order_by("-id").values_list("id", flat=True)[total // 2]
+    newest = Run.objects.order_by("-id").values_list("logical_date", flat=True).first()
+    day = newest.date()
+    pages = {
+        "runs list, first page": "/runs/",
+        "runs list, keyset page in the middle": f"/runs/?before={middle}",
+        "runs list, state=failed": "/runs/?state=failed",
+        "runs list, workflow + trigger=manual": f"/runs/?workflow={workflow.name}&trigger=manual",
+        "runs list, one day": f"/runs/?since={day.isoformat()}&until={day.isoformat()}",
+        "runs list, failed + keyset page": f"/runs/?state=failed&before={middle}",
+        "workflow grid (25 runs x tasks)": f"/workflows/{workflow.name}/",
+        "workflows list": "/workflows/",
+        "dashboard": "/",
+        "dead-letter queue": "/dead-letter/",
+    }
+    user, _ = get_user_model().objects.get_or_create(username="bench-pages", defaults={"is_superuser": True})
+    results: dict[str, dict[str, float]] = {}
+    with override_settings(ALLOWED_HOSTS=["testserver"], DEBUG=False):
+        client = Client()
+        client.force_login(user)
+        for label, url in pages.items():
+            for _ in range(2):  # warm caches and connections
+                assert client.get(url).status_code == 200, url
+            times = []
+            for _ in range(repeat):
+                started = time.perf_counter()
+                response = client.get(url)
+                times.append((time.perf_counter() - started) * 1000)
+                assert response.status_code == 200, url
+            results[label] = {"median_ms": statistics.median(times), "p95_ms": _percentile(times, 0.95)}
+            flag = "ok" if results[label]["p95_ms"] < TARGET_MS else f"SLOWER than {TARGET_MS:.0f} ms"
+            out.write(f"  {label:<40} median {results[label]['median_ms']:7.1f} ms   "
+                      f"p95 {results[label]['p95_ms']:7.1f} ms   {flag}\n")
+    # The plans behind the runs list: every one must walk an index, never scan the table.
+    checks = {
+        "first page": filter_runs({}).order_by("-id")[:51],
+        "keyset page": filter_runs({}).filter(pk__lt=middle).order_by("-id")[:51],
+        "state filter": filter_runs({"state": "failed"}).filter(pk__lt=middle).order_by("-id")[:51],
+        "trigger filter": filter_runs({"trigger": "manual"}).order_by("-id")[:51],
+        "grid runs": Run.objects.filter(workflow=workflow).order_by("-id")[:25],
+    }
+    for label, queryset in checks.items():
+        plan = explain(queryset.query.sql_with_params())
+        scans = "seq scan" if "Seq Scan on orchestrator_run" in plan else "index"
+        first_line = plan.splitlines()[1].strip() if len(plan.splitlines()) > 1 else plan
+        out.write(f"  plan {label:<15} {scans:<9} {first_line[:90]}\n")
+        results[f"plan {label}"] = {"seq_scan": float(scans == "seq scan")}
+    return results
