@@ -51,6 +51,7 @@ def child_setup(parent_pid: int) -> None:
     die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
+    signal.set_wakeup_fd(-1)  # the worker's wake-up socket is not the child's
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)

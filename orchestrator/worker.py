@@ -205,6 +205,12 @@ class Worker:
         self.slots = [self.fork_child() for _ in range(self.concurrency)]
         self.listener = listen_connection(*[queue_channel(q) for q in self.queues], CANCEL_CHANNEL)
         self.selector.register(self.listener.fileno(), selectors.EVENT_READ, "listen")
+        # A signal wakes the loop at once (the handler only counts; the loop does the work).
+        wake_read, wake_write = socket.socketpair()
+        wake_read.setblocking(False)
+        wake_write.setblocking(False)
+        signal.set_wakeup_fd(wake_write.fileno(), warn_on_full_buffer=False)
+        self.selector.register(wake_read, selectors.EVENT_READ, "signal")
         log.info("worker %s started: queues %s, concurrency %d", self.name, ",".join(self.queues),
                  self.concurrency, extra={"action": "worker_start"})
         started = time.monotonic()
@@ -282,6 +288,11 @@ class Worker:
             for key, _ in self.selector.select(max(0.0, timeout)):
                 if key.data == "listen":
                     want_claim |= self.on_notifications()
+                elif key.data == "signal":
+                    try:
+                        key.fileobj.recv(512)
+                    except BlockingIOError:
+                        pass
                 else:
                     self.on_child_ready(key.data)
             now = time.monotonic()
