@@ -123,3 +123,25 @@ def test_sync_never_touches_a_schedule_made_in_the_admin():
     mine.refresh_from_db()
     assert (mine.cron, mine.params, mine.source) == ("0 * * * *", {"orders": 5}, "admin")
     assert set(etl.schedules.values_list("source", flat=True)) == {"code", "admin"}
+
+
+# -- the CLI preview ------------------------------------------------------------------------------
+
+
+def test_the_schedules_command_lists_state_and_next_fire_times_in_local_time_and_utc(workflow):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    make_schedule(workflow, "30 2 * * *", now=timezone.now(), tz="Europe/Berlin", name="nightly")
+    make_schedule(workflow, "@hourly", now=timezone.now(), name="hourly", paused=True)
+    out = StringIO()
+    call_command("schedules", "--next", "3", stdout=out)
+    text = out.getvalue()
+    assert "etl/hourly  [admin]  paused" in text
+    assert "etl/nightly  [admin]  active" in text
+    assert "'30 2 * * *' Europe/Berlin: every day at 02:30; catchup latest, overlap allow" in text
+    nightly = text[text.index("etl/nightly"):]
+    lines = [line for line in nightly.splitlines() if line.strip().startswith("next")]
+    assert len(lines) == 3
+    assert all(" 02:30:00 CE" in line and ":30:00 UTC" in line for line in lines)
