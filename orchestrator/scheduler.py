@@ -237,6 +237,9 @@ class Scheduler:
         did = False
         try:
             for _ in range(self.max_batches):
+                # A long tick (thousands of due schedules) keeps renewing between batches.
+                if not self.lease.ensure():
+                    return did
                 handled = self._fire_batch(now)
                 did = did or handled > 0
                 if handled < self.batch_size:

@@ -62,12 +62,15 @@ class Command(BaseCommand):
             while not stopping:
                 close_old_connections()
                 try:
-                    scheduler.tick()
+                    did = scheduler.tick()
                     leader = scheduler.lease.is_leader
                     wait = MAX_SLEEP
                     if leader:
                         due = scheduler.seconds_until_due()
                         wait = MAX_SLEEP if due is None else min(MAX_SLEEP, due)
+                        if not did:
+                            # Due rows it could not take (locked by another scheduler): no busy loop.
+                            wait = max(wait, 0.05)
                     if leader != was_leader:
                         self.stdout.write(f"scheduler {scheduler.holder}: {'leader' if leader else 'standby'}")
                         was_leader = leader
