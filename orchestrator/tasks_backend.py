@@ -47,7 +47,7 @@ STATUS = {
 FAILED_OUTCOMES = (AttemptOutcome.FAILED, AttemptOutcome.TIMED_OUT, AttemptOutcome.LOST, AttemptOutcome.CANCELLED)
 
 # The last line of a Python traceback: "ValueError: boom" or "package.module.Error: boom".
-_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
+_EXCEPTION_LINE = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Z]\w*)(?::|$)")
 
 
 def task_ref(task: Task) -> str:

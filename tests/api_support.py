@@ -35,8 +35,9 @@ extract >> load
 '''
 
 
-def make_user(username: str, group: str | None) -> User:
-    user = User.objects.create_user(username, password="pw-" + username)
+def make_user(username: str, group: str | None, password: str | None = None) -> User:
+    # No password unless asked for: hashing one costs most of a test's setup time.
+    user = User.objects.create_user(username, password=password)
     if group:
         user.groups.add(Group.objects.get(name=group))
     return user
@@ -94,3 +95,35 @@ def stored() -> dict:
         "states": sorted(Run.objects.values_list("id", "state")),
         "task_states": sorted(TaskRun.objects.values_list("id", "state")),
     }
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(processes, **env) -> str:
+    """``manage.py runserver`` on a free port against the test database; returns its base URL."""
+    import urllib.error
+    import urllib.request
+
+    from tests.conftest import process_env, wait_for
+
+    port = free_port()
+    proc = processes.start("runserver", f"127.0.0.1:{port}", "--noreload", "--skip-checks",
+                           env=process_env(**env), name="web")
+    url = f"http://127.0.0.1:{port}"
+
+    def up():
+        assert proc.poll() is None, processes.output(proc)
+        try:
+            with urllib.request.urlopen(f"{url}/api/schema/", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    wait_for(up, timeout=30, interval=0.1, message="the API server to answer")
+    return url

@@ -8,9 +8,11 @@ modules raise and the input problems that would otherwise surface from the datab
 
 from __future__ import annotations
 
+from django.core.exceptions import SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import DataError
 from django.http import JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import status
 from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.response import Response
@@ -47,6 +49,9 @@ def exception_handler(exc, context):
         exc = ValidationError(field_errors(exc.field, str(exc)))
     elif isinstance(exc, DjangoValidationError):
         exc = ValidationError(exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages})
+    elif isinstance(exc, SuspiciousOperation):
+        # Too many fields, a body over DATA_UPLOAD_MAX_MEMORY_SIZE: Django's own limits on input.
+        exc = ValidationError({"non_field_errors": [str(exc) or "the request is too large"]})
     elif isinstance(exc, DataError):
         # PostgreSQL refused a value (out of range, NUL byte): the input was bad, not the server.
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "a value cannot be stored"
@@ -72,6 +77,7 @@ def summary(errors: dict) -> str:
     return "invalid input"
 
 
+@csrf_exempt  # a JSON 404 for every method, never Django's HTML CSRF page
 def not_found(request, *args, **kwargs):
     """Unknown /api/ URLs answer JSON, like every other API error."""
     return JsonResponse({"detail": f"no API endpoint at {request.path}"}, status=404)

@@ -432,25 +432,36 @@ class BackfillRequestSerializer(serializers.Serializer):
     start = AwareDateTimeField(help_text="first logical date, inclusive (with timezone)")
     end = AwareDateTimeField(help_text="last logical date, inclusive (with timezone)")
     schedule = serializers.CharField(required=False, allow_null=True, default=None, max_length=100,
-                                     help_text="schedule name; the workflow's first schedule when omitted")
+                                     help_text="schedule name; may be omitted when the workflow has one schedule")
+    cron = serializers.CharField(required=False, allow_null=True, default=None, max_length=200,
+                                 help_text="backfill these fire times instead of a schedule's")
+    timezone = serializers.CharField(required=False, default="UTC", max_length=64,
+                                     help_text="the timezone of cron (IANA name)")
     reprocess = serializers.ChoiceField(choices=Backfill.Reprocess.choices, required=False,
-                                        default=Backfill.Reprocess.NONE)
-    params = JSONObjectField(required=False, default=dict)
+                                        default=Backfill.Reprocess.NONE,
+                                        help_text="what to do with fire times that already have a run")
+    params = JSONObjectField(required=False, default=dict, help_text="override the schedule's params")
     dry_run = serializers.BooleanField(required=False, default=False,
-                                       help_text="only list the fire times and count; create nothing")
+                                       help_text="only list the fire times and counts; create nothing")
 
     def validate(self, data):
         if data["end"] < data["start"]:
             raise serializers.ValidationError({"end": ["must not be before start"]})
+        if data["cron"] is not None and data["schedule"] is not None:
+            raise serializers.ValidationError({"cron": ["give a schedule or a cron expression, not both"]})
         return data
 
 
 class BackfillPlanSerializer(serializers.Serializer):
     dry_run = serializers.BooleanField()
     workflow = serializers.CharField()
+    schedule = serializers.CharField(allow_null=True)
+    cron = serializers.CharField()
+    timezone = serializers.CharField()
     count = serializers.IntegerField(help_text="fire times in the range")
     existing = serializers.IntegerField(help_text="fire times that already have a run")
-    to_create = serializers.IntegerField(help_text="runs a backfill would create")
+    to_create = serializers.IntegerField(help_text="runs the backfill would create")
+    to_reprocess = serializers.IntegerField(help_text="existing runs the backfill would run again")
     fire_times = serializers.ListField(child=serializers.DateTimeField())
 
 

@@ -13,6 +13,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import CursorPagination
+from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -119,6 +120,7 @@ def body(request) -> dict:
 
 class APIBase(APIView):
     permission_classes = [ViewerReadsOperatorWrites]
+    parser_classes = [JSONParser]  # the API speaks JSON only; forms belong to the web UI
 
     def page(self, queryset, serializer_class, pagination_class=IdCursorPagination, context=None):
         paginator = pagination_class()
@@ -422,27 +424,27 @@ class BackfillListView(APIBase):
         workflow = Workflow.objects.select_related("current_version").filter(name=data["workflow"]).first()
         if workflow is None:
             raise ValidationError({"workflow": [f"unknown workflow {data['workflow']!r}"]})
-        schedule = None
-        if data["schedule"] is not None:
-            schedule = workflow.schedules.filter(name=data["schedule"]).first()
-            if schedule is None:
-                names = ", ".join(workflow.schedules.values_list("name", flat=True)) or "none"
-                raise ValidationError({"schedule": [f"workflow {workflow.name!r} has no schedule "
-                                                    f"{data['schedule']!r} (its schedules: {names})"]})
-        # Checked here too, so a dry run reports bad params the way the real backfill would.
-        clean_params(workflow.spec.get("params", {}), data["params"])
+        where = {"schedule": data["schedule"]} if data["cron"] is None else {"expr": data["cron"],
+                                                                             "timezone": data["timezone"]}
         try:
-            if data["dry_run"]:
-                plan = backfills.plan(workflow, data["start"], data["end"], schedule=schedule,
-                                      reprocess=data["reprocess"])
-                return Response({
-                    "dry_run": True, "workflow": workflow.name, "count": plan.count, "existing": plan.existing,
-                    "to_create": plan.to_create, "fire_times": [at.isoformat() for at in plan.fire_times],
-                })
-            backfill = backfills.start(workflow, data["start"], data["end"], reprocess=data["reprocess"],
-                                       params=data["params"], created_by=request.user, schedule=schedule)
+            plan = backfills.plan(workflow, data["start"], data["end"], reprocess=data["reprocess"], **where)
         except backfills.BackfillError as exc:
-            raise ValidationError(field_errors(getattr(exc, "field", None), str(exc))) from None
+            raise ValidationError(field_errors(exc.field, str(exc))) from None
+        # Checked before anything is written, with one message per param (as a trigger's are).
+        schedule_params = plan.schedule.params if plan.schedule else {}
+        clean_params(workflow.spec.get("params", {}), {**schedule_params, **data["params"]})
+        if data["dry_run"]:
+            return Response({
+                "dry_run": True, "workflow": workflow.name, "schedule": plan.schedule.name if plan.schedule else None,
+                "cron": plan.cron, "timezone": plan.timezone, "count": plan.count, "existing": len(plan.existing),
+                "to_create": len(plan.to_create), "to_reprocess": len(plan.to_reprocess),
+                "fire_times": [at.isoformat() for at in plan.fire_times],
+            })
+        try:
+            backfill = backfills.start(workflow, data["start"], data["end"], reprocess=data["reprocess"],
+                                       params=data["params"], created_by=request.user, **where)
+        except backfills.BackfillError as exc:
+            raise ValidationError(field_errors(exc.field, str(exc))) from None
         backfill = backfills_queryset().get(pk=backfill.pk)
         return Response(s.BackfillSerializer(backfill).data, status=status.HTTP_201_CREATED,
                         headers={"Location": f"/api/backfills/{backfill.pk}/"})
