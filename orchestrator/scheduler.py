@@ -54,6 +54,8 @@ MISSED_AFTER = timedelta(seconds=60)
 # With catchup "all", fire times beyond the cap are recorded as skipped runs, but at most this many
 # per tick, so a schedule paused for a year cannot flood the run table.
 MAX_SKIPPED_RECORDS = 1000
+# How far back from now a long-overdue schedule's fire times are first looked for (then 8x, 64x, ...).
+LOOKBACK = timedelta(hours=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,7 +212,7 @@ def fmt(at: datetime) -> str:
 class _Due:
     fires: list[datetime]  # the fire times to act on now, oldest first
     skipped: list[datetime]  # over the catchup cap: recorded as skipped
-    unrecorded: int  # over the cap and beyond MAX_SKIPPED_RECORDS
+    unrecorded: int  # over the cap and beyond MAX_SKIPPED_RECORDS (-1: too many to count)
     last: datetime | None  # the latest fire time that came due
     next_at: datetime | None
 
@@ -298,23 +300,29 @@ class Scheduler:
     def _due(self, schedule: Schedule, now: datetime) -> _Due:
         cap = schedule.max_catchup or settings.ORCHESTRATOR["MAX_CATCHUP_RUNS"]
         keep = cap + MAX_SKIPPED_RECORDS if schedule.catchup == Schedule.Catchup.ALL else 1
-        fires: deque[datetime] = deque([schedule.next_fire_at], maxlen=keep)
-        total, next_at = 1, None
+        begin = schedule.next_fire_at
+        window = LOOKBACK
         try:
-            for at in cron.fire_times(schedule.cron, schedule.timezone, schedule.next_fire_at):
-                if at > now:
-                    next_at = at
+            while True:
+                if now - window <= begin:
+                    fires, total, next_at = _walk(schedule, [begin], begin, now, keep)
+                    truncated = False
                     break
-                fires.append(at)
-                total += 1
+                # Long overdue (a schedule paused for months): only the most recent fire times can
+                # matter, so look back from now in growing windows instead of walking from `begin`.
+                fires, total, next_at = _walk(schedule, [], now - window, now, keep)
+                if len(fires) == keep:
+                    truncated = True
+                    break
+                window *= 8
         except cron.CronError as exc:
             # Only reachable through a hand-edited row: the forms and sync validate. Stop it firing.
             log.error("schedule %s cannot fire: %s", schedule, exc, extra={"action": "schedule_invalid"})
             return _Due([], [], 0, None, None)
-        fires = list(fires)
         last = fires[-1]
         if schedule.catchup == Schedule.Catchup.ALL:
-            return _Due(fires[-cap:], fires[:-cap], total - len(fires), last, next_at)
+            unrecorded = -1 if truncated else total - len(fires)
+            return _Due(fires[-cap:], fires[:-cap], unrecorded, last, next_at)
         if schedule.catchup == Schedule.Catchup.NONE and now - last > MISSED_AFTER:
             return _Due([], [], 0, last, next_at)
         return _Due([last], [], 0, last, next_at)
@@ -331,8 +339,9 @@ class Scheduler:
         planned = [NewRun(run(at, RunState.SKIPPED, f"over the catchup limit of {cap} missed runs"), {})
                    for at in due.skipped]
         if due.unrecorded:
-            log.warning("schedule %s: %d more missed fire times before %s were dropped (catchup limit %d)",
-                        schedule, due.unrecorded, fmt(due.skipped[0] if due.skipped else due.fires[0]), cap,
+            count = "many" if due.unrecorded < 0 else str(due.unrecorded)
+            log.warning("schedule %s: %s more missed fire times before %s were dropped (catchup limit %d)",
+                        schedule, count, fmt(due.skipped[0] if due.skipped else due.fires[0]), cap,
                         extra={"action": "catchup_dropped", "schedule_id": schedule.pk})
         startable = []
         for at in due.fires:
@@ -484,6 +493,20 @@ class Scheduler:
                 job(self.clock)
             except Exception:  # a maintenance job must never take the scheduler down
                 log.exception("maintenance job %s failed", name, extra={"action": "maintenance_failed", "job": name})
+
+
+def _walk(schedule: Schedule, first: list, after: datetime, now: datetime, keep: int):
+    """The last `keep` fire times in (after, now] (plus `first`), how many there were, and the next
+    fire time after now."""
+    fires: deque[datetime] = deque(first, maxlen=keep)
+    total, next_at = len(first), None
+    for at in cron.fire_times(schedule.cron, schedule.timezone, after):
+        if at > now:
+            next_at = at
+            break
+        fires.append(at)
+        total += 1
+    return list(fires), total, next_at
 
 
 def _runnable_schedules():

@@ -196,6 +196,27 @@ def test_catchup_all_uses_the_configured_default_cap(clock, workflow, settings):
     assert states == [RunState.SKIPPED] * 3 + [RunState.RUNNING] * 3
 
 
+@pytest.mark.parametrize("catchup", ["latest", "all"])
+def test_a_schedule_overdue_for_a_year_only_looks_at_its_most_recent_fire_times(clock, workflow, caplog, catchup):
+    # Every second for 400 days is 34 million fire times; the tick must not walk them all.
+    schedule = make_schedule(workflow, "* * * * * *", now=clock.now() - timedelta(days=400), catchup=catchup,
+                             max_catchup=2)
+    clock.set(at(10, 0, 0))
+    scheduler(clock).tick()
+    runs = runs_of(schedule)
+    started = [r.logical_date for r in runs if r.state == RunState.RUNNING]
+    if catchup == "latest":
+        assert [(r.logical_date, r.state) for r in runs] == [(at(10), RunState.RUNNING)]
+    else:
+        assert started == [at(9, 59, 59), at(10)]
+        skipped = [r for r in runs if r.state == RunState.SKIPPED]
+        assert len(skipped) == 1000  # recorded up to MAX_SKIPPED_RECORDS, the rest only logged
+        assert skipped[-1].logical_date == at(9, 59, 58)
+        assert "many more missed fire times before 2026-03-02 09:43:19 UTC were dropped" in caplog.text
+    schedule.refresh_from_db()
+    assert schedule.next_fire_at == at(10, 0, 1)
+
+
 # -- start deadline -------------------------------------------------------------------------------
 
 
