@@ -76,6 +76,9 @@ def deployment():
     # Started two hours ago: outside the histogram's window.
     run(workflow=etl, schedule=schedule, trigger="schedule", logical_date=now - timedelta(days=1),
         started_at=now - timedelta(hours=2), schedule_delay=9.0)
+    # A job's wait in the queue is its own series; a backfill's "delay" (days) is no delay at all.
+    run(trigger="job", started_at=now, schedule_delay=0.2)
+    run(workflow=etl, trigger="backfill", started_at=now, schedule_delay=86400.0)
 
     for name, queues, age, state in [("w1", ["default"], 1, "running"), ("w2", ["default", "batch"], 3, "draining"),
                                      ("w3", ["batch"], 300, "running"), ("w4", ["gpu"], 1, "stopped")]:
@@ -101,13 +104,18 @@ def test_metrics_parse_and_describe_the_deployment(client, deployment):
     assert value(samples, "orchestrator_task_outcomes_last_5m", workflow="etl", state="upstream_failed") == 1
     assert value(samples, "orchestrator_task_outcomes_last_5m", workflow="(job)", state="succeeded") == 1
 
-    assert value(samples, "orchestrator_schedule_delay_seconds_bucket", le="0.1") == 1
-    assert value(samples, "orchestrator_schedule_delay_seconds_bucket", le="0.5") == 3
-    assert value(samples, "orchestrator_schedule_delay_seconds_bucket", le="5.0") == 4
-    assert value(samples, "orchestrator_schedule_delay_seconds_bucket", le="60.0") == 4
-    assert value(samples, "orchestrator_schedule_delay_seconds_bucket", le="+Inf") == 5
-    assert value(samples, "orchestrator_schedule_delay_seconds_count") == 5
-    assert value(samples, "orchestrator_schedule_delay_seconds_sum") == pytest.approx(124.65)
+    delay = "orchestrator_schedule_delay_seconds"
+    assert value(samples, f"{delay}_bucket", trigger="schedule", le="0.1") == 1
+    assert value(samples, f"{delay}_bucket", trigger="schedule", le="0.5") == 3
+    assert value(samples, f"{delay}_bucket", trigger="schedule", le="5.0") == 4
+    assert value(samples, f"{delay}_bucket", trigger="schedule", le="60.0") == 4
+    assert value(samples, f"{delay}_bucket", trigger="schedule", le="+Inf") == 5
+    assert value(samples, f"{delay}_count", trigger="schedule") == 5
+    assert value(samples, f"{delay}_sum", trigger="schedule") == pytest.approx(124.65)
+    assert value(samples, f"{delay}_bucket", trigger="job", le="0.1") == 0
+    assert value(samples, f"{delay}_bucket", trigger="job", le="0.25") == 1
+    assert value(samples, f"{delay}_count", trigger="job") == 1
+    assert value(samples, f"{delay}_count", trigger="backfill") is None
 
     assert value(samples, "orchestrator_attempts_reaped_last_hour", outcome="lost") == 2
     assert value(samples, "orchestrator_attempts_reaped_last_hour", outcome="timed_out") == 1

@@ -66,7 +66,8 @@ def transform_apac(ctx):
 def load(ctx):
     """Combine the regional totals (the fan-in)."""
     parts = [ctx.upstream[f"transform_{region}"] for region in REGIONS]
-    return {"day": ctx.upstream["extract"]["day"], "total": round(sum(p["total"] for p in parts), 2),
+    # ctx.upstream holds the direct parents only (the transforms), not extract.
+    return {"day": ctx.logical_date.date().isoformat(), "total": round(sum(p["total"] for p in parts), 2),
             "orders": sum(p["orders"] for p in parts)}
 
 
