@@ -134,7 +134,7 @@ class WorkflowAdmin(OperatorActions, admin.ModelAdmin):
                 form.add_error(field if field in form.fields else None, str(exc))
             else:
                 digest = _digest(data)
-                if request.POST.get("confirm") == digest:
+                if "go" in request.POST and request.POST.get("confirm") == digest:
                     try:
                         started = backfill.start(wf, data["start"], data["end"], reprocess=data["reprocess"],
                                                  params=data["params"], created_by=request.user, schedule=schedule)

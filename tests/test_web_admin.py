@@ -61,12 +61,14 @@ def test_a_backfill_previews_its_fire_times_and_creates_runs_only_when_confirmed
     assert not Backfill.objects.exists() and not Run.objects.exists()
 
     digest = re.search(r'name="confirm" value="([0-9a-f]+)"', preview).group(1)
-    # values edited after the preview get a new preview, not a start
-    edited = admin_client.post(url, {**form, "end": "2026-03-04 23:59", "confirm": digest})
+    # "preview again" never starts; values edited after the preview get a new preview, not a start
+    again = admin_client.post(url, {**form, "confirm": digest, "preview": "Preview again"})
+    assert again.status_code == 200 and not Backfill.objects.exists()
+    edited = admin_client.post(url, {**form, "end": "2026-03-04 23:59", "confirm": digest, "go": "Start"})
     assert edited.status_code == 200 and b'<b id="preview-count">4</b>' in edited.content
     assert not Backfill.objects.exists()
 
-    started = admin_client.post(url, {**form, "confirm": digest})
+    started = admin_client.post(url, {**form, "confirm": digest, "go": "Start"})
     backfill = Backfill.objects.get()
     assert started.status_code == 302
     assert started["Location"] == reverse("admin:orchestrator_backfill_change", args=[backfill.pk])
