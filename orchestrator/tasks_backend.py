@@ -10,7 +10,7 @@ dead-letter queue and UI.
     def send_invoice(invoice_id):
         ...
 
-    result = send_invoice.enqueue(42)          # a job (a run of one task), id = the run's id
+    result = send_invoice.enqueue(42)          # a job: a run of one task; result.id is the task run's id
     result = send_invoice.get_result(result.id)
 
 Enqueueing inserts rows in the caller's transaction: a task enqueued in a transaction that
@@ -23,6 +23,7 @@ object; the worker unwraps it to ``Task.func`` and passes a ``TaskContext`` when
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import Task, TaskError, TaskResult, TaskResultStatus
@@ -71,7 +72,19 @@ def exception_class_path(attempt: Attempt) -> str:
     return "builtins.Exception"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OrchestratorTask(Task):
+    """Django's Task, callable like the function it wraps (``add(1, 2)`` runs it here and now).
+
+    Being callable is what lets the job reference name the Task itself: enqueueing checks that a
+    reference names something callable, and the worker unwraps a Task to its ``func``."""
+
+    def __call__(self, *args, **kwargs):
+        return self.call(*args, **kwargs)
+
+
 class OrchestratorBackend(BaseTaskBackend):
+    task_class = OrchestratorTask
     supports_defer = True
     supports_async_task = True
     supports_get_result = True
@@ -98,18 +111,18 @@ class OrchestratorBackend(BaseTaskBackend):
 
     def get_result(self, result_id) -> TaskResult:
         try:
-            run_id = int(str(result_id))
+            task_run_id = int(str(result_id))
         except (TypeError, ValueError):
             raise TaskResultDoesNotExist(f"no task result {result_id!r}: ids are whole numbers") from None
-        if not 0 < run_id < 2**63:
+        if not 0 < task_run_id < 2**63:
             raise TaskResultDoesNotExist(f"no task result {result_id!r}")
-        run = Run.objects.filter(pk=run_id, trigger=Trigger.JOB, workflow__isnull=True).first()
-        task_run = TaskRun.objects.filter(run_id=run_id).select_related("worker").first() if run else None
+        task_run = (TaskRun.objects.select_related("run")
+                    .filter(pk=task_run_id, run__trigger=Trigger.JOB, run__workflow__isnull=True).first())
         if task_run is None:
             raise TaskResultDoesNotExist(f"no task result {result_id!r}")
         task = self._task(task_run)
         attempts = list(Attempt.objects.filter(task_run=task_run).select_related("worker").order_by("number"))
-        return self._result(task, run, task_run, attempts)
+        return self._result(task, task_run.run, task_run, attempts)
 
     def _task(self, task_run: TaskRun) -> Task:
         ref = task_run.spec.get("ref", "")
@@ -134,7 +147,7 @@ class OrchestratorBackend(BaseTaskBackend):
             task = task.using(run_after=task_run.due_at)
         result = TaskResult(
             task=task,
-            id=str(run.pk),
+            id=str(task_run.pk),
             status=STATUS.get(task_run.state, TaskResultStatus.READY),
             enqueued_at=run.created_at,
             started_at=attempts[0].started_at if attempts else task_run.started_at,
