@@ -189,7 +189,6 @@ SPECTACULAR_SETTINGS = {
     # The docs page loads Swagger UI from this installation's static files, never from a CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
-    "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_NAME_OVERRIDES": {"RunStateEnum": "orchestrator.models.RunState",
                             "TaskStateEnum": "orchestrator.models.TaskState"},

@@ -2,9 +2,11 @@
 """The REST API's workflows and runs: reading, triggering with params and idempotency keys,
 permissions, and JSON errors for every kind of bad input."""
 
+import re
 from datetime import UTC, datetime
 
 import pytest
+from django.contrib.staticfiles import finders
 from django.core.management import call_command
 
 from orchestrator.models import Run, RunState, TaskRun, Trigger
@@ -52,7 +54,8 @@ def test_it_lists_workflows_and_shows_the_graph_params_and_next_fire_times(api, 
 
 def test_an_unknown_workflow_is_a_json_404(api, workflow):
     for url in ("/api/workflows/nope/", "/api/workflows/nope/runs/", "/api/runs/999999/", "/api/task-runs/5/",
-                "/api/no-such-endpoint/", "/api/runs/abc/"):
+                "/api/no-such-endpoint/", "/api/runs/abc/", "/api/workflows/a%00b/", f"/api/runs/{2**80}/",
+                "/api/backfills/0/", "/api/jobs/1/"):
         response = api.get(url)
         assert response.status_code == 404, url
         assert response["Content-Type"] == "application/json", url
@@ -218,6 +221,9 @@ def test_the_same_key_with_another_payload_is_a_409_saying_so(api, workflow):
 def test_a_header_and_a_body_key_that_differ_are_a_400(api, workflow):
     response = trigger(api, data={"params": {"day": "2026-03-01"}, "idempotency_key": "a"}, HTTP_IDEMPOTENCY_KEY="b")
     assert response.status_code == 400 and "differ" in response.json()["idempotency_key"][0]
+    for bad in ("a\x00b", " ", "k" * 256):
+        response = trigger(api, HTTP_IDEMPOTENCY_KEY=bad)
+        assert response.status_code == 400 and "Idempotency-Key header" in response.json()["idempotency_key"][0]
     assert not Run.objects.exists()
 
 
@@ -292,3 +298,6 @@ def test_the_schema_and_the_docs_page_are_served_without_a_cdn(anonymous):
     html = docs.content.decode()
     assert "swagger-ui" in html and "/static/drf_spectacular_sidecar/" in html
     assert "cdn" not in html.lower() and "https://" not in html
+    # The assets themselves are static files of this installation (collectstatic/whitenoise serve them).
+    bundle = re.search(r'src="/static/(drf_spectacular_sidecar/[^"]+\.js)"', html).group(1)
+    assert finders.find(bundle)

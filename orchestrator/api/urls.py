@@ -1,5 +1,5 @@
 from django.urls import path, re_path
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from orchestrator.api import views
 from orchestrator.api.errors import not_found
@@ -27,6 +27,5 @@ urlpatterns = [
     path("backfills/<int:pk>/", views.BackfillDetailView.as_view(), name="backfill"),
     path("schema/", SpectacularAPIView.as_view(permission_classes=[]), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema", permission_classes=[]), name="docs"),
-    path("redoc/", SpectacularRedocView.as_view(url_name="api:schema", permission_classes=[]), name="redoc"),
     re_path(r"^.*$", not_found),
 ]

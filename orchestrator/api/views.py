@@ -76,7 +76,8 @@ def paginated_schema(item_serializer):
 
 
 def get_workflow(name: str) -> Workflow:
-    workflow = Workflow.objects.select_related("current_version").filter(name=name).first()
+    # PostgreSQL text cannot hold NUL, so no workflow has such a name (and asking would be a DataError).
+    workflow = None if "\x00" in name else Workflow.objects.select_related("current_version").filter(name=name).first()
     if workflow is None:
         raise NotFound(f"unknown workflow {name!r}")
     return workflow
@@ -101,8 +102,9 @@ def idempotency_key(request, data: dict) -> str | None:
     body = data.get("idempotency_key")
     if header is not None:
         header = header.strip()
-        if not header or len(header) > 255:
-            raise ValidationError({"idempotency_key": ["the Idempotency-Key header must be 1 to 255 characters"]})
+        if not header or len(header) > 255 or not header.isprintable():
+            raise ValidationError({"idempotency_key": ["the Idempotency-Key header must be 1 to 255 printable "
+                                                       "characters"]})
         if body and body != header:
             raise ValidationError({"idempotency_key": ["the Idempotency-Key header and the idempotency_key "
                                                        "field differ; send one of them"]})

@@ -1,0 +1,44 @@
+# ruff: noqa: F811 - pytest fixtures imported from tests.api_support
+"""A schema-driven fuzz run: schemathesis generates requests (valid and invalid) for every
+operation of /api/schema/ and sends them to a real server as an operator. No answer may be a
+5xx, and every answer must match the schema (status code, content type, body)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rest_framework.authtoken.models import Token
+
+from orchestrator.runs import trigger_workflow
+from tests.api_support import operator, start_server, workflow  # noqa: F401 - fixtures
+
+CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_schemathesis_finds_no_server_error_and_no_answer_outside_the_schema(processes, operator, workflow,
+                                                                           tmp_path):
+    # Backfills over random date ranges stay small, so the run stays within its time budget.
+    base = start_server(processes, ORCHESTRATOR_MAX_BACKFILL_RUNS="20", DEBUG="0", ALLOWED_HOSTS="127.0.0.1")
+    token = Token.objects.create(user=operator).key
+    trigger_workflow(workflow, {"day": "2026-03-01"})  # something to read, cancel and retry
+    # The coverage phase sends the schema's boundary values (huge numbers, empty and long strings,
+    # wrong types); one unexpected method per path is enough to see 405s answered in JSON.
+    config = tmp_path / "schemathesis.toml"
+    config.write_text('[phases.coverage]\nunexpected-methods = ["delete"]\n')
+    command = [
+        str(Path(sys.executable).with_name("schemathesis")), "--config-file", str(config), "run", f"{base}/api/schema/",
+        "--header", f"Authorization: Token {token}",
+        "--checks", CHECKS, "--max-examples", "5", "--seed", "20261129", "--workers", "2",
+        "--phases", "examples,coverage,fuzzing", "--request-timeout", "10", "--max-failures", "20",
+        "--generation-database", "none", "--no-color", "--output-truncate", "false",
+        "--report", "junit", "--report-dir", str(tmp_path),
+    ]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"schemathesis ran out of its time budget:\n{exc.stdout}")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-20000:]
+    assert "passed" in output.lower()
