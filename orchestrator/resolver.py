@@ -43,6 +43,7 @@ class Ending:
     error: str = ""
     traceback: str = ""
     log_path: str = ""
+    job: bool = False  # a one-task job run: no children to release
 
 
 # --- SQL ---------------------------------------------------------------------------------------
@@ -52,9 +53,10 @@ class Ending:
 # nothing. Failures follow the retry rule above, computed from each row's spec.
 END_TASK_RUNS = """
 WITH d AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(numbers)s::int[], %(outcomes)s::text[],
-                         %(results)s::text[], %(errors)s::text[]) AS d(id, number, outcome, result, error)
-)
+    SELECT * FROM unnest(%(ids)s::bigint[], %(numbers)s::int[], %(outcomes)s::text[], %(results)s::text[],
+                         %(errors)s::text[], %(tracebacks)s::text[], %(log_paths)s::text[])
+        AS d(id, number, outcome, result, error, traceback, log_path)
+), t AS (
 UPDATE orchestrator_taskrun t SET
     state = CASE WHEN d.outcome = 'succeeded' THEN 'succeeded'
                  WHEN t.attempts < t.max_attempts THEN 'scheduled' ELSE 'dead' END,
@@ -73,15 +75,14 @@ FROM d
 WHERE t.id = d.id AND t.state = 'running' AND t.attempts = d.number
   AND (%(worker)s::bigint IS NULL OR t.worker_id = %(worker)s::bigint)
 RETURNING t.id, t.run_id, t.state
-"""
-
-# The attempt rows of the task runs whose end was accepted above.
-END_ATTEMPTS = """
-UPDATE orchestrator_attempt a SET outcome = d.outcome, finished_at = %(now)s, error = d.error,
-    traceback = d.traceback, log_path = CASE WHEN d.log_path <> '' THEN d.log_path ELSE a.log_path END
-FROM unnest(%(ids)s::bigint[], %(numbers)s::int[], %(outcomes)s::text[], %(errors)s::text[],
-            %(tracebacks)s::text[], %(log_paths)s::text[]) AS d(id, number, outcome, error, traceback, log_path)
-WHERE a.task_run_id = d.id AND a.number = d.number AND a.outcome = 'running'
+), a AS (
+    -- The attempt rows of the task runs whose end was accepted above, in the same round trip.
+    UPDATE orchestrator_attempt a SET outcome = d.outcome, finished_at = %(now)s, error = d.error,
+        traceback = d.traceback, log_path = CASE WHEN d.log_path <> '' THEN d.log_path ELSE a.log_path END
+    FROM t JOIN d ON d.id = t.id
+    WHERE a.task_run_id = d.id AND a.number = d.number AND a.outcome = 'running'
+)
+SELECT id, run_id, state FROM t
 """
 
 # Decide waiting children of the given runs whose trigger rule is settled by their parents'
@@ -154,41 +155,40 @@ def end_attempts(endings: Sequence[Ending], *, worker_id: int | None = None,
         cursor.execute(END_TASK_RUNS, {
             "ids": [e.task_run_id for e in endings], "numbers": [e.number for e in endings],
             "outcomes": [e.outcome for e in endings], "results": [e.result for e in endings],
-            "errors": [e.error for e in endings], "worker": worker_id, "now": now,
+            "errors": [e.error for e in endings], "tracebacks": [e.traceback for e in endings],
+            "log_paths": [e.log_path for e in endings], "worker": worker_id, "now": now,
         })
         accepted = cursor.fetchall()
         if not accepted:
             return []
-        won = {row[0] for row in accepted}
-        mine = [e for e in endings if e.task_run_id in won]
-        cursor.execute(END_ATTEMPTS, {
-            "ids": [e.task_run_id for e in mine], "numbers": [e.number for e in mine],
-            "outcomes": [e.outcome for e in mine], "errors": [e.error for e in mine],
-            "tracebacks": [e.traceback for e in mine], "log_paths": [e.log_path for e in mine],
-            "now": now,
-        })
+    won = {row[0] for row in accepted}
+    mine = [e for e in endings if e.task_run_id in won]
     ended_runs = {run_id for _, run_id, state in accepted if state != "scheduled"}
+    jobs = {e.task_run_id for e in mine if e.job}
+    parents = {run_id for task_run_id, run_id, state in accepted if state != "scheduled" and task_run_id not in jobs}
     retrying = any(state == "scheduled" for _, _, state in accepted)
-    released = resolve_runs(ended_runs, now=now) if ended_runs else 0
+    released = resolve_runs(ended_runs, now=now, release=parents) if ended_runs else 0
     if retrying or released:
         wake_dispatchers()
     return accepted
 
 
-def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None) -> int:
-    """Decide the waiting children of these runs, then end the runs that are complete. Returns
-    how many children were released (made due)."""
+def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release: Iterable[int] | None = None) -> int:
+    """Decide the waiting children of these runs (of ``release`` only, when given: runs known to
+    have no waiting tasks can skip that query), then end the runs that are complete. Returns how
+    many children were released (made due)."""
     runs = sorted(set(run_ids))
     if not runs:
         return 0
+    release = runs if release is None else sorted(set(release))
     now = now or timezone.now()
     released = 0
     with connection.cursor() as cursor:
         # A child that ends (upstream_failed/skipped) can settle its own children: repeat until
         # nothing more is decided. Each pass goes one level deeper, so the loop is bounded by the
         # depth of the graph.
-        while True:
-            cursor.execute(RELEASE_CHILDREN, {"runs": runs, "now": now})
+        while release:
+            cursor.execute(RELEASE_CHILDREN, {"runs": release, "now": now})
             states = [row[0] for row in cursor.fetchall()]
             released += states.count("scheduled")
             if not any(state != "scheduled" for state in states):

@@ -1,0 +1,349 @@
+"""``manage.py bench``: throughput and latency figures of the execution path, with real worker and
+dispatcher processes, in a dedicated database ``orchestrator_bench`` on the current server
+(dropped, created and migrated at the start; the product's own data is never touched).
+
+Sections (``--only jobs,latency,dag,pg,scheduler,pages``):
+
+- jobs: no-op single-task jobs completed per second end to end (enqueue, dispatch, execute,
+  record) with one and with two worker processes. Jobs are enqueued while the workers run, in
+  batches of 500 by one INSERT per batch (what a bulk producer does); the clock runs from the
+  first enqueue to the last recorded success.
+- latency: enqueue-to-start delay (the job's own first instruction) at a light steady load, one
+  job per ``create_run`` transaction every 20 ms.
+- dag: trigger-to-success wall time of a DAG of 1 + 200 parallel + 1 join tasks, and of a
+  100-task chain.
+- pg: PostgreSQL's own ceiling on the same server: a bare SKIP LOCKED claim-and-complete loop,
+  one job per transaction and 100 per transaction, so each figure above reads as a ratio to it.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+from django.conf import settings
+from django.core.management import call_command
+from django.db import connection, connections
+
+BENCH_DB = "orchestrator_bench"
+ROOT = Path(__file__).resolve().parent.parent
+SECTIONS = ("pg", "jobs", "latency", "dag", "scheduler", "pages")
+
+
+# --- the tasks the benchmark runs ----------------------------------------------------------------
+
+def noop():
+    """A job that does nothing."""
+
+
+def stamp() -> float:
+    """A job that returns when it started (the latency figure)."""
+    return time.time()
+
+
+def noop_task():
+    """A workflow task that does nothing."""
+
+
+# --- the database ----------------------------------------------------------------------------------
+
+def _url(name: str) -> str:
+    s = connection.settings_dict
+    user = quote(s["USER"] or "")
+    password = f":{quote(s['PASSWORD'])}" if s.get("PASSWORD") else ""
+    host = s["HOST"] or ""
+    if host.startswith("/"):
+        return f"postgresql://{user}{password}@/{name}?host={quote(host)}"
+    port = f":{s['PORT']}" if s.get("PORT") else ""
+    return f"postgresql://{user}{password}@{host}{port}/{name}"
+
+
+def child_env(**extra) -> dict:
+    """The environment of a process that works on the benchmark database."""
+    env = dict(os.environ)
+    env.update({"DATABASE_URL": _url(BENCH_DB), "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "WARNING", "DEBUG": "0",
+                "SECRET_KEY": settings.SECRET_KEY or "bench-only-secret-key",
+                "ORCHESTRATOR_DATA_DIR": str(settings.DATA_DIR)})
+    env.update({key: str(value) for key, value in extra.items()})
+    return env
+
+
+def _server_connection():
+    import psycopg
+
+    params = connection.get_connection_params()
+    for key in ("cursor_factory", "context", "server_side_binding"):
+        params.pop(key, None)
+    params["dbname"] = "postgres"
+    return psycopg.connect(**params, autocommit=True)
+
+
+def prepare_database() -> None:
+    """Drop and create the benchmark database, point this process at it, migrate."""
+    connections.close_all()
+    with _server_connection() as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{BENCH_DB}"')
+    for alias in connections:
+        connections[alias].settings_dict["NAME"] = BENCH_DB
+    settings.DATABASES["default"]["NAME"] = BENCH_DB
+    call_command("migrate", interactive=False, verbosity=0)
+
+
+def reset_work() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE orchestrator_attempt, orchestrator_taskrun, orchestrator_webhookdelivery, "
+                       "orchestrator_run, orchestrator_worker CASCADE")
+
+
+# --- processes -------------------------------------------------------------------------------------
+
+class Roles:
+    def __init__(self):
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, *args: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), *args], cwd=ROOT, env=child_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def workers(self, count: int, concurrency: int) -> None:
+        for _ in range(count):
+            self.start("worker", "--queues", "default", "--concurrency", str(concurrency), "--grace", "2")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM orchestrator_worker WHERE state = 'running'")
+                if cursor.fetchone()[0] >= count:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError("the benchmark's workers did not start within 30 s")
+
+    def stop(self) -> None:
+        import signal
+
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.procs = []
+
+
+# --- SQL -------------------------------------------------------------------------------------------
+
+# Bulk enqueue: n job runs, then their task runs (scheduled, due now), then wake the dispatchers.
+ENQUEUE_RUNS = """
+INSERT INTO orchestrator_run (logical_date, trigger, params, tenant, priority, lane, state, reason,
+                              payload_hash, created_at)
+SELECT now(), 'job', '{}', 'default', 0, 0, 'running', '', '', now() FROM generate_series(1, %(n)s)
+RETURNING id
+"""
+ENQUEUE_TASK_RUNS = """
+INSERT INTO orchestrator_taskrun (run_id, task, state, spec, upstream, queue, priority, tenant, lane, attempts,
+                                  max_attempts, due_at, error, created_at)
+SELECT id, %(ref)s, 'scheduled', %(spec)s::jsonb, '{}', 'default', 0, 'default', 0, 0, 1, now(), '', now()
+FROM unnest(%(ids)s::bigint[]) AS id
+"""
+
+# PostgreSQL's ceiling: the same claim and complete, on a bare table.
+PG_SETUP = """
+DROP TABLE IF EXISTS bench_queue;
+CREATE TABLE bench_queue (id bigserial PRIMARY KEY, state text NOT NULL, payload jsonb);
+CREATE INDEX bench_queue_queued ON bench_queue (id) WHERE state = 'queued';
+"""
+PG_FILL = "INSERT INTO bench_queue (state, payload) SELECT 'queued', '{}' FROM generate_series(1, %s)"
+PG_CLAIM = """
+UPDATE bench_queue SET state = 'running'
+WHERE id IN (SELECT id FROM bench_queue WHERE state = 'queued' ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)
+RETURNING id
+"""
+PG_COMPLETE = "UPDATE bench_queue SET state = 'done' WHERE id = ANY (%s)"
+
+
+def enqueue_noops(n: int, ref: str = "orchestrator.bench:noop") -> None:
+    import json
+
+    spec = json.dumps({"kind": "python", "ref": ref, "call": "job", "args": [], "kwargs": {}})
+    with connection.cursor() as cursor:
+        cursor.execute(ENQUEUE_RUNS, {"n": n})
+        ids = [row[0] for row in cursor.fetchall()]
+        cursor.execute(ENQUEUE_TASK_RUNS, {"ids": ids, "ref": ref, "spec": spec})
+        cursor.execute("SELECT pg_notify('orchestrator_dispatch', '')")
+
+
+def _unfinished() -> bool:
+    # Cheap while the workers run: the partial indexes answer it.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT EXISTS (SELECT 1 FROM orchestrator_taskrun WHERE state IN ('scheduled', 'queued')) "
+                       "OR EXISTS (SELECT 1 FROM orchestrator_attempt WHERE outcome = 'running')")
+        return cursor.fetchone()[0]
+
+
+def _last_finish() -> float:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT extract(epoch FROM max(finished_at)) FROM orchestrator_run")
+        return float(cursor.fetchone()[0] or time.time())
+
+
+def _count_done() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM orchestrator_run WHERE state = 'succeeded'")
+        return cursor.fetchone()[0]
+
+
+# --- sections --------------------------------------------------------------------------------------
+
+def bench_pg(out, seconds: float = 2.0) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(PG_SETUP)
+    for batch in (1, 100):
+        with connection.cursor() as cursor:
+            cursor.execute("TRUNCATE bench_queue")
+            cursor.execute(PG_FILL, [200_000 if batch > 1 else 20_000])
+        done = 0
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            with connection.cursor() as cursor:
+                # Autocommit: each statement is its own transaction, as in a worker's claim/complete.
+                cursor.execute(PG_CLAIM, [batch])
+                ids = [row[0] for row in cursor.fetchall()]
+                if not ids:
+                    break
+                cursor.execute(PG_COMPLETE, [ids])
+            done += len(ids)
+        rate = done / (time.perf_counter() - started)
+        out(f"  bare SKIP LOCKED claim+complete, {batch:>3} per transaction: {rate:>9,.0f} jobs/s")
+
+
+def bench_jobs(out, n: int, concurrency: int) -> None:
+    for workers in (1, 2):
+        reset_work()
+        roles = Roles()
+        try:
+            roles.start("dispatcher")
+            roles.workers(workers, concurrency)
+            started = time.time()
+            for offset in range(0, n, 500):
+                enqueue_noops(min(500, n - offset))
+            deadline = time.monotonic() + 120
+            while _unfinished() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            done = _count_done()
+            elapsed = _last_finish() - started
+        finally:
+            roles.stop()
+        out(f"  {n} no-op jobs, {workers} worker process(es) x {concurrency} children: "
+            f"{done / elapsed:>7,.0f} jobs/s end to end ({elapsed:.2f} s{'' if done == n else f', only {done} done'})")
+
+
+def bench_latency(out, count: int = 150, interval: float = 0.02, concurrency: int = 4) -> None:
+    from orchestrator.models import TaskRun
+    from orchestrator.runs import create_run
+
+    reset_work()
+    roles = Roles()
+    spec = {"kind": "python", "ref": "orchestrator.bench:stamp", "call": "job", "args": [], "kwargs": {}}
+    enqueued = {}
+    try:
+        roles.start("dispatcher")
+        roles.workers(1, concurrency)
+        time.sleep(0.5)
+        for _ in range(count):
+            at = time.time()
+            run, _ = create_run(None, trigger="job", tasks={"stamp": spec})
+            enqueued[run.pk] = at
+            time.sleep(interval)
+        deadline = time.monotonic() + 30
+        while _count_done() < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        roles.stop()
+    delays = sorted((result - enqueued[run_id]) * 1000 for run_id, result in
+                    TaskRun.objects.filter(state="succeeded").values_list("run_id", "result"))
+    if not delays:
+        out("  no job finished")
+        return
+    q = statistics.quantiles(delays, n=100, method="inclusive")
+    out(f"  enqueue -> start delay at {1 / interval:.0f} jobs/s ({len(delays)} jobs): "
+        f"p50 {q[49]:.1f} ms, p95 {q[94]:.1f} ms, p99 {q[98]:.1f} ms, max {delays[-1]:.1f} ms")
+
+
+def bench_dag(out, concurrency: int = 8) -> None:
+    from orchestrator.models import Run
+    from orchestrator.runs import create_run
+
+    def spec(upstream=()):
+        return {"kind": "python", "ref": "orchestrator.bench:noop_task", "upstream": list(upstream)}
+
+    wide = {"start": spec()}
+    wide.update({f"t{i:03d}": spec(["start"]) for i in range(200)})
+    wide["join"] = spec([f"t{i:03d}" for i in range(200)])
+    chain = {"c000": spec()}
+    chain.update({f"c{i:03d}": spec([f"c{i - 1:03d}"]) for i in range(1, 100)})
+    reset_work()
+    roles = Roles()
+    try:
+        roles.start("dispatcher")
+        roles.workers(2, concurrency)
+        time.sleep(0.5)
+        for label, tasks in (("1 + 200 parallel + 1 join", wide), ("100-task chain", chain)):
+            started = time.perf_counter()
+            run, _ = create_run(None, trigger="manual", tasks=tasks)
+            deadline = time.monotonic() + 120
+            state = "running"
+            while state == "running" and time.monotonic() < deadline:
+                time.sleep(0.005)
+                state = Run.objects.values_list("state", flat=True).get(pk=run.pk)
+            elapsed = time.perf_counter() - started
+            out(f"  DAG {label}: {elapsed:.2f} s trigger -> {state} (2 workers x {concurrency})")
+    finally:
+        roles.stop()
+
+
+def _external(out, module: str) -> None:
+    import importlib
+
+    try:
+        runner = importlib.import_module(module).run
+    except (ImportError, AttributeError):
+        out("  not available")
+        return
+    runner(out)
+
+
+def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int = 4) -> None:
+    only = list(only or SECTIONS)
+    unknown = [name for name in only if name not in SECTIONS]
+    if unknown:
+        raise ValueError(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+    out(f"benchmark database {BENCH_DB!r} (dropped and created), {os.cpu_count()} CPU(s)")
+    prepare_database()
+    if "pg" in only:
+        out("PostgreSQL's own ceiling:")
+        bench_pg(out)
+    if "jobs" in only:
+        out("Jobs end to end:")
+        bench_jobs(out, jobs, concurrency)
+    if "latency" in only:
+        out("Start delay at light load:")
+        bench_latency(out)
+    if "dag" in only:
+        out("DAG wall time:")
+        bench_dag(out)
+    if "scheduler" in only:
+        out("Scheduler:")
+        _external(out, "orchestrator.bench_scheduler")
+    if "pages" in only:
+        out("Pages:")
+        _external(out, "orchestrator.bench_pages")
