@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import Task, TaskError, TaskResult, TaskResultStatus
@@ -95,7 +96,8 @@ class OrchestratorBackend(BaseTaskBackend):
 
         self.validate_task(task)
         options = self.options
-        spec_extra = {"django_task": {"backend": self.alias, "takes_context": task.takes_context}}
+        spec_extra = {"django_task": {"backend": self.alias, "takes_context": task.takes_context,
+                                      "run_after": task.run_after.isoformat() if task.run_after else None}}
         for key in ("retry_delay", "retry_backoff", "retry_max_delay"):
             if key in options:
                 spec_extra[key] = options[key]
@@ -143,8 +145,10 @@ class OrchestratorBackend(BaseTaskBackend):
 
     def _result(self, task: Task, run: Run, task_run: TaskRun, attempts: list[Attempt]) -> TaskResult:
         spec = task_run.spec
-        if task.run_after is None and task_run.due_at and task_run.due_at > run.created_at:
-            task = task.using(run_after=task_run.due_at)
+        run_after = (spec.get("django_task") or {}).get("run_after")
+        if run_after and task.run_after is None:
+            # The Task object imported by reference has no run_after; the enqueued one had.
+            task = task.using(run_after=datetime.fromisoformat(run_after))
         result = TaskResult(
             task=task,
             id=str(task_run.pk),

@@ -336,7 +336,7 @@ class JobSerializer(serializers.ModelSerializer):
     def _task_run(run):
         cached = getattr(run, "_job_task_run", None)
         if cached is None:
-            cached = run.task_runs.first()
+            cached = next(iter(run.task_runs.all()), None)  # prefetched by the views: no query per job
             run._job_task_run = cached
         return cached
 
