@@ -56,8 +56,9 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, stop)
         listener = Listener()
         was_leader = None
-        self.stdout.write(f"scheduler {scheduler.holder} started (lease {scheduler.lease.name}"
-                          f"{', disabled for tests' if no_lease else ''})")
+        # Through logging, not stdout: with LOG_FORMAT=json every line a process writes is JSON.
+        log.info("scheduler %s started (lease %s%s)", scheduler.holder, scheduler.lease.name,
+                 ", disabled for tests" if no_lease else "", extra={"action": "scheduler_start"})
         try:
             while not stopping:
                 close_old_connections()
@@ -72,7 +73,8 @@ class Command(BaseCommand):
                             # Due rows it could not take (locked by another scheduler): no busy loop.
                             wait = max(wait, 0.05)
                     if leader != was_leader:
-                        self.stdout.write(f"scheduler {scheduler.holder}: {'leader' if leader else 'standby'}")
+                        log.info("scheduler %s: %s", scheduler.holder, "leader" if leader else "standby",
+                                 extra={"action": "scheduler_role"})
                         was_leader = leader
                     if not stopping:
                         listener.wait(wait)
@@ -86,4 +88,5 @@ class Command(BaseCommand):
                 scheduler.lease.release()
             except Exception:  # the lease then simply expires
                 log.exception("could not release the lease")
-            self.stdout.write(f"scheduler {scheduler.holder} stopped: created {scheduler.created} runs")
+            log.info("scheduler %s stopped: created %s runs", scheduler.holder, scheduler.created,
+                     extra={"action": "scheduler_stop"})

@@ -1,0 +1,182 @@
+"""Run the production set of processes on one machine, without Docker.
+
+The same roles as ``docker/compose.yaml``: gunicorn, schedulers (one leads, the others stand
+by), dispatchers and workers, each a separate OS process against ``DATABASE_URL``. This
+command only starts them, restarts one that dies, and on SIGTERM or Ctrl-C passes SIGTERM on
+to each (so each drains its in-flight work), waits for them, and reports how each one ended.
+Unlike ``up`` it creates no user and prints no password: it is for servers, where
+``migrate``, ``sync_workflows`` and ``createsuperuser`` are deployment steps of their own
+(``--migrate`` runs the first two first).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+MAX_RESTARTS = 5
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log_path: Path | None = None
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    restart_at: float | None = None
+    pids: list[int] = field(default_factory=list)
+
+
+def role_argv(role: str, *extra: str) -> list[str]:
+    return [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), role, *extra]
+
+
+def plan(*, bind: str, web_workers: int, schedulers: int, dispatchers: int, workers: list[str],
+         concurrency: int, grace: float) -> list[Child]:
+    children = []
+    if web_workers:
+        children.append(Child("web", [
+            sys.executable, "-m", "gunicorn", "orchestrator.wsgi", "--workers", str(web_workers), "--bind", bind,
+            "--graceful-timeout", str(int(grace)), "--access-logfile", "-",
+            # No control socket: its default path is per user, shared by every gunicorn on the machine.
+            "--no-control-socket",
+        ]))
+    children += [Child(f"scheduler-{i}", role_argv("scheduler")) for i in range(1, schedulers + 1)]
+    children += [Child(f"dispatcher-{i}", role_argv("dispatcher")) for i in range(1, dispatchers + 1)]
+    for i, queues in enumerate(workers, start=1):
+        children.append(Child(f"worker-{i}", role_argv(
+            "worker", "--queues", queues, "--concurrency", str(concurrency), "--grace", str(grace),
+        )))
+    return children
+
+
+class Command(BaseCommand):
+    help = ("Run gunicorn, schedulers, dispatchers and workers as separate processes, like docker/compose.yaml, "
+            "without Docker. SIGTERM stops them all cleanly.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--bind", default=os.environ.get("BIND", "127.0.0.1:8000"),
+                            help="Address of the web server (default %(default)s).")
+        parser.add_argument("--web-workers", type=int, default=2, help="gunicorn worker processes; 0: no web server.")
+        parser.add_argument("--schedulers", type=int, default=2, help="Scheduler processes (one leads).")
+        parser.add_argument("--dispatchers", type=int, default=1, help="Dispatcher processes.")
+        parser.add_argument("--worker", action="append", dest="workers", metavar="QUEUES",
+                            help="One worker process serving these comma-separated queues; repeat for more "
+                                 "(default: --worker default --worker default --worker batch).")
+        parser.add_argument("--concurrency", type=int, default=8, help="Tasks at once per worker process.")
+        parser.add_argument("--grace", type=float, default=30.0,
+                            help="Seconds each process may take to finish its work after SIGTERM.")
+        parser.add_argument("--log-dir", default=None,
+                            help="Write each process's output to LOG_DIR/<name>.log instead of this terminal.")
+        parser.add_argument("--migrate", action="store_true", help="Run migrate and sync_workflows first.")
+
+    def handle(self, *args, bind, web_workers, schedulers, dispatchers, workers, concurrency, grace, log_dir,
+               migrate, **options):
+        workers = workers if workers is not None else ["default", "default", "batch"]
+        for name, value in (("--web-workers", web_workers), ("--schedulers", schedulers),
+                            ("--dispatchers", dispatchers)):
+            if value < 0:
+                raise CommandError(f"{name} must be 0 or more, got {value}")
+        if concurrency < 1:
+            raise CommandError(f"--concurrency must be at least 1, got {concurrency}")
+        for queues in workers:
+            if not [q for q in queues.split(",") if q.strip()]:
+                raise CommandError(f"--worker {queues!r}: name at least one queue, e.g. --worker default,batch")
+        if migrate:
+            call_command("migrate", interactive=False, verbosity=0)
+            call_command("sync_workflows")
+
+        children = plan(bind=bind, web_workers=web_workers, schedulers=schedulers, dispatchers=dispatchers,
+                        workers=workers, concurrency=concurrency, grace=grace)
+        if not children:
+            raise CommandError("nothing to run: every role count is 0")
+        if log_dir:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            for child in children:
+                child.log_path = Path(log_dir) / f"{child.name}.log"
+
+        stopping = False
+
+        def stop(signum, frame):
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        try:
+            for child in children:
+                self.start(child)
+            while not stopping:
+                for child in children:
+                    if stopping or child.proc.poll() is None:
+                        continue
+                    if child.restart_at is None:
+                        if child.restarts >= MAX_RESTARTS:
+                            self.say(f"{child.name} keeps exiting (code {child.proc.returncode}); stopping everything")
+                            stopping = True
+                            break
+                        # Backing off: a role that cannot start (database down, bad config) must not
+                        # spin the machine.
+                        delay = min(2.0 ** child.restarts, 30.0)
+                        child.restart_at = time.monotonic() + delay
+                        self.say(f"{child.name} (pid {child.proc.pid}) exited with {child.proc.returncode}; "
+                                 f"restarting in {delay:g}s")
+                    elif time.monotonic() >= child.restart_at:
+                        child.restarts += 1
+                        child.restart_at = None
+                        self.start(child)
+                time.sleep(0.2)
+        finally:
+            clean = self.shutdown(children, deadline=grace + 15)
+        if not clean:
+            raise CommandError("some processes did not stop cleanly (see above)")
+
+    def say(self, message: str) -> None:
+        self.stderr.write(f"[deploy_local] {message}")
+        self.stderr.flush()
+
+    def start(self, child: Child) -> None:
+        output = open(child.log_path, "ab") if child.log_path else None  # noqa: SIM115 - kept by the child
+        try:
+            # Own session: a Ctrl-C in this terminal reaches only this supervisor, which then stops
+            # the children in order instead of all of them at once.
+            child.proc = subprocess.Popen(child.argv, stdout=output, stderr=subprocess.STDOUT if output else None,
+                                          start_new_session=True)
+        finally:
+            if output:
+                output.close()
+        child.pids.append(child.proc.pid)
+        self.say(f"started {child.name} pid {child.proc.pid}: {' '.join(child.argv[1:])}")
+
+    def shutdown(self, children: list[Child], deadline: float) -> bool:
+        self.say("stopping: SIGTERM to every process")
+        began = time.monotonic()
+        for child in children:
+            if child.proc.poll() is None:
+                # To the process only, as a container runtime does: each role stops its own
+                # children (gunicorn its workers, a worker its running tasks) after draining.
+                child.proc.send_signal(signal.SIGTERM)
+        clean = True
+        for child in children:
+            try:
+                code = child.proc.wait(timeout=max(0.1, deadline - (time.monotonic() - began)))
+            except subprocess.TimeoutExpired:
+                os.killpg(child.proc.pid, signal.SIGKILL)
+                code = child.proc.wait(timeout=10)
+                self.say(f"{child.name} (pid {child.proc.pid}) did not stop within {deadline:g}s: killed")
+                clean = False
+                continue
+            self.say(f"{child.name} (pid {child.proc.pid}) exited with code {code} "
+                     f"after {time.monotonic() - began:.1f}s")
+            clean = clean and code == 0
+        return clean
