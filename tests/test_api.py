@@ -301,3 +301,24 @@ def test_the_schema_and_the_docs_page_are_served_without_a_cdn(anonymous):
     # The assets themselves are static files of this installation (collectstatic/whitenoise serve them).
     bundle = re.search(r'src="/static/(drf_spectacular_sidecar/[^"]+\.js)"', html).group(1)
     assert finders.find(bundle)
+
+
+READS = ["/api/workflows/", "/api/workflows/reports/", "/api/workflows/reports/runs/", "/api/runs/", "/api/runs/1/",
+         "/api/task-runs/1/", "/api/task-runs/1/attempts/1/log/", "/api/jobs/", "/api/jobs/1/", "/api/dlq/",
+         "/api/backfills/", "/api/backfills/1/"]
+WRITES = ["/api/workflows/reports/pause/", "/api/workflows/reports/resume/", "/api/workflows/reports/runs/",
+          "/api/runs/1/cancel/", "/api/runs/1/retry/", "/api/jobs/", "/api/dlq/retry/", "/api/dlq/discard/",
+          "/api/backfills/"]
+
+
+def test_every_endpoint_needs_credentials_and_the_right_role(anonymous, viewer_api, workflow):
+    nobody = client_for(make_user("nobody", None))
+    before = stored()
+    for url in READS:
+        assert anonymous.get(url).status_code == 401, url
+        assert nobody.get(url).status_code == 403, url
+    for url in WRITES:
+        assert anonymous.post(url, {}, format="json").status_code == 401, url
+        assert nobody.post(url, {}, format="json").status_code == 403, url
+        assert viewer_api.post(url, {"ids": [1]}, format="json").status_code == 403, url
+    assert stored() == before
