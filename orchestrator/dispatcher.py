@@ -68,7 +68,7 @@ NOTIFY_QUEUES = "SELECT pg_notify('orchestrator_queue_' || q, '') FROM unnest(%(
 NEXT_DUE = "SELECT min(due_at) FROM orchestrator_taskrun WHERE state = 'scheduled'"
 
 
-def _limits() -> tuple[dict[str, int], int | None, dict[str, int], int | None]:
+def load_limits() -> tuple[dict[str, int], int | None, dict[str, int], int | None]:
     conf = settings.ORCHESTRATOR
     queues = dict(QueueLimit.objects.values_list("queue", "max_running"))
     tenants = dict(TenantLimit.objects.values_list("tenant", "max_running"))
@@ -90,8 +90,9 @@ def _lock_limits(cursor, queues: list[str], tenants: list[str]) -> None:
     )
 
 
-def tick(now: datetime | None = None, batch: int = 1000) -> int:
-    """Queue the due task runs that the limits allow; returns how many were queued."""
+def tick(now: datetime | None = None, batch: int = 1000, limits: tuple | None = None) -> int:
+    """Queue the due task runs that the limits allow; returns how many were queued. ``limits``
+    (as returned by ``load_limits``) saves reading them on every tick."""
     now = now or timezone.now()
     with transaction.atomic(), connection.cursor() as cursor:
         # Not waiting for the WAL flush: a queued mark lost in a database crash leaves the task
@@ -106,7 +107,7 @@ def tick(now: datetime | None = None, batch: int = 1000) -> int:
         rows = [(i, *locked[i]) for i in order if i in locked]
         if not rows:
             return 0
-        queue_limits, queue_default, tenant_limits, tenant_default = _limits()
+        queue_limits, queue_default, tenant_limits, tenant_default = limits or load_limits()
         limited_queues = sorted({q for _, q, _ in rows if queue_limits.get(q, queue_default) is not None})
         limited_tenants = sorted({t for _, _, t in rows if tenant_limits.get(t, tenant_default) is not None})
         room_q: dict[str, int] = {}
@@ -177,20 +178,28 @@ class Dispatcher:
         signal.signal(signal.SIGINT, self.stop)
         listener = listen_connection(DISPATCH_CHANNEL)
         started = time.monotonic()
+        limits, limits_at = None, 0.0
         log.info("dispatcher started", extra={"action": "dispatcher_start"})
         try:
             while not self.stopping:
                 if max_seconds is not None and time.monotonic() - started > max_seconds:
                     break
                 drain_notifies(listener)
-                queued = tick()
+                if time.monotonic() - limits_at > self.poll:
+                    # A limit edited in the admin applies within one poll interval.
+                    limits, limits_at = load_limits(), time.monotonic()
+                queued = tick(limits=limits)
                 if queued:
                     log.debug("queued %d task runs", queued)
                     continue  # there may be more due work than one batch
                 wait = self.poll
                 upcoming = next_due()
                 if upcoming is not None:
-                    wait = min(wait, max(0.0, (upcoming - timezone.now()).total_seconds()))
+                    until = (upcoming - timezone.now()).total_seconds()
+                    # Work that is due but held back by a limit waits for a NOTIFY (a worker
+                    # finished something) or the poll, not in a busy loop.
+                    if until > 0:
+                        wait = min(wait, until)
                 if wait > 0:
                     # A notification ends the wait early; it is consumed here and the loop ticks.
                     for _ in listener.notifies(timeout=wait, stop_after=1):

@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 # --- SQL ---------------------------------------------------------------------------------------
 
+ANY_LIMIT = ("SELECT EXISTS (SELECT 1 FROM orchestrator_queuelimit) "
+             "OR EXISTS (SELECT 1 FROM orchestrator_tenantlimit)")
+
 # The worker's claims and outcomes do not wait for the WAL flush. Safe because execution is at
 # least once anyway: a commit lost in a database crash only means a task run is claimed or
 # recorded again (the claim returns to "queued", the outcome's attempt is reaped and retried);
@@ -65,11 +68,18 @@ SET_STATE = "UPDATE orchestrator_worker SET state = %s, stopped_at = CASE WHEN %
 # is claiming are skipped. The attempt number is incremented here, so it identifies this claim.
 CLAIM = """
 WITH c AS (
-    SELECT id FROM orchestrator_taskrun
-    WHERE state = 'queued' AND queue = ANY (%(queues)s)
-    ORDER BY priority DESC, id
+    -- One ordered index scan per queue (taskrun_queued), so the cost does not grow with the
+    -- backlog; "queue = ANY (…)" would read and sort every queued row.
+    SELECT x.id FROM unnest(%(queues)s::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT id, priority FROM orchestrator_taskrun
+        WHERE state = 'queued' AND queue = q.name
+        ORDER BY priority DESC, id
+        LIMIT %(n)s
+        FOR UPDATE SKIP LOCKED
+    ) x
+    ORDER BY x.priority DESC, x.id
     LIMIT %(n)s
-    FOR UPDATE SKIP LOCKED
 ), t AS (
     UPDATE orchestrator_taskrun t
     SET state = 'running', attempts = t.attempts + 1, worker_id = %(worker)s, started_at = %(now)s
@@ -443,12 +453,14 @@ class Worker:
 
     def limited(self) -> bool:
         """Whether any concurrency limit exists (checked at most once per poll interval)."""
-        from orchestrator.models import QueueLimit, TenantLimit
-
         if time.monotonic() - self.limits_checked > self.poll:
             conf = settings.ORCHESTRATOR
-            self.limits_exist = bool(conf.get("DEFAULT_QUEUE_LIMIT") or conf.get("DEFAULT_TENANT_LIMIT")
-                                     or QueueLimit.objects.exists() or TenantLimit.objects.exists())
+            if conf.get("DEFAULT_QUEUE_LIMIT") or conf.get("DEFAULT_TENANT_LIMIT"):
+                self.limits_exist = True
+            else:
+                with connection.cursor() as cursor:
+                    cursor.execute(ANY_LIMIT)
+                    self.limits_exist = cursor.fetchone()[0]
             self.limits_checked = time.monotonic()
         return self.limits_exist
 
