@@ -121,10 +121,13 @@ def test_the_production_process_set_runs_every_job_and_fire_time_exactly_once(pr
     # An example workflow, triggered by hand, next to the burst.
     etl_run, _ = trigger_workflow(Workflow.objects.get(name="nightly_etl"), {}, trigger="manual")
 
+    enqueue_started = time.monotonic()
+    # One transaction: the workers see the whole burst at once, at the commit.
     with transaction.atomic():
         for i in range(DEFAULT_JOBS + BATCH_JOBS):
             enqueue("workflows.jobs:noop", queue="default" if i < DEFAULT_JOBS else "batch")
     burst_started = time.monotonic()
+    print(f"  enqueued {DEFAULT_JOBS + BATCH_JOBS} jobs in {burst_started - enqueue_started:.1f}s")
     jobs = TaskRun.objects.filter(run__trigger="job")
 
     def burst_done():
@@ -185,6 +188,14 @@ def test_the_production_process_set_runs_every_job_and_fire_time_exactly_once(pr
             if line.strip():
                 record = json.loads(line)
                 assert {"time", "level", "logger", "message"} <= set(record), (log.name, line)
+
+    # One scheduler led the whole time, the other stood by: one acquisition, epoch 1.
+    roles = [json.loads(line)["message"].rsplit(": ", 1)[1]
+             for name in ("scheduler-1", "scheduler-2")
+             for line in (role_logs / f"{name}.log").read_text().splitlines()
+             if '"action": "scheduler_role"' in line]
+    assert sorted(roles) == ["leader", "standby"], roles
+    assert Lease.objects.get(name="scheduler").epoch == 1
 
     # SIGTERM to the supervisor: it passes SIGTERM to each process and reports how each ended.
     stop_started = time.monotonic()

@@ -93,3 +93,32 @@ def test_probes_answer_an_unlisted_host_over_plain_http(client, settings):
     # Every other page still gets both protections.
     assert client.get("/admin/", HTTP_HOST="10.0.0.7:8000").status_code == 400
     assert client.get("/admin/", HTTP_HOST="orchestrator.example.com").status_code == 301
+
+
+@pytest.mark.django_db(transaction=True)
+def test_readyz_and_metrics_say_so_when_the_database_does_not_answer(client):
+    from django.db import connection
+    from prometheus_client.parser import text_string_to_metric_families
+
+    original = dict(connection.settings_dict)
+    connection.close()
+    # Nothing listens on port 1: every query of the request fails to connect.
+    connection.settings_dict.update(HOST="127.0.0.1", PORT="1")
+    try:
+        assert client.get("/healthz").status_code == 200
+        response = client.get("/readyz")
+        metrics = client.get("/metrics")
+    finally:
+        connection.close()
+        connection.settings_dict.clear()
+        connection.settings_dict.update(original)
+    assert response.status_code == 503
+    checks = response.json()["checks"]
+    assert checks["database"]["ok"] is False
+    assert checks["database"]["message"].startswith("the database does not answer: ")
+    assert checks["scheduler"] == {"ok": False, "message": "not checked: the database does not answer"}
+    assert checks["workers"] == {"ok": False, "message": "not checked: the database does not answer"}
+    assert metrics.status_code == 200
+    families = {f.name: f for f in text_string_to_metric_families(metrics.content.decode())}
+    assert set(families) == {"orchestrator_database_up"}
+    assert families["orchestrator_database_up"].samples[0].value == 0
