@@ -61,6 +61,7 @@ def test_an_unknown_workflow_is_a_json_404(api, workflow):
         assert response["Content-Type"] == "application/json", url
         assert response.json()["detail"], url
     assert "nope" in api.get("/api/workflows/nope/").json()["detail"]
+    assert "did you mean /api/workflows/reports/runs/" in api.post("/api/workflows/reports/runs").json()["detail"]
 
 
 def test_it_shows_a_run_with_its_task_runs_and_a_task_run_with_its_attempts(api, workflow):

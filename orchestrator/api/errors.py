@@ -12,6 +12,7 @@ from django.core.exceptions import SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import DataError
 from django.http import JsonResponse
+from django.urls import Resolver404, resolve
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import status
 from rest_framework.exceptions import APIException, ValidationError
@@ -79,5 +80,14 @@ def summary(errors: dict) -> str:
 
 @csrf_exempt  # a JSON 404 for every method, never Django's HTML CSRF page
 def not_found(request, *args, **kwargs):
-    """Unknown /api/ URLs answer JSON, like every other API error."""
-    return JsonResponse({"detail": f"no API endpoint at {request.path}"}, status=404)
+    """Unknown /api/ URLs answer JSON, like every other API error. A missing trailing slash is
+    named rather than redirected: a redirected POST would lose its body."""
+    detail = f"no API endpoint at {request.path}"
+    if not request.path.endswith("/"):
+        try:
+            match = resolve(request.path + "/")
+        except Resolver404:
+            match = None
+        if match is not None and match.func is not not_found:
+            detail += f"; did you mean {request.path}/ (with the trailing slash)?"
+    return JsonResponse({"detail": detail}, status=404)
