@@ -14,8 +14,9 @@ import signal
 import time
 from datetime import datetime
 
+import psycopg
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from orchestrator.models import QueueLimit, TenantLimit
@@ -176,7 +177,7 @@ class Dispatcher:
     def serve(self, max_seconds: float | None = None) -> None:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
-        listener = listen_connection(DISPATCH_CHANNEL)
+        listener = None
         started = time.monotonic()
         limits, limits_at = None, 0.0
         log.info("dispatcher started", extra={"action": "dispatcher_start"})
@@ -184,30 +185,41 @@ class Dispatcher:
             while not self.stopping:
                 if max_seconds is not None and time.monotonic() - started > max_seconds:
                     break
-                drain_notifies(listener)
-                if time.monotonic() - limits_at > self.poll:
-                    # A limit edited in the admin applies within one poll interval.
-                    limits, limits_at = load_limits(), time.monotonic()
-                queued = tick(limits=limits)
-                if queued:
-                    log.debug("queued %d task runs", queued)
-                    continue  # there may be more due work than one batch
-                wait = self.poll
-                upcoming = next_due()
-                if upcoming is not None:
-                    until = (upcoming - timezone.now()).total_seconds()
-                    # Work that is due but held back by a limit waits for a NOTIFY (a worker
-                    # finished something) or the poll, not in a busy loop.
-                    if until > 0:
-                        wait = min(wait, until)
-                if wait > 0:
-                    # A notification ends the wait early; it is consumed here and the loop ticks.
-                    for _ in listener.notifies(timeout=wait, stop_after=1):
-                        pass
-                connection.close_if_unusable_or_obsolete()
+                try:
+                    if listener is None:
+                        listener = listen_connection(DISPATCH_CHANNEL)
+                    drain_notifies(listener)
+                    if time.monotonic() - limits_at > self.poll:
+                        # A limit edited in the admin applies within one poll interval.
+                        limits, limits_at = load_limits(), time.monotonic()
+                    if tick(limits=limits):
+                        continue  # there may be more due work than one batch
+                    self.wait(listener, next_due())
+                    connection.close_if_unusable_or_obsolete()
+                except (DatabaseError, psycopg.Error):
+                    # The database is away (restart, failover): wait, then reconnect.
+                    log.exception("dispatch failed; retrying", extra={"action": "dispatcher_db_error"})
+                    connection.close()
+                    if listener is not None:
+                        listener.close()
+                        listener = None
+                    time.sleep(self.poll)
         finally:
-            listener.close()
+            if listener is not None:
+                listener.close()
             log.info("dispatcher stopped", extra={"action": "dispatcher_stop"})
+
+    def wait(self, listener, upcoming: datetime | None) -> None:
+        """Until a NOTIFY, the next due time or the poll interval, whichever comes first. Work
+        that is due but held back by a limit waits for a NOTIFY (a worker finished something)
+        or the poll, not in a busy loop."""
+        wait = self.poll
+        if upcoming is not None:
+            until = (upcoming - timezone.now()).total_seconds()
+            if until > 0:
+                wait = min(wait, until)
+        for _ in listener.notifies(timeout=wait, stop_after=1):
+            pass
 
 
 __all__ = ["Dispatcher", "tick", "next_due", "listen_connection", "queue_channel"]

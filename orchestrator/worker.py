@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Pipe
 
 from django.conf import settings
-from django.db import connection, connections, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.utils import timezone
 
 from orchestrator import executor, resolver
@@ -294,7 +294,11 @@ class Worker:
                         self.start(slot, message)
 
             if now >= next_heartbeat:
-                self.heartbeat()
+                try:
+                    self.heartbeat()
+                except DatabaseError:
+                    log.exception("heartbeat failed", extra={"action": "worker_db_error"})
+                    connection.close()
                 next_heartbeat = now + self.heartbeat_every
 
             timeout = next_heartbeat - now
@@ -439,16 +443,26 @@ class Worker:
         transaction that commits before anything claimed starts."""
         endings, self.endings = self.endings, []
         now = timezone.now()
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute(ASYNC_COMMIT)
-            if endings:
-                resolver.end_attempts(endings, worker_id=self.id, now=now)
-                if self.limited():
-                    # Finished work frees concurrency-limit room: let the dispatchers look again.
-                    resolver.wake_dispatchers()
-                self.completed += len(endings)
-            claimed = self.claim(claim, now) if claim else []
+        try:
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute(ASYNC_COMMIT)
+                if endings:
+                    resolver.end_attempts(endings, worker_id=self.id, now=now)
+                    if self.limited():
+                        # Finished work frees concurrency-limit room: let the dispatchers look again.
+                        resolver.wake_dispatchers()
+                claimed = self.claim(claim, now) if claim else []
+        except DatabaseError:
+            # The database is away (a restart, a failover): keep the outcomes and try again, or
+            # the task runs would stay "running" under a live worker that no reaper rescues.
+            log.exception("could not record %d outcome(s); retrying", len(endings),
+                          extra={"action": "worker_db_error"})
+            self.endings = endings + self.endings
+            connection.close()
+            time.sleep(min(1.0, self.poll))
+            return []
+        self.completed += len(endings)
         return claimed
 
     def limited(self) -> bool:
