@@ -15,18 +15,12 @@ from django.http import JsonResponse
 from django.urls import Resolver404, resolve
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import status
-from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from orchestrator.params import ParamError
 from orchestrator.runs import IdempotencyConflict, RunError
-
-
-class Conflict(APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = "the request conflicts with the current state of the resource"
-    default_code = "conflict"
 
 
 def field_errors(field: str | None, message: str) -> dict:

@@ -40,10 +40,6 @@ def errors(*codes: int) -> dict:
     return {code: OpenApiResponse(s.ErrorSerializer, description=described[code]) for code in codes}
 
 
-READ_ERRORS = errors(400, 401, 403, 404)
-WRITE_ERRORS = errors(400, 401, 403, 404)
-
-
 class IdCursorPagination(CursorPagination):
     """Keyset pagination on the primary key: page 10,000 of a million runs costs what page 1 does."""
 
@@ -252,7 +248,7 @@ class RunDetailView(APIBase):
 
 class RunCancelView(APIBase):
     @extend_schema(tags=["runs"], summary="Cancel a run: its unfinished task runs are cancelled",
-                   request=s.CancelSerializer, responses={200: s.CancelResultSerializer, **WRITE_ERRORS})
+                   request=s.CancelSerializer, responses={200: s.CancelResultSerializer, **errors(400, 401, 403, 404)})
     def post(self, request, pk):
         from orchestrator import control
 
@@ -292,7 +288,7 @@ class AttemptLogView(APIBase):
     @extend_schema(tags=["runs"], summary="The log of an attempt, one page of text at a time",
                    description="Read from `offset` up to `limit` bytes; continue at `next_offset` until `eof`.",
                    parameters=[s.LogQuerySerializer],
-                   responses={200: s.LogPageSerializer, **READ_ERRORS})
+                   responses={200: s.LogPageSerializer, **errors(400, 401, 403, 404)})
     def get(self, request, pk, number):
         from orchestrator import logs
 
