@@ -62,7 +62,7 @@ def check_process(role: str) -> str:
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"manage.py" in argv and role.encode() in argv:
+            if any(arg.endswith(b"manage.py") for arg in argv) and role.encode() in argv:
                 found = True
                 break
     if not found:

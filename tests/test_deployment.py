@@ -118,6 +118,12 @@ def test_the_production_process_set_runs_every_job_and_fire_time_exactly_once(pr
     status, _, headers = get(base + css)
     assert status == 200 and "max-age=315360000" in headers["Cache-Control"]
 
+    # The container health checks of docker/compose.yaml pass against these processes too.
+    for role in ("web", "scheduler", "dispatcher", "worker"):
+        check = subprocess.run([sys.executable, str(ROOT / "docker" / "healthcheck.py"), role],
+                               env={**env, "PORT": str(port)}, capture_output=True, text=True, timeout=30)
+        assert check.returncode == 0, (role, check.stdout)
+
     # An example workflow, triggered by hand, next to the burst.
     etl_run, _ = trigger_workflow(Workflow.objects.get(name="nightly_etl"), {}, trigger="manual")
 
