@@ -64,7 +64,7 @@ WHERE id = ANY (%(ids)s) AND state = 'scheduled'
 """
 
 # One NOTIFY per queue per transaction, delivered at commit.
-NOTIFY_QUEUES = "SELECT pg_notify('orchestrator_queue_' || q, '') FROM unnest(%(queues)s::text[]) AS q"
+NOTIFY_QUEUES = "SELECT pg_notify(channel, '') FROM unnest(%(channels)s::text[]) AS channel"
 
 NEXT_DUE = "SELECT min(due_at) FROM orchestrator_taskrun WHERE state = 'scheduled'"
 
@@ -136,7 +136,7 @@ def tick(now: datetime | None = None, batch: int = 1000, limits: tuple | None = 
             queues.add(queue)
         if admitted:
             cursor.execute(MARK_QUEUED, {"ids": admitted, "now": now})
-            cursor.execute(NOTIFY_QUEUES, {"queues": sorted(queues)})
+            cursor.execute(NOTIFY_QUEUES, {"channels": sorted({queue_channel(q) for q in queues})})
         return len(admitted)
 
 

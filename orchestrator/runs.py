@@ -141,7 +141,12 @@ DISPATCH_CHANNEL = "orchestrator_dispatch"
 
 
 def queue_channel(queue: str) -> str:
-    return f"orchestrator_queue_{queue}"
+    """The NOTIFY channel of a queue. PostgreSQL channel names end at 63 bytes, so a long queue
+    name is replaced by its hash (the same on both sides: dispatchers and workers)."""
+    channel = f"orchestrator_queue_{queue}"
+    if len(channel.encode()) > 63:
+        channel = f"orchestrator_queue_{hashlib.sha256(queue.encode()).hexdigest()[:40]}"
+    return channel
 
 
 def notify_dispatchers() -> None:

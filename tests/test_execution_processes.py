@@ -14,7 +14,7 @@ from django.core.files.storage import default_storage
 from django.test.utils import override_settings
 
 from orchestrator import control, logs
-from orchestrator.models import Attempt, QueueLimit, Run, TaskRun, Worker
+from orchestrator.models import Attempt, QueueLimit, Run, TaskRun, TenantLimit, Worker
 from orchestrator.runs import create_run
 from tests.conftest import process_env, wait_for
 
@@ -161,23 +161,51 @@ def test_a_task_past_its_timeout_is_killed_and_retried(processes, env):
     assert outcomes[1][0] == "succeeded"
 
 
+def _peak(events) -> int:
+    running = peak = 0
+    for _, step in sorted(events):
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def test_an_always_failing_task_ends_dead_after_exactly_its_attempts_and_a_retry_finishes_the_run(
+        processes, env, tmp_path):
+    heal = tmp_path / "healed"
+    processes.start("dispatcher", env=env)
+    start_worker(processes, env, concurrency=2)
+    run = start_run({"flaky": task("always_fails", max_attempts=3, retry_delay=0.05, retry_backoff=1),
+                     "after": task("no_argument", ["flaky"])}, params={"heal_file": str(heal)})
+    assert wait_finished(run) and run_state(run) == "failed"
+    flaky = TaskRun.objects.get(run=run, task="flaky")
+    assert (flaky.state, flaky.attempts) == ("dead", 3)
+    assert list(flaky.attempt_set.values_list("outcome", flat=True)) == ["failed"] * 3
+    assert "boom on attempt 3" in flaky.error
+    assert TaskRun.objects.get(run=run, task="after").state == "upstream_failed"
+    heal.write_text("fixed")
+    assert control.retry_task_runs([flaky.pk]) == 1
+    assert wait_finished(run) and run_state(run) == "succeeded"
+    assert TaskRun.objects.get(run=run, task="flaky").attempts == 4
+
+
 def test_concurrency_limits_hold_under_several_workers_and_two_dispatchers(processes, env, tmp_path):
     record = tmp_path / "times.jsonl"
-    QueueLimit.objects.create(queue="limited", max_running=2)
+    QueueLimit.objects.create(queue="limited", max_running=3)
+    TenantLimit.objects.create(tenant="acme", max_running=1)
     for _ in range(2):
         processes.start("dispatcher", env=env)
     for _ in range(3):
         start_worker(processes, env, queues="limited", concurrency=2)
-    runs = [start_run({"j": job("record_job", str(record), 0.15, f"job{i}", queue="limited")}) for i in range(10)]
+    runs = [start_run({"j": job("record_job", str(record), 0.15, f"{tenant}-{i}", queue="limited")}, tenant=tenant)
+            for i in range(6) for tenant in ("acme", "other")]
     for run in runs:
         assert wait_finished(run, 30)
-    events = sorted((e["at"], 1 if e["event"] == "start" else -1) for e in records(record))
-    running = peak = 0
-    for _, step in events:
-        running += step
-        peak = max(peak, running)
-    assert len(events) == 20
-    assert peak == 2  # the limit is reached and never exceeded
+    events = [(e["at"], 1 if e["event"] == "start" else -1) for e in records(record)]
+    acme = [(e["at"], 1 if e["event"] == "start" else -1) for e in records(record) if e["task"].startswith("acme")]
+    assert len(events) == 24
+    # Each limit is reached and never exceeded, across three workers and two dispatchers.
+    assert _peak(events) == 3
+    assert _peak(acme) == 1
 
 
 def test_sigterm_drains_a_worker_without_losing_a_task(processes, env, tmp_path):

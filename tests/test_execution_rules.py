@@ -10,7 +10,7 @@ import pytest
 from django.conf import settings
 from django.test.utils import override_settings
 
-from orchestrator import control, dispatcher, executor, reaper, resolver
+from orchestrator import control, dispatcher, executor, logs, reaper, resolver
 from orchestrator.models import Attempt, QueueLimit, Run, TaskRun, TenantLimit, Worker
 from orchestrator.resolver import Ending
 from orchestrator.runs import create_run
@@ -334,3 +334,36 @@ def test_cancel_ends_every_unfinished_task_and_notifies_workers(clock):
     assert run.state == "cancelled" and run.reason == "no longer needed"
     # The worker's report of the killed task changes nothing.
     assert resolver.end_attempts([Ending(message["id"], 1, "failed", error="killed")], worker_id=loop.id) == []
+
+
+def test_a_long_queue_name_gets_a_valid_notify_channel(clock):
+    queue = "q" * 90
+    make_run({"a": job_spec(queue=queue)}, clock)
+    assert dispatcher.tick(now=clock.now()) == 1  # pg_notify would reject a channel over 63 bytes
+
+
+# --- logs -----------------------------------------------------------------------------------
+
+def test_logs_are_paged_without_splitting_a_character(clock, tmp_path, settings):
+    settings.STORAGES = {**settings.STORAGES, "default": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path)}}}
+    run = make_run({"a": job_spec()}, clock)
+    task_run = TaskRun.objects.get(run=run)
+    attempt = Attempt.objects.create(task_run=task_run, number=1, started_at=clock.now())
+    log = logs.AttemptLog(logs.name_for(run.pk, task_run.pk, 1))
+    assert log.finish() == ""  # nothing written: no file
+    log = logs.AttemptLog(logs.name_for(run.pk, task_run.pk, 1))
+    log.write("é" * 5 + "\nend\n")
+    text, offset, eof = logs.read(attempt, 0, 3)
+    assert (text, offset, eof) == ("é", 2, False)  # 3 bytes asked; the 2nd "é" is not split
+    pages, offset = [text], 2
+    for _ in range(10):
+        text, offset, eof = logs.read(attempt, offset, 3)
+        pages.append(text)
+        if not text:
+            break
+    assert "".join(pages) == "é" * 5 + "\nend\n"
+    assert eof is False  # the attempt is still running: the log may grow
+    attempt.outcome = "succeeded"
+    assert logs.read(attempt, offset)[2] is True
+    assert logs.open_for_download(attempt).read().decode() == "é" * 5 + "\nend\n"
