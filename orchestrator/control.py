@@ -80,7 +80,10 @@ def cancel_run(run: Run | int, reason: str = "", by=None) -> bool:
             running = [task_run_id for task_run_id, old in rows if old == "running"]
             if running:
                 cursor.execute(CANCEL_ATTEMPTS, {"ids": running, "now": now, "reason": reason})
-                cursor.execute("SELECT pg_notify(%s, %s)", [CANCEL_CHANNEL, json.dumps(running)])
+                # A NOTIFY payload holds under 8000 bytes; past that, an empty payload tells
+                # every worker to check which of its task runs are still its own.
+                payload = json.dumps(running)
+                cursor.execute("SELECT pg_notify(%s, %s)", [CANCEL_CHANNEL, payload if len(payload) < 7000 else ""])
     if not isinstance(run, int):
         run.state, run.reason, run.finished_at = "cancelled", reason, now
     return True

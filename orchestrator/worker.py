@@ -396,8 +396,14 @@ class Worker:
         wake = False
         for note in drain_notifies(self.listener):
             if note.channel == CANCEL_CHANNEL:
+                if not note.payload:
+                    try:
+                        self.check_ownership()
+                    except DatabaseError:
+                        connection.close()  # the next heartbeat checks again
+                    continue
                 try:
-                    ids = set(json.loads(note.payload or "[]"))
+                    ids = set(json.loads(note.payload))
                 except ValueError:
                     continue
                 for slot in list(self.slots):
@@ -426,9 +432,14 @@ class Worker:
                 log.warning("this worker was declared lost; abandoning its running tasks",
                             extra={"action": "worker_revived"})
                 cursor.execute(REVIVE, [self.id])
-            busy = [slot for slot in self.slots if slot.message is not None]
-            if not busy:
-                return
+        self.check_ownership()
+
+    def check_ownership(self) -> None:
+        """Kill the tasks whose attempts are no longer this worker's (cancelled or reaped)."""
+        busy = [slot for slot in self.slots if slot.message is not None]
+        if not busy:
+            return
+        with connection.cursor() as cursor:
             cursor.execute(STILL_MINE, {"ids": [s.message["id"] for s in busy],
                                         "numbers": [s.message["number"] for s in busy], "worker": self.id})
             mine = {row[0] for row in cursor.fetchall()}
