@@ -265,7 +265,9 @@ def _workflow_context(request, wf: Workflow, *, submitted=None, errors=None, for
     schedules = []
     for schedule in wf.schedules.all():
         try:
-            upcoming = [local for _utc, local in cron.preview(schedule.cron, schedule.timezone, now, count=5)]
+            # The local wall-clock time in the schedule's own zone, next to the viewer's time.
+            upcoming = [(at, local.strftime("%a %H:%M %Z"))
+                        for at, local in cron.preview(schedule.cron, schedule.timezone, now, count=5)]
         except cron.CronError as exc:
             upcoming, schedule.error = [], str(exc)
         schedules.append((schedule, _describe(schedule.cron), upcoming))

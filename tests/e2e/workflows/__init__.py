@@ -1,0 +1,1 @@
+"""Workflows used by the browser tests (synced next to the examples in workflows/)."""

@@ -1,0 +1,19 @@
+"""A workflow whose first attempt always fails: it lands in the dead-letter queue, and a retry
+from there (a fresh attempt) succeeds. Its log holds markup that the pages must show as text."""
+
+from orchestrator.dsl import Param, Workflow
+
+flaky = Workflow(
+    "flaky_import",
+    description="Fails on its first attempt, succeeds when retried.",
+    params={"label": Param(str, default="nightly import")},
+)
+
+
+@flaky.task(retries=0, retry_delay=0.2)
+def fetch(ctx):
+    print(f"<script>alert('{ctx.params['label']}')</script> attempt {ctx.attempt}")
+    if ctx.attempt == 1:
+        raise ValueError(f"upstream said <b>no</b> to {ctx.params['label']}")
+    return {"rows": 3}
+
