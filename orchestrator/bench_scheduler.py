@@ -81,7 +81,8 @@ def _wait(predicate, timeout: float, what: str):
 
 def bench_failover(out, lease_seconds: float, env_factory) -> float:
     Lease.objects.filter(name="scheduler").delete()
-    env = env_factory(ORCHESTRATOR_LEASE_SECONDS=lease_seconds, LOG_LEVEL="WARNING")
+    # INFO: the "standby" line of the second process is how the benchmark knows it is up.
+    env = env_factory(ORCHESTRATOR_LEASE_SECONDS=lease_seconds, LOG_LEVEL="INFO")
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory() as tmp:
         def start(name):

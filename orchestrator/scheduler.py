@@ -97,31 +97,34 @@ class NewRun:
 def insert_runs(new_runs: list[NewRun], now: datetime) -> list[NewRun]:
     """Insert many runs and the task runs of those that were new, in the caller's transaction.
 
-    One multi-row ``INSERT … ON CONFLICT DO NOTHING RETURNING`` per chunk: runs whose (schedule,
-    logical_date) already exists are left out by the database, not by a check beforehand. Returns
-    the entries that were created (their ``run.pk`` set)."""
+    Runs: one ``INSERT … SELECT FROM unnest(<one array per column>) ON CONFLICT DO NOTHING
+    RETURNING`` per chunk, so runs whose (schedule, logical_date) already exists are left out by the
+    database, not by a check beforehand. Arrays per column rather than a multi-row VALUES list: a
+    query with a handful of parameters instead of tens of thousands is parsed and sent far faster.
+    Task runs of new runs cannot conflict, so they go in by COPY. Returns the entries that were
+    created (their ``run.pk`` set)."""
     if not new_runs:
         return []
-    meta = Run._meta
-    fields = [f for f in meta.concrete_fields if not f.primary_key]
+    run_fields = [f for f in Run._meta.concrete_fields if not f.primary_key]
     qn = connection.ops.quote_name
-    columns = ", ".join(qn(f.column) for f in fields)
-    row_sql = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    columns = ", ".join(qn(f.column) for f in run_fields)
+    arrays = ", ".join(f"%s::{f.db_type(connection)}[]" for f in run_fields)
+    insert = (f"INSERT INTO {qn(Run._meta.db_table)} ({columns}) SELECT * FROM unnest({arrays}) "
+              f"ON CONFLICT DO NOTHING RETURNING id, schedule_id, logical_date")
     created: list[NewRun] = []
-    for start in range(0, len(new_runs), 1000):
-        chunk = new_runs[start:start + 1000]
+    for start in range(0, len(new_runs), 2000):
+        chunk = new_runs[start:start + 2000]
         by_key = {}
-        values = []
+        values: list[list] = [[] for _ in run_fields]
         for entry in chunk:
             run = entry.run
             if run.state in (RunState.SKIPPED, RunState.MISSED, RunState.CANCELLED) and run.finished_at is None:
                 run.finished_at = now
-            values.extend(f.get_db_prep_save(f.pre_save(run, add=True), connection) for f in fields)
+            for column, f in zip(values, run_fields, strict=True):
+                column.append(f.get_db_prep_save(f.pre_save(run, add=True), connection))
             by_key[(run.schedule_id, run.logical_date)] = entry
-        sql = (f"INSERT INTO {qn(meta.db_table)} ({columns}) VALUES {', '.join([row_sql] * len(chunk))} "
-               f"ON CONFLICT DO NOTHING RETURNING id, schedule_id, logical_date")
         with connection.cursor() as cursor:
-            cursor.execute(sql, values)
+            cursor.execute(insert, values)
             rows = cursor.fetchall()
         for pk, schedule_id, logical_date in rows:
             entry = by_key[(schedule_id, logical_date)]
@@ -137,24 +140,33 @@ def insert_runs(new_runs: list[NewRun], now: datetime) -> list[NewRun]:
             wake = wake or not hold
             task_rows.extend(task_runs_for(run, entry.tasks, entry.due_at or now, hold=hold))
     if task_rows:
-        TaskRun.objects.bulk_create(task_rows, batch_size=2000)
+        _copy(TaskRun, task_rows)
     if wake:
         notify_dispatchers()
     return created
 
 
+def _copy(model, objs) -> None:
+    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    with connection.cursor() as cursor, cursor.copy(
+            f"COPY {connection.ops.quote_name(model._meta.db_table)} ({columns}) FROM STDIN") as copy:
+        for obj in objs:
+            copy.write_row([f.get_db_prep_save(f.pre_save(obj, add=True), connection) for f in fields])
+
+
 def _advance(rows: list[tuple[int, datetime | None, datetime | None]]) -> None:
-    """Set next_fire_at/last_fire_at of a whole batch with one UPDATE … FROM (VALUES …)."""
+    """Set next_fire_at/last_fire_at of a whole batch with one UPDATE … FROM unnest(…)."""
     if not rows:
         return
-    values = ", ".join(["(%s::bigint, %s::timestamptz, %s::timestamptz)"] * len(rows))
-    params = [value for row in rows for value in row]
+    ids, next_at, last_at = (list(column) for column in zip(*rows, strict=True))
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE orchestrator_schedule AS s SET next_fire_at = v.next_at,"
-            f" last_fire_at = COALESCE(v.last_at, s.last_fire_at), updated_at = now()"
-            f" FROM (VALUES {values}) AS v(id, next_at, last_at) WHERE s.id = v.id",
-            params,
+            "UPDATE orchestrator_schedule AS s SET next_fire_at = v.next_at,"
+            " last_fire_at = COALESCE(v.last_at, s.last_fire_at), updated_at = now()"
+            " FROM unnest(%s::bigint[], %s::timestamptz[], %s::timestamptz[]) AS v(id, next_at, last_at)"
+            " WHERE s.id = v.id",
+            [ids, next_at, last_at],
         )
 
 

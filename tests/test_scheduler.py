@@ -79,6 +79,12 @@ def test_it_creates_one_run_per_fire_time_with_its_first_tasks_due(clock, workfl
     tasks = {t.task: t for t in run.task_runs.all()}
     assert tasks["extract"].state == TaskState.SCHEDULED and tasks["extract"].due_at == at(10)
     assert tasks["load"].state == TaskState.WAITING and tasks["load"].due_at is None
+    assert (tasks["load"].spec, tasks["load"].upstream) == (TASKS["load"], ["extract"])
+    with connection.cursor() as cursor:  # stored as JSON objects and arrays, not as strings
+        cursor.execute("SELECT jsonb_typeof(spec), cardinality(upstream) FROM orchestrator_taskrun"
+                       " WHERE run_id = %s AND task = 'load'", [run.pk])
+        assert cursor.fetchone() == ("object", 1)
+    assert Run.objects.filter(params={}, pk=run.pk).exists()
     schedule.refresh_from_db()
     assert (schedule.next_fire_at, schedule.last_fire_at) == (at(11), at(10))
 
