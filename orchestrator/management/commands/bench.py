@@ -11,7 +11,8 @@ class Command(BaseCommand):
         parser.add_argument("--only", default=",".join(bench.SECTIONS),
                             help=f"Comma-separated sections (default all): {','.join(bench.SECTIONS)}")
         parser.add_argument("--jobs", type=int, default=20000, help="No-op jobs in the throughput section.")
-        parser.add_argument("--concurrency", type=int, default=4, help="Children per worker process.")
+        parser.add_argument("--concurrency", type=int, default=16,
+                            help="Children per worker process in the jobs section (default 16).")
 
     def handle(self, *args, only, jobs, concurrency, **options):
         sections = [s.strip() for s in only.split(",") if s.strip()]
