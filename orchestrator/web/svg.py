@@ -134,8 +134,8 @@ def history_chart(bars: list[Bar], width: int = 560, height: int = 110) -> SafeS
             '<title>run #{}: {}, {}</title></rect></a>',
             bar.href, bar.state, _n(x), _n(6 + plot_h - h), _n(bar_w), _n(h), bar.run_id, bar.state, _short_duration(bar.seconds),
         ))
-    parts.append(format_html('<text class="tick" x="{}" y="{}">older</text>', left, height - 2))
-    parts.append(format_html('<text class="tick end" x="{}" y="{}">newer</text>', width - 4, height - 2))
+    parts.append(format_html('<text class="tick start" x="{}" y="{}">older</text>', left, height - 2))
+    parts.append(format_html('<text class="tick" x="{}" y="{}">newer</text>', width - 4, height - 2))
     parts.append(mark_safe("</svg>"))
     return mark_safe("".join(str(part) for part in parts))
 
@@ -146,6 +146,8 @@ def _n(value: float) -> str:
 
 
 def _short_duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
     if seconds < 60:
         return f"{seconds:.0f}s" if seconds >= 10 else f"{seconds:.1f}s"
     if seconds < 3600:

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import socket
 import urllib.request
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import Group, User
+from django.utils import timezone
 
 from orchestrator import access
-from orchestrator.models import Backfill, Run, TaskRun, Workflow
+from orchestrator.models import Attempt, Backfill, Run, TaskRun, Workflow
 from orchestrator.sync import sync_workflows
 from tests.conftest import ROOT, process_env, wait_for
 
@@ -78,6 +80,41 @@ def browser(tmp_path):
         context.close()
 
 
+def seed_history(workflow: Workflow, days: int = 24):
+    """Finished scheduled runs of the last days, as the scheduler would have left them: every
+    fifth lost count_apac (so publish never ran), one was cancelled. Only terminal states, so
+    the dispatcher and the worker leave them alone."""
+    now = timezone.now().replace(microsecond=0)
+    tasks = workflow.current_version.spec["tasks"]
+    for day in range(days, 0, -1):
+        fired = now - timedelta(days=day)
+        failed, cancelled = day % 5 == 0, day == 7
+        run = Run.objects.create(
+            workflow=workflow, version=workflow.current_version, logical_date=fired, trigger="schedule",
+            state="cancelled" if cancelled else "failed" if failed else "succeeded", started_at=fired,
+            finished_at=fired + timedelta(seconds=40 + day * 3), schedule_delay=0.4,
+        )
+        for index, name in enumerate(tasks):
+            state = "succeeded"
+            if failed and name == "count_apac":
+                state = "dead"
+            elif failed and name == "publish":
+                state = "upstream_failed"
+            elif cancelled and name != "extract":
+                state = "cancelled"
+            started = fired + timedelta(seconds=index * 8)
+            task_run = TaskRun.objects.create(
+                run=run, task=name, state=state, spec=tasks[name], upstream=tasks[name]["upstream"],
+                attempts=0 if state in ("upstream_failed", "cancelled") else 1,
+                error="TimeoutError: the APAC warehouse did not answer" if state == "dead" else "",
+                started_at=started, finished_at=started + timedelta(seconds=8),
+            )
+            if task_run.attempts:
+                Attempt.objects.create(task_run=task_run, number=1, started_at=started,
+                                       finished_at=started + timedelta(seconds=8),
+                                       outcome="succeeded" if state == "succeeded" else "timed_out")
+
+
 def wait_for_run_state(page, state: str, processes, timeout: float = 60):
     """Wait, without reloading, until the run page shows ``state``; fail early if a process died."""
 
@@ -114,6 +151,7 @@ def operator(username="olivia", password="a-long-password-1"):
 
 def test_an_operator_triggers_a_run_watches_it_succeed_and_retries_a_dead_task(server, browser):
     processes, page, base = server.processes, browser, server.url
+    seed_history(Workflow.objects.get(name="sales_report"))
     processes.start("dispatcher", env=server.env)
     processes.start("worker", "--queues", "default", "--concurrency", "3", env=server.env)
     log_in(page, base, *operator())
@@ -123,13 +161,13 @@ def test_an_operator_triggers_a_run_watches_it_succeed_and_retries_a_dead_task(s
     page.fill("input[name='param.orders']", "lots")
     page.click("#trigger button[type=submit]")
     assert page.inner_text("#e-orders") == 'expected an integer, got "lots"'
-    assert not Run.objects.exists()
+    assert not Run.objects.filter(trigger="manual").exists()
 
     page.fill("input[name='param.orders']", "40")
     page.select_option("select[name='param.currency']", "USD")
     page.click("#trigger button[type=submit]")
     page.wait_for_url(f"{base}/runs/*/")
-    run = Run.objects.get()
+    run = Run.objects.get(trigger="manual")
     assert run.params == {"orders": 40, "currency": "USD", "dry_run": False}
     # The page updates itself: a marker set in this document survives until the run is green.
     page.evaluate("window.notReloaded = true")
@@ -147,6 +185,8 @@ def test_an_operator_triggers_a_run_watches_it_succeed_and_retries_a_dead_task(s
     shot(page, "task-log")
 
     page.goto(base + "/workflows/sales_report/")
+    assert page.locator("table.grid a.runbar").count() == 25  # 24 scheduled days and the manual run
+    assert page.locator("table.grid a.cell.st-dead").count() == 4
     shot(page, "workflow")
     page.goto(base + "/workflows/")
     shot(page, "workflows")
