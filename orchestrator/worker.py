@@ -474,6 +474,11 @@ class Worker:
             time.sleep(min(1.0, self.poll))
             return []
         self.completed += len(endings)
+        for ending in endings:
+            if ending.outcome != "succeeded":
+                log.warning("task run %s attempt %s %s: %s", ending.task_run_id, ending.number, ending.outcome,
+                            ending.error.splitlines()[0] if ending.error else "",
+                            extra={"action": "attempt_" + ending.outcome, "task_run_id": ending.task_run_id})
         return claimed
 
     def limited(self) -> bool:
