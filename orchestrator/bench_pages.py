@@ -24,7 +24,8 @@ from orchestrator.sync import sync_workflows
 TARGET_MS = 150.0
 
 # Runs spread over the workflows, one logical date per minute going back from now; about one in
-# fifty failed, a few manual and API runs among the scheduled ones.
+# fifty failed, a few manual and API runs among the scheduled ones. The moduli are odd so that
+# every workflow gets its share of each state and trigger (the workflow is g mod their count).
 FILL_RUNS = """
 INSERT INTO orchestrator_run (workflow_id, version_id, logical_date, trigger, params, tenant, priority, lane,
     state, reason, payload_hash, created_at, started_at, finished_at, schedule_delay)
@@ -32,8 +33,8 @@ SELECT w.id, w.current_version_id, ts, tr, '{}'::jsonb, 'default', 0, 0, st, '',
        ts + (20 + (g % 40)) * interval '1 second', CASE WHEN tr = 'schedule' THEN 0.5 + (g % 7) * 0.1 END
 FROM generate_series(1, %(n)s) AS g
 CROSS JOIN LATERAL (SELECT now() - (%(n)s - g) * interval '1 minute' AS ts,
-    CASE WHEN g %% 50 = 0 THEN 'failed' WHEN g %% 997 = 0 THEN 'cancelled' ELSE 'succeeded' END AS st,
-    CASE WHEN g %% 40 = 0 THEN 'manual' WHEN g %% 101 = 0 THEN 'api' WHEN g %% 503 = 0 THEN 'backfill'
+    CASE WHEN g %% 49 = 0 THEN 'failed' WHEN g %% 997 = 0 THEN 'cancelled' ELSE 'succeeded' END AS st,
+    CASE WHEN g %% 39 = 0 THEN 'manual' WHEN g %% 101 = 0 THEN 'api' WHEN g %% 503 = 0 THEN 'backfill'
          ELSE 'schedule' END AS tr) AS v
 JOIN (SELECT id, current_version_id, row_number() OVER (ORDER BY id) - 1 AS k,
              count(*) OVER () AS c FROM orchestrator_workflow WHERE current_version_id IS NOT NULL) AS w
