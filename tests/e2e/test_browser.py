@@ -216,6 +216,19 @@ def test_an_operator_triggers_a_run_watches_it_succeed_and_retries_a_dead_task(s
     wait_for_run_state(page, "succeeded", processes)
     assert TaskRun.objects.get(pk=dead.pk).attempts == 2
 
+    # Cancel asks for confirmation (hx-confirm), posts with the CSRF header htmx sends, and the
+    # page follows the redirect to the cancelled run.
+    page.goto(base + "/workflows/slow_export/")
+    page.click("#trigger button[type=submit]")
+    page.wait_for_url(f"{base}/runs/*/")
+    slow_run = Run.objects.get(workflow__name="slow_export")
+    wait_for(lambda: TaskRun.objects.filter(run=slow_run, state="running").exists(), timeout=30,
+             message="the slow task to start")
+    page.click("#cancel")
+    wait_for_run_state(page, "cancelled", processes)
+    assert page.dialogs == [f"Cancel run #{slow_run.pk}? Running tasks are stopped and nothing new starts."]
+    assert Run.objects.get(pk=slow_run.pk).reason == "cancelled in the web UI by olivia"
+
     page.goto(base + "/runs/")
     shot(page, "runs")
     page.goto(base + "/")

@@ -17,3 +17,14 @@ def fetch(ctx):
         raise ValueError(f"upstream said <b>no</b> to {ctx.params['label']}")
     return {"rows": 3}
 
+
+
+slow = Workflow("slow_export", description="Takes its time; cancelled from the run page.")
+
+
+@slow.task(timeout=120)
+def export(ctx):
+    import time
+
+    print("exporting…", flush=True)
+    time.sleep(60)
