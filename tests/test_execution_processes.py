@@ -93,7 +93,7 @@ def test_a_fan_out_fan_in_dag_runs_each_task_after_all_its_parents(processes, en
     graph.update({f"publish_{i}": ["join"] for i in range(3)})
     graph["report"] = [f"publish_{i}" for i in range(3)]
     run = start_run({name: task("record", parents) for name, parents in graph.items()},
-                    params={"record": str(record), "sleep": 0.1})
+                    params={"record": str(record), "sleep": 0.2})
     assert wait_finished(run) and run_state(run) == "succeeded"
     events = records(record)
     start = {e["task"]: e["at"] for e in events if e["event"] == "start"}
@@ -196,7 +196,7 @@ def test_concurrency_limits_hold_under_several_workers_and_two_dispatchers(proce
         processes.start("dispatcher", env=env)
     for _ in range(3):
         start_worker(processes, env, queues="limited", concurrency=2)
-    runs = [start_run({"j": job("record_job", str(record), 0.15, f"{tenant}-{i}", queue="limited")}, tenant=tenant)
+    runs = [start_run({"j": job("record_job", str(record), 0.3, f"{tenant}-{i}", queue="limited")}, tenant=tenant)
             for i in range(6) for tenant in ("acme", "other")]
     for run in runs:
         assert wait_finished(run, 30)
