@@ -62,7 +62,9 @@ class ScheduleForm(forms.ModelForm):
                                            "params cannot be checked")
             else:
                 try:
-                    data["params"] = clean_params(workflow.current_version.spec.get("params", {}), data["params"])
+                    cleaned = clean_params(workflow.current_version.spec.get("params", {}), data["params"])
+                    # Keep only what was given: the declared defaults stay the workflow's to change.
+                    data["params"] = {key: cleaned[key] for key in (data["params"] or {})}
                 except ParamError as exc:
                     self.add_error("params", "; ".join(f"{key}: {message}" for key, message in exc.errors.items()))
         return data

@@ -43,6 +43,7 @@ def form_data(workflow, **overrides):
     ("timezone", "Mars/Olympus", "unknown timezone &#x27;Mars/Olympus&#x27;"),
     ("params", '{"region": "mars"}', "region: &quot;mars&quot; is not one of"),
     ("params", '{"colour": 1}', "unknown param"),
+    ("params", "[1, 2]", "expected an object of param values"),
 ])
 def test_the_add_form_refuses_bad_input_with_a_clear_message_and_saves_nothing(admin_client, workflow, field, value,
                                                                                  message):
