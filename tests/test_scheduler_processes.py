@@ -53,8 +53,9 @@ def test_two_schedulers_that_both_act_as_leader_create_exactly_one_run_per_fire_
     ids = every_second_schedules(30)
     initial = dict(Schedule.objects.filter(pk__in=ids).values_list("pk", "next_fire_at"))
     # Small batches so the two processes interleave on the same schedules within each second.
-    first = processes.start("scheduler", "--no-lease", "--batch-size", "7", name="scheduler-a")
-    second = processes.start("scheduler", "--no-lease", "--batch-size", "7", name="scheduler-b")
+    env = process_env(LOG_LEVEL="INFO")  # the tests read the schedulers' log lines
+    first = processes.start("scheduler", "--no-lease", "--batch-size", "7", env=env, name="scheduler-a")
+    second = processes.start("scheduler", "--no-lease", "--batch-size", "7", env=env, name="scheduler-b")
     wait_for(lambda: Run.objects.count() >= 30 * 9, timeout=40, message="nine seconds of runs")
     assert processes.stop(first) == 0
     assert processes.stop(second) == 0
@@ -69,7 +70,7 @@ def test_two_schedulers_that_both_act_as_leader_create_exactly_one_run_per_fire_
 
 def test_a_standby_takes_over_within_the_lease_time_after_the_leader_is_killed(processes):
     lease_seconds = 3
-    env = process_env(ORCHESTRATOR_LEASE_SECONDS=lease_seconds)
+    env = process_env(ORCHESTRATOR_LEASE_SECONDS=lease_seconds, LOG_LEVEL="INFO")
     ids = every_second_schedules(10)
     initial = dict(Schedule.objects.filter(pk__in=ids).values_list("pk", "next_fire_at"))
     leader = processes.start("scheduler", env=env, name="scheduler-leader")
@@ -96,7 +97,7 @@ def test_a_standby_takes_over_within_the_lease_time_after_the_leader_is_killed(p
 
 
 def test_a_clean_shutdown_releases_the_lease_so_a_standby_takes_over_at_once(processes):
-    env = process_env(ORCHESTRATOR_LEASE_SECONDS=15)
+    env = process_env(ORCHESTRATOR_LEASE_SECONDS=15, LOG_LEVEL="INFO")
     first = processes.start("scheduler", env=env, name="scheduler-first")
     wait_for(lambda: leader_pid() == first.pid, timeout=20, message="the first scheduler to lead")
     second = processes.start("scheduler", env=env, name="scheduler-second")
