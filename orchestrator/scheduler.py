@@ -423,6 +423,8 @@ class Scheduler:
                      WHERE r.state IN ('pending', 'running') AND r.trigger = 'schedule'
                        AND r.started_at IS NULL AND s.start_deadline IS NOT NULL
                        AND r.logical_date + make_interval(secs => s.start_deadline) < %s
+                       AND NOT EXISTS (SELECT 1 FROM orchestrator_taskrun t WHERE t.run_id = r.id
+                                          AND t.started_at IS NOT NULL)
                      ORDER BY r.id LIMIT 500
                      FOR UPDATE OF r SKIP LOCKED
                     """,
