@@ -5,6 +5,7 @@ a dry run. Each page is saved as a screenshot under test-artifacts/."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 import urllib.request
 from datetime import timedelta
@@ -22,7 +23,7 @@ from tests.conftest import ROOT, process_env, wait_for
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 FAST = {"ORCHESTRATOR_POLL_SECONDS": "0.2", "ORCHESTRATOR_HEARTBEAT_SECONDS": "1"}
@@ -218,12 +219,24 @@ def test_an_operator_triggers_a_run_watches_it_succeed_and_retries_a_dead_task(s
 
     # Cancel asks for confirmation (hx-confirm), posts with the CSRF header htmx sends, and the
     # page follows the redirect to the cancelled run.
+    go_file = server.env["ORCHESTRATOR_DATA_DIR"] + "/go"
     page.goto(base + "/workflows/slow_export/")
+    page.fill("input[name='param.go_file']", go_file)
     page.click("#trigger button[type=submit]")
     page.wait_for_url(f"{base}/runs/*/")
     slow_run = Run.objects.get(workflow__name="slow_export")
     wait_for(lambda: TaskRun.objects.filter(run=slow_run, state="running").exists(), timeout=30,
              message="the slow task to start")
+    # Its log page follows the tail while the attempt runs: a later line appears without a reload.
+    page.goto(f"{base}/task-runs/{slow_run.task_runs.get().pk}/")
+    page.evaluate("window.notReloaded = true")
+    page.wait_for_function("document.querySelector('pre.log').textContent.includes('exporting')")
+    assert "halfway there" not in page.inner_text("pre.log")
+    Path(go_file).touch()
+    page.wait_for_function("document.querySelector('pre.log').textContent.includes('halfway there')",
+                           timeout=20_000)
+    assert page.evaluate("window.notReloaded") is True
+    page.goto(f"{base}/runs/{slow_run.pk}/")
     page.click("#cancel")
     wait_for_run_state(page, "cancelled", processes)
     assert page.dialogs == [f"Cancel run #{slow_run.pk}? Running tasks are stopped and nothing new starts."]

@@ -19,12 +19,19 @@ def fetch(ctx):
 
 
 
-slow = Workflow("slow_export", description="Takes its time; cancelled from the run page.")
+slow = Workflow("slow_export", description="Takes its time; cancelled from the run page.",
+                params={"go_file": Param(str, default="", description="Write the second line once this file exists.")})
 
 
 @slow.task(timeout=120)
 def export(ctx):
+    import os
     import time
 
     print("exporting…", flush=True)
+    for _ in range(300):  # at most 30 s
+        if os.path.exists(ctx.params["go_file"]):
+            break
+        time.sleep(0.1)
+    print("halfway there", flush=True)
     time.sleep(60)
