@@ -454,3 +454,17 @@ def test_the_page_benchmark_fills_a_history_and_times_every_page():
     assert results["runs list, first page"]["median_ms"] > 0
     assert "workflow grid (25 runs x tasks)" in out.getvalue()
     assert all(key in results for key in ("plan first page", "plan keyset page", "plan grid runs"))
+
+
+def test_a_workflow_without_a_valid_version_shows_why_and_refuses_a_trigger(as_operator, workflows):
+    broken = Workflow.objects.create(name="half_done", broken=True,
+                                     sync_error="workflow 'half_done': tasks.load: unknown upstream 'nope'")
+    html = as_operator.get(reverse("web:workflow", args=[broken.name])).content.decode()
+    assert "The last sync found errors" in html and "unknown upstream &#x27;nope&#x27;" in html
+    assert "This workflow has no tasks." in html
+    response = as_operator.post(reverse("web:workflow_trigger", args=[broken.name]), {})
+    assert response.status_code == 400
+    assert b"cannot run: workflow &#x27;half_done&#x27;: tasks.load" in response.content
+    assert not Run.objects.exists()
+    assert as_operator.get(reverse("web:workflow", args=["no_such_workflow"])).status_code == 404
+    assert as_operator.get(reverse("web:run", args=[987654])).status_code == 404
