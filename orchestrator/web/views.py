@@ -212,12 +212,20 @@ def workflow_list(request):
     workflows = list(Workflow.objects.select_related("current_version").prefetch_related("schedules")
                      .order_by("-present", "name"))
     strips = last_run_states([wf.pk for wf in workflows])
+    now = timezone.now()
     for wf in workflows:
         wf.strip = strips[wf.pk]
         wf.schedule_list = [(s, _describe(s.cron)) for s in wf.schedules.all()]
-        wf.next_fire = min((s.next_fire_at for s in wf.schedules.all() if s.next_fire_at and not s.paused),
-                           default=None)
         wf.task_count = len(wf.spec.get("tasks", {}))
+        # The scheduler's own next_fire_at first (it knows catch-up and jitter), then what cron says.
+        upcoming = {s.next_fire_at for s in wf.schedules.all() if s.next_fire_at and not s.paused}
+        for schedule in wf.schedules.all():
+            if not schedule.paused:
+                try:
+                    upcoming.update(at for at, _local in cron.preview(schedule.cron, schedule.timezone, now, count=3))
+                except cron.CronError:
+                    pass
+        wf.next_fires = sorted(upcoming)[:3]
     return page(request, "web/workflows.html", {"workflows": workflows})
 
 
