@@ -367,3 +367,18 @@ def test_logs_are_paged_without_splitting_a_character(clock, tmp_path, settings)
     attempt.outcome = "succeeded"
     assert logs.read(attempt, offset)[2] is True
     assert logs.open_for_download(attempt).read().decode() == "é" * 5 + "\nend\n"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tick_notifies_each_queue_once_whatever_the_number_of_rows(clock):
+    from orchestrator.runs import queue_channel
+
+    listener = dispatcher.listen_connection(queue_channel("default"), queue_channel("batch"))
+    try:
+        for _ in range(5):
+            make_run({"a": job_spec(), "b": job_spec(queue="batch")}, clock)
+        assert dispatcher.tick(now=clock.now()) == 10
+        notes = [note.channel for note in listener.notifies(timeout=0.3, stop_after=3)]
+    finally:
+        listener.close()
+    assert sorted(notes) == ["orchestrator_queue_batch", "orchestrator_queue_default"]
