@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.core.files.storage import default_storage
 from django.test.utils import override_settings
 
@@ -294,3 +295,26 @@ def test_cancel_kills_a_running_task(processes, env, tmp_path):
     # The worker keeps working with a fresh child.
     after = start_run({"add": job("add", 1, 2)})
     assert wait_finished(after) and run_state(after) == "succeeded"
+
+
+def test_a_worker_declared_lost_kills_the_tasks_it_no_longer_owns(processes, env, tmp_path):
+    """A worker that was only paused (not dead) must not keep running a task the reaper has
+    already handed to another attempt."""
+    from django.test.utils import override_settings
+
+    from orchestrator import reaper
+
+    marker = tmp_path / "pid"
+    processes.start("dispatcher", env=env)
+    proc = start_worker(processes, env, concurrency=1)
+    run = start_run({"sleep": job("sleeper", 30, str(marker), max_attempts=2, retry_delay=60)})
+    wait_for(lambda: marker.exists() and marker.read_text(), 20, message="the task to start")
+    pid = int(marker.read_text())
+    # As if its heartbeats had stopped for a while: the reaper ends the attempt.
+    Worker.objects.filter(pid=proc.pid).update(heartbeat_at="2000-01-01T00:00:00Z")
+    with override_settings(ORCHESTRATOR={**settings.ORCHESTRATOR, "HEARTBEAT_TIMEOUT_SECONDS": 3}):
+        assert reaper.reap_once() == 1
+    wait_for(lambda: not _alive(pid), 5, message="the worker to kill the task it lost")
+    assert Attempt.objects.get(task_run__run=run).outcome == "lost"
+    assert TaskRun.objects.get(run=run).state == "scheduled"  # attempt 2, in a minute
+    wait_for(lambda: Worker.objects.filter(pid=proc.pid, state="running").exists(), 5, message="the worker to revive")
