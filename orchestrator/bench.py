@@ -30,7 +30,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connection, connections
 
-BENCH_DB = "orchestrator_bench"
+# Two benchmarks at once on one server would drop each other's database: name another one.
+BENCH_DB = os.environ.get("ORCHESTRATOR_BENCH_DATABASE", "orchestrator_bench")
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ("pg", "jobs", "latency", "dag", "scheduler", "pages")
 

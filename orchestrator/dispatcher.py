@@ -66,6 +66,8 @@ WHERE id = ANY (%(ids)s) AND state = 'scheduled'
 # One NOTIFY per queue per transaction, delivered at commit.
 NOTIFY_QUEUES = "SELECT pg_notify(channel, '') FROM unnest(%(channels)s::text[]) AS channel"
 
+HELD_BACK_PAUSE = 0.05
+
 NEXT_DUE = "SELECT min(due_at) FROM orchestrator_taskrun WHERE state = 'scheduled'"
 
 
@@ -218,6 +220,10 @@ class Dispatcher:
             until = (upcoming - timezone.now()).total_seconds()
             if until > 0:
                 wait = min(wait, until)
+            else:
+                # Due work held back by a limit: every finished task wakes us, and each tick
+                # reads the whole due backlog, so ticks are spaced out rather than back to back.
+                time.sleep(HELD_BACK_PAUSE)
         for _ in listener.notifies(timeout=wait, stop_after=1):
             pass
 
