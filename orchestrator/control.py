@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.utils import timezone
+from psycopg.errors import DeadlockDetected
 
 from orchestrator import resolver
 from orchestrator.models import Run
@@ -65,6 +66,18 @@ RETURNING run_id
 def cancel_run(run: Run | int, reason: str = "", by=None) -> bool:
     """Cancel a pending or running run: its unfinished task runs are cancelled and workers kill
     the processes of those that are running. False when the run had already ended."""
+    # A worker claiming the run's first task locks that task run, then the run; this locks the
+    # run, then its task runs. PostgreSQL breaks such a rare cycle by aborting one side: retry.
+    for attempt in range(3):
+        try:
+            return _cancel_run(run, reason, by)
+        except OperationalError as exc:
+            if not isinstance(exc.__cause__, DeadlockDetected) or attempt == 2:
+                raise
+    return False
+
+
+def _cancel_run(run: Run | int, reason: str, by) -> bool:
     run_id = run if isinstance(run, int) else run.pk
     now = timezone.now()
     who = getattr(by, "username", None) or (str(by) if by else "")
@@ -97,6 +110,8 @@ def retry_task_runs(ids: Iterable[int], *, now=None) -> int:
         return 0
     now = now or timezone.now()
     with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(resolver.RUNS_OF, [ids])
+        resolver.lock_runs(cursor, [row[0] for row in cursor.fetchall()])
         cursor.execute(RETRY_TASK_RUNS, {"ids": ids, "now": now})
         retried = cursor.fetchall()
         if not retried:
@@ -117,6 +132,8 @@ def discard_task_runs(ids: Iterable[int]) -> int:
     if not ids:
         return 0
     with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(resolver.RUNS_OF, [ids])
+        resolver.lock_runs(cursor, [row[0] for row in cursor.fetchall()])
         cursor.execute(DISCARD_TASK_RUNS, {"ids": ids})
         runs = [row[0] for row in cursor.fetchall()]
         if runs:

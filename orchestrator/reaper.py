@@ -23,23 +23,23 @@ WHERE state IN ('running', 'draining') AND heartbeat_at < %(db_now)s - make_inte
 RETURNING id
 """
 
-# Running attempts whose worker is gone (lost, stopped or deleted), locked so two reapers do
-# not both end them; the current attempt of a running task run only.
+# Running attempts whose worker is gone (lost, stopped or deleted); the current attempt of a
+# running task run only. Not locked here: end_attempts locks the runs first (the order every
+# writer follows) and its guarded update lets only one of two reapers, or of a reaper and a late
+# worker, end an attempt.
 ORPHANED = """
-SELECT a.task_run_id, a.number, a.log_path FROM orchestrator_attempt a
+SELECT a.task_run_id, a.number, a.log_path, t.run_id FROM orchestrator_attempt a
 JOIN orchestrator_taskrun t ON t.id = a.task_run_id AND t.attempts = a.number AND t.state = 'running'
 LEFT JOIN orchestrator_worker w ON w.id = a.worker_id
 WHERE a.outcome = 'running' AND (w.id IS NULL OR w.state NOT IN ('running', 'draining'))
-FOR UPDATE OF t SKIP LOCKED
 """
 
 # Running attempts past their timeout plus the margin.
 OVERDUE = """
-SELECT a.task_run_id, a.number, a.log_path, t.timeout FROM orchestrator_attempt a
+SELECT a.task_run_id, a.number, a.log_path, t.timeout, t.run_id FROM orchestrator_attempt a
 JOIN orchestrator_taskrun t ON t.id = a.task_run_id AND t.attempts = a.number AND t.state = 'running'
 WHERE a.outcome = 'running' AND t.timeout IS NOT NULL
   AND a.started_at + make_interval(secs => t.timeout + %(margin)s) < %(now)s
-FOR UPDATE OF t SKIP LOCKED
 """
 
 
@@ -54,12 +54,12 @@ def reap_once(clock=None) -> int:
         cursor.execute(MARK_LOST, {"db_now": db_now, "timeout": timeout})
         cursor.execute(ORPHANED)
         endings = [Ending(task_run_id, number, "lost", error="lost: the worker stopped sending heartbeats",
-                          log_path=log_path)
-                   for task_run_id, number, log_path in cursor.fetchall()]
+                          log_path=log_path, run_id=run_id)
+                   for task_run_id, number, log_path, run_id in cursor.fetchall()]
         cursor.execute(OVERDUE, {"now": now, "margin": max(timeout, 5.0)})
         seen = {e.task_run_id for e in endings}
         endings += [Ending(task_run_id, number, "timed_out",
                            error=f"timed out after {limit:g}s (ended by the reaper: its worker did not)",
-                           log_path=log_path)
-                    for task_run_id, number, log_path, limit in cursor.fetchall() if task_run_id not in seen]
+                           log_path=log_path, run_id=run_id)
+                    for task_run_id, number, log_path, limit, run_id in cursor.fetchall() if task_run_id not in seen]
         return len(resolver.end_attempts(endings, now=now))

@@ -44,9 +44,18 @@ class Ending:
     traceback: str = ""
     log_path: str = ""
     job: bool = False  # a one-task job run: no children to release
+    run_id: int | None = None  # saves a lookup when known
 
 
 # --- SQL ---------------------------------------------------------------------------------------
+
+# The run row is the lock that serializes everything deciding about a run's task runs. Without
+# it, two workers ending the last two parents of a join at the same moment would each see the
+# other parent still running (neither commit visible yet) and neither would release the join.
+# Taken first, in id order, by every writer (workers, reaper, control), so writers queue rather
+# than deadlock. NO KEY UPDATE: it does not block inserts that reference the run.
+LOCK_RUNS = "SELECT id FROM orchestrator_run WHERE id = ANY (%s) ORDER BY id FOR NO KEY UPDATE"
+RUNS_OF = "SELECT DISTINCT run_id FROM orchestrator_taskrun WHERE id = ANY (%s)"
 
 # End many attempts at once. The guard (state running, same attempt number and, for a worker's
 # own writes, the same worker) makes a late write from a reaped worker or a cancelled task change
@@ -152,6 +161,11 @@ def end_attempts(endings: Sequence[Ending], *, worker_id: int | None = None,
         return []
     now = now or timezone.now()
     with connection.cursor() as cursor:
+        runs = {e.run_id for e in endings}
+        if None in runs:
+            cursor.execute(RUNS_OF, [[e.task_run_id for e in endings]])
+            runs = {row[0] for row in cursor.fetchall()}
+        lock_runs(cursor, runs)
         cursor.execute(END_TASK_RUNS, {
             "ids": [e.task_run_id for e in endings], "numbers": [e.number for e in endings],
             "outcomes": [e.outcome for e in endings], "results": [e.result for e in endings],
@@ -173,6 +187,10 @@ def end_attempts(endings: Sequence[Ending], *, worker_id: int | None = None,
     return accepted
 
 
+def lock_runs(cursor, run_ids) -> None:
+    cursor.execute(LOCK_RUNS, [sorted(run_ids)])
+
+
 def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release: Iterable[int] | None = None) -> int:
     """Decide the waiting children of these runs (of ``release`` only, when given: runs known to
     have no waiting tasks can skip that query), then end the runs that are complete. Returns how
@@ -184,6 +202,7 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
     now = now or timezone.now()
     released = 0
     with connection.cursor() as cursor:
+        lock_runs(cursor, runs)  # already held when called from end_attempts: a no-op then
         # A child that ends (upstream_failed/skipped) can settle its own children: repeat until
         # nothing more is decided. Each pass goes one level deeper, so the loop is bounded by the
         # depth of the graph.

@@ -91,8 +91,10 @@ WITH c AS (
     SELECT id, attempts, %(worker)s, 'running', %(now)s, '', '', '' FROM t
 ), r AS (
     -- The first task start of a run is the run's start; schedule_delay counts from its fire time.
+    -- Run rows are locked in id order, like every other writer does (see resolver.LOCK_RUNS).
     UPDATE orchestrator_run SET started_at = %(now)s, schedule_delay = EXTRACT(EPOCH FROM %(now)s - logical_date)
-    WHERE id IN (SELECT run_id FROM t) AND started_at IS NULL
+    WHERE id IN (SELECT id FROM orchestrator_run WHERE id IN (SELECT run_id FROM t) AND started_at IS NULL
+                 ORDER BY id FOR NO KEY UPDATE)
 )
 SELECT id, run_id, task, attempts, spec, timeout, has_parents FROM t
 """
@@ -351,7 +353,8 @@ class Worker:
             return
         task_run_id, number, outcome, result, error, tb, log_path = reply
         self.add_ending(Ending(task_run_id, number, outcome, result, error, tb, log_path,
-                               job=slot.message.get("spec", {}).get("call") == "job"))
+                               job=slot.message.get("spec", {}).get("call") == "job",
+                               run_id=slot.message["run_id"]))
         slot.message = None
         slot.deadline = None
 
@@ -370,7 +373,7 @@ class Worker:
         if message is not None:
             how = f"signal {os.WTERMSIG(status)}" if status and os.WIFSIGNALED(status) else (
                 f"exit code {os.WEXITSTATUS(status)}" if status else "an unknown cause")
-            self.add_ending(Ending(message["id"], message["number"], "failed",
+            self.add_ending(Ending(message["id"], message["number"], "failed", run_id=message["run_id"],
                                        error=f"the task's process ended unexpectedly ({how})"))
         slot.message = None
         self.replace_child(slot)
@@ -381,7 +384,7 @@ class Worker:
         self.add_ending(Ending(
             message["id"], message["number"], "timed_out",
             error=f"timed out after {message['timeout']:g}s: the task's process was killed",
-            log_path=self._existing_log(message),
+            log_path=self._existing_log(message), run_id=message["run_id"],
         ))
 
     @staticmethod

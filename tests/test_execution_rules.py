@@ -382,3 +382,50 @@ def test_a_tick_notifies_each_queue_once_whatever_the_number_of_rows(clock):
     finally:
         listener.close()
     assert sorted(notes) == ["orchestrator_queue_batch", "orchestrator_queue_default"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_ending_the_last_parents_at_once_still_release_the_join(clock):
+    """Each transaction alone sees the other parent still running; the run lock makes the second
+    one wait for the first and then see both parents done."""
+    import threading
+
+    from django.db import connections, transaction
+
+    run = make_run({"p1": task_spec(), "p2": task_spec(), "join": task_spec(upstream=["p1", "p2"])}, clock)
+    dispatcher.tick(now=clock.now())
+    first, second = worker_loop(), worker_loop()
+    [m1] = first.claim(1, clock.now())
+    [m2] = second.claim(1, clock.now())
+    a_recorded, a_may_commit, b_done = threading.Event(), threading.Event(), threading.Event()
+    errors = []
+
+    def end(loop, message, before_commit=None, after=None):
+        try:
+            with transaction.atomic():
+                resolver.end_attempts([Ending(message["id"], 1, "succeeded", "1")], worker_id=loop.id,
+                                      now=clock.now())
+                if before_commit:
+                    before_commit()
+            if after:
+                after.set()
+        except Exception as exc:  # surfaced by the assertion below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def hold():
+        a_recorded.set()
+        a_may_commit.wait(10)
+
+    a = threading.Thread(target=end, args=(first, m1, hold))
+    a.start()
+    assert a_recorded.wait(10)
+    b = threading.Thread(target=end, args=(second, m2, None, b_done))
+    b.start()
+    assert not b_done.wait(0.3)  # waits for the run lock held by the first transaction
+    a_may_commit.set()
+    a.join(10)
+    b.join(10)
+    assert not errors
+    assert states(run) == {"p1": "succeeded", "p2": "succeeded", "join": "scheduled"}
