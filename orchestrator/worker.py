@@ -162,7 +162,9 @@ class Worker:
         self.poll = poll if poll is not None else conf["POLL_SECONDS"]
         self.heartbeat_every = conf["HEARTBEAT_SECONDS"]
         self.host = socket.gethostname()
-        self.name = name or f"{self.host}:{os.getpid()}:{os.urandom(3).hex()}"
+        # Unique per process even with --name: a restarted worker must not collide with its
+        # previous row (kept as history).
+        self.name = f"{name or self.host}:{os.getpid()}:{os.urandom(3).hex()}"
         self.id: int | None = None
         self.slots: list[Slot] = []
         self.endings: list[Ending] = []

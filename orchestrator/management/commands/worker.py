@@ -11,7 +11,7 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=int, default=4, help="Child processes, i.e. tasks at once.")
         parser.add_argument("--grace", type=float, default=30.0,
                             help="Seconds running tasks may take to finish after SIGTERM (default 30).")
-        parser.add_argument("--name", default=None, help="Worker name (default host:pid:random).")
+        parser.add_argument("--name", default=None, help="Name prefix shown in the UI (default: the host name); the pid is appended.")
 
     def handle(self, *args, queues, concurrency, grace, name, **options):
         names = [q.strip() for q in queues.split(",") if q.strip()]
