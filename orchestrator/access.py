@@ -24,3 +24,12 @@ def is_viewer(user) -> bool:
     if not user or not user.is_authenticated or not user.is_active:
         return False
     return user.is_superuser or user.is_staff or bool(_groups(user) & {VIEWERS, OPERATORS})
+
+
+def add_to_group(user, name: str) -> None:
+    """Make ``user`` a member of Viewers or Operators (the group is created if it is missing,
+    e.g. after a database flush)."""
+    from django.contrib.auth.models import Group
+
+    user.groups.add(Group.objects.get_or_create(name=name)[0])
+    user.__dict__.pop("_orchestrator_groups", None)

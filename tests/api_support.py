@@ -7,7 +7,7 @@ import textwrap
 import uuid
 
 import pytest
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -40,7 +40,7 @@ def make_user(username: str, group: str | None, password: str | None = None) -> 
     user = User.objects.create_user(username, password=password)
     if group:
         # get_or_create: a transactional test before this one may have flushed the migration's groups.
-        user.groups.add(Group.objects.get_or_create(name=group)[0])
+        access.add_to_group(user, group)
     return user
 
 

@@ -124,3 +124,15 @@ def processes(tmp_path):
 @pytest.fixture
 def clock():
     return FakeClock(datetime(2026, 3, 2, 9, 0, tzinfo=UTC))
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """The test database, dropped at the end even if a process the tests stopped is still
+    closing its session (PostgreSQL refuses to drop a database with sessions)."""
+    yield
+    from django.db import connection
+
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")

@@ -4,9 +4,10 @@ times, code-declared schedules read-only except pause, and pause/resume actions.
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.utils import timezone
 
+from orchestrator import access
 from orchestrator.models import Schedule
 from orchestrator.sync import sync_workflows
 from tests.test_scheduler import make_schedule, make_workflow
@@ -106,7 +107,7 @@ def test_pause_and_resume_actions(admin_client, workflow):
 
 def test_a_viewer_sees_schedules_but_cannot_add_or_change_them(client, workflow):
     viewer = User.objects.create(username="viewer", is_staff=True)
-    viewer.groups.add(Group.objects.get(name="Viewers"))
+    access.add_to_group(viewer, access.VIEWERS)
     client.force_login(viewer)
     assert client.get("/admin/orchestrator/schedule/").status_code == 200
     assert client.post(ADD_URL, form_data(workflow)).status_code == 403

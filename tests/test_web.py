@@ -7,7 +7,7 @@ import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 from django.db import connection
@@ -53,7 +53,7 @@ def etl(workflows):
 def _user(name, group=None):
     user = User.objects.create_user(name, password="pw-" + name)
     if group:
-        user.groups.add(Group.objects.get(name=group))
+        access.add_to_group(user, group)
     return user
 
 

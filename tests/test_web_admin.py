@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from django.contrib.auth.models import Group, Permission, User
+from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
 from orchestrator import access
@@ -121,7 +121,7 @@ def test_operators_pause_workflows_cancel_runs_and_retry_or_discard_dead_task_ru
 
 def test_a_staff_viewer_cannot_run_state_changing_admin_actions(client, etl):
     viewer = User.objects.create_user("vera", password="pw", is_staff=True)
-    viewer.groups.add(Group.objects.get(name=access.VIEWERS))
+    access.add_to_group(viewer, access.VIEWERS)
     viewer.user_permissions.add(*Permission.objects.filter(content_type__app_label="orchestrator"))
     client.force_login(viewer)
     dead = dead_task_run(etl)

@@ -12,7 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.utils import timezone
 
 from orchestrator import access
@@ -146,7 +146,7 @@ def log_in(page, base: str, username: str, password: str, start: str = "/"):
 
 def operator(username="olivia", password="a-long-password-1"):
     user = User.objects.create_user(username, password=password)
-    user.groups.add(Group.objects.get(name=access.OPERATORS))
+    access.add_to_group(user, access.OPERATORS)
     return username, password
 
 
@@ -216,6 +216,7 @@ def test_an_operator_triggers_a_run_watches_it_succeed_and_retries_a_dead_task(s
     page.goto(f"{base}/runs/{dead.run_id}/")
     wait_for_run_state(page, "succeeded", processes)
     assert TaskRun.objects.get(pk=dead.pk).attempts == 2
+    assert TaskRun.objects.get(run_id=dead.run_id, task="store").result == {"stored": 3}
 
     # Cancel asks for confirmation (hx-confirm), posts with the CSRF header htmx sends, and the
     # page follows the redirect to the cancelled run.

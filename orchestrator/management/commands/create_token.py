@@ -8,7 +8,6 @@ Only the key is printed, so ``TOKEN=$(./dev manage create_token alice)`` works i
 """
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from rest_framework.authtoken.models import Token
@@ -40,7 +39,7 @@ class Command(BaseCommand):
             user.set_unusable_password()
             user.save()
         if role:
-            user.groups.add(Group.objects.get_or_create(name=ROLES[role])[0])
+            access.add_to_group(user, ROLES[role])
         if reset:
             Token.objects.filter(user=user).delete()
         token, _ = Token.objects.get_or_create(user=user)

@@ -12,33 +12,13 @@ Unlike ``up`` it creates no user and prints no password: it is for servers, wher
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-MAX_RESTARTS = 5
-
-
-@dataclass
-class Child:
-    name: str
-    argv: list[str]
-    log_path: Path | None = None
-    proc: subprocess.Popen | None = None
-    restarts: int = 0
-    restart_at: float | None = None
-    pids: list[int] = field(default_factory=list)
-
-
-def role_argv(role: str, *extra: str) -> list[str]:
-    return [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), role, *extra]
+from orchestrator.supervisor import Child, Supervisor, role_argv
 
 
 def plan(*, bind: str, web_workers: int, schedulers: int, dispatchers: int, workers: list[str],
@@ -105,78 +85,10 @@ class Command(BaseCommand):
             for child in children:
                 child.log_path = Path(log_dir) / f"{child.name}.log"
 
-        stopping = False
-
-        def stop(signum, frame):
-            nonlocal stopping
-            stopping = True
-
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
-        try:
-            for child in children:
-                self.start(child)
-            while not stopping:
-                for child in children:
-                    if stopping or child.proc.poll() is None:
-                        continue
-                    if child.restart_at is None:
-                        if child.restarts >= MAX_RESTARTS:
-                            self.say(f"{child.name} keeps exiting (code {child.proc.returncode}); stopping everything")
-                            stopping = True
-                            break
-                        # Backing off: a role that cannot start (database down, bad config) must not
-                        # spin the machine.
-                        delay = min(2.0 ** child.restarts, 30.0)
-                        child.restart_at = time.monotonic() + delay
-                        self.say(f"{child.name} (pid {child.proc.pid}) exited with {child.proc.returncode}; "
-                                 f"restarting in {delay:g}s")
-                    elif time.monotonic() >= child.restart_at:
-                        child.restarts += 1
-                        child.restart_at = None
-                        self.start(child)
-                time.sleep(0.2)
-        finally:
-            clean = self.shutdown(children, deadline=grace + 15)
+        clean = Supervisor(children, self.say, grace=grace).run()
         if not clean:
             raise CommandError("some processes did not stop cleanly (see above)")
 
     def say(self, message: str) -> None:
         self.stderr.write(f"[deploy_local] {message}")
         self.stderr.flush()
-
-    def start(self, child: Child) -> None:
-        output = open(child.log_path, "ab") if child.log_path else None  # noqa: SIM115 - kept by the child
-        try:
-            # Own session: a Ctrl-C in this terminal reaches only this supervisor, which then stops
-            # the children in order instead of all of them at once.
-            child.proc = subprocess.Popen(child.argv, stdout=output, stderr=subprocess.STDOUT if output else None,
-                                          start_new_session=True)
-        finally:
-            if output:
-                output.close()
-        child.pids.append(child.proc.pid)
-        self.say(f"started {child.name} pid {child.proc.pid}: {' '.join(child.argv[1:])}")
-
-    def shutdown(self, children: list[Child], deadline: float) -> bool:
-        self.say("stopping: SIGTERM to every process")
-        began = time.monotonic()
-        for child in children:
-            if child.proc.poll() is None:
-                # To the process only, as a container runtime does: each role stops its own
-                # children (gunicorn its workers, a worker its running tasks) after draining.
-                child.proc.send_signal(signal.SIGTERM)
-        clean = True
-        for child in children:
-            try:
-                code = child.proc.wait(timeout=max(0.1, deadline - (time.monotonic() - began)))
-            except subprocess.TimeoutExpired:
-                os.killpg(child.proc.pid, signal.SIGKILL)
-                code = child.proc.wait(timeout=10)
-                self.say(f"{child.name} (pid {child.proc.pid}) did not stop within {deadline:g}s: killed")
-                clean = False
-                continue
-            self.say(f"{child.name} (pid {child.proc.pid}) exited with code {code} "
-                     f"after {time.monotonic() - began:.1f}s")
-            clean = clean and code == 0
-        return clean

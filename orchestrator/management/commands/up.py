@@ -1,30 +1,22 @@
 """The development run command: one process that prepares everything and supervises the rest.
 
-It migrates, syncs the workflows, creates an admin on first start, then starts the web server
-and every long-running role as child processes. Ctrl-C stops the children, then the embedded
-PostgreSQL.
+It migrates, syncs the workflows, creates an admin on first start, then starts the web server,
+a scheduler, a dispatcher and a worker as child processes. Ctrl-C stops the children, then the
+embedded PostgreSQL.
 """
 
 import os
 import secrets
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management import call_command, get_commands
+from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+from orchestrator.supervisor import Child, Supervisor, role_argv
 from orchestrator.sync import sync_workflows
-
-ROLES = [
-    ("scheduler", []),
-    ("dispatcher", []),
-    ("worker", ["--queues", "default,batch", "--concurrency", "4"]),
-]
 
 
 class Command(BaseCommand):
@@ -42,14 +34,32 @@ class Command(BaseCommand):
         self.stdout.write(f"workflows: {synced} synced, {len(report.broken)} broken")
         for name, error in report.broken.items():
             self.stderr.write(self.style.WARNING(f"  broken {name}: {error.splitlines()[0]}"))
+        for module, error in report.import_errors.items():
+            self.stderr.write(self.style.WARNING(f"  module {module} failed to import: {error}"))
         login = self.ensure_admin()
 
-        children = self.start_children(host, port)
+        children = [
+            Child("web", role_argv("runserver", f"{host}:{port}", "--noreload", "--skip-checks")),
+            Child("scheduler", role_argv("scheduler")),
+            Child("dispatcher", role_argv("dispatcher")),
+            Child("worker", role_argv("worker", "--queues", "default,batch", "--concurrency", "4", "--grace", "10")),
+        ]
         url = f"http://{host}:{port}/"
-        self.stdout.write(self.style.SUCCESS(f"\nReady in {time.monotonic() - started:.1f}s: {url}"))
-        self.stdout.write(f"Admin: {url}admin/   {login}")
-        self.stdout.write("Press Ctrl-C to stop everything (the embedded database included).\n")
-        self.supervise(children, host, port)
+
+        def ready():
+            self.stdout.write(self.style.SUCCESS(f"\nReady in {time.monotonic() - started:.1f}s: {url}"))
+            self.stdout.write(f"Admin: {url}admin/   {login}")
+            self.stdout.write("Press Ctrl-C to stop everything (the embedded database included).\n")
+            self.stdout.flush()
+
+        try:
+            Supervisor(children, self.say, grace=10).run(on_started=ready)
+        finally:
+            self.stop_database()
+
+    def say(self, message: str) -> None:
+        self.stderr.write(f"[up] {message}")
+        self.stderr.flush()
 
     def ensure_admin(self) -> str:
         User = get_user_model()
@@ -65,59 +75,13 @@ class Command(BaseCommand):
         password_file.chmod(0o600)
         return f"login: admin / {password}   (created now; also saved in {password_file})"
 
-    def command_line(self, name, extra):
-        return [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), name, *extra]
+    def stop_database(self) -> None:
+        if not settings.EMBEDDED_DATABASE:
+            return
+        from django.db import connections
 
-    def start_children(self, host, port):
-        available = get_commands()
-        specs = [("web", self.command_line("runserver", [f"{host}:{port}", "--noreload", "--skip-checks"]))]
-        specs += [(name, self.command_line(name, extra)) for name, extra in ROLES if name in available]
-        return {name: [cmd, subprocess.Popen(cmd, start_new_session=True), 0] for name, cmd in specs}
+        from orchestrator import embedded
 
-    def supervise(self, children, host, port):
-        stopping = False
-
-        def stop(signum, frame):
-            nonlocal stopping
-            stopping = True
-
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGTERM, stop)
-        try:
-            while not stopping:
-                for name, entry in children.items():
-                    cmd, proc, restarts = entry
-                    if proc.poll() is not None and not stopping:
-                        if restarts >= 5:
-                            self.stderr.write(self.style.ERROR(f"{name} keeps exiting (code {proc.returncode}); giving up"))
-                            stopping = True
-                            break
-                        self.stderr.write(self.style.WARNING(f"{name} exited with {proc.returncode}; restarting"))
-                        entry[1] = subprocess.Popen(cmd, start_new_session=True)
-                        entry[2] = restarts + 1
-                time.sleep(0.5)
-        finally:
-            self.shutdown(children)
-
-    def shutdown(self, children):
-        self.stdout.write("\nStopping...")
-        for _, proc, _ in children.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 20
-        for name, (_, proc, _) in children.items():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.stderr.write(f"{name} did not stop in time; killing it")
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        if settings.EMBEDDED_DATABASE:
-            from django.db import connections
-
-            from orchestrator import embedded
-
-            connections.close_all()
-            embedded.stop(Path(settings.DATA_DIR) / "pgdata")
-            self.stdout.write("embedded PostgreSQL stopped")
-        self.stdout.write("stopped")
+        connections.close_all()
+        embedded.stop(Path(settings.DATA_DIR) / "pgdata")
+        self.stdout.write("embedded PostgreSQL stopped")

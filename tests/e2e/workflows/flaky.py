@@ -18,6 +18,16 @@ def fetch(ctx):
     return {"rows": 3}
 
 
+@flaky.task
+def store(ctx):
+    # Waits in upstream_failed while fetch is dead; the retry from the dead-letter queue must
+    # bring it back with fetch's new result.
+    return {"stored": ctx.upstream["fetch"]["rows"]}
+
+
+fetch >> store
+
+
 
 slow = Workflow("slow_export", description="Takes its time; cancelled from the run page.",
                 params={"go_file": Param(str, default="", description="Write the second line once this file exists.")})
