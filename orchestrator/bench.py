@@ -24,11 +24,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from urllib.parse import quote
 
 from django.conf import settings
 from django.core.management import call_command
 from django.db import connection, connections
+
+from orchestrator.settings import format_database_url
 
 # Two benchmarks at once on one server would drop each other's database: name another one.
 BENCH_DB = os.environ.get("ORCHESTRATOR_BENCH_DATABASE", "orchestrator_bench")
@@ -53,21 +54,10 @@ def noop_task():
 
 # --- the database ----------------------------------------------------------------------------------
 
-def _url(name: str) -> str:
-    s = connection.settings_dict
-    user = quote(s["USER"] or "")
-    password = f":{quote(s['PASSWORD'])}" if s.get("PASSWORD") else ""
-    host = s["HOST"] or ""
-    if host.startswith("/"):
-        return f"postgresql://{user}{password}@/{name}?host={quote(host)}"
-    port = f":{s['PORT']}" if s.get("PORT") else ""
-    return f"postgresql://{user}{password}@{host}{port}/{name}"
-
-
 def child_env(**extra) -> dict:
     """The environment of a process that works on the benchmark database."""
     env = dict(os.environ)
-    env.update({"DATABASE_URL": _url(BENCH_DB), "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "WARNING", "DEBUG": "0",
+    env.update({"DATABASE_URL": format_database_url(connection.settings_dict, BENCH_DB), "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "WARNING", "DEBUG": "0",
                 "SECRET_KEY": settings.SECRET_KEY or "bench-only-secret-key",
                 "ORCHESTRATOR_DATA_DIR": str(settings.DATA_DIR)})
     env.update({key: str(value) for key, value in extra.items()})

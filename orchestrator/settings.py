@@ -7,7 +7,7 @@ checks in ``orchestrator/checks.py``.
 
 import os
 from pathlib import Path
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -49,6 +49,18 @@ def parse_database_url(url: str) -> dict:
         "PORT": str(port or ""),
         "OPTIONS": options,
     }
+
+
+def format_database_url(database: dict, name: str | None = None) -> str:
+    """The inverse of parse_database_url, for handing a connection to a child process."""
+    user = quote(database.get("USER") or "")
+    password = f":{quote(database['PASSWORD'])}" if database.get("PASSWORD") else ""
+    host = database.get("HOST") or ""
+    name = name or database["NAME"]
+    if host.startswith("/"):
+        return f"postgresql://{user}{password}@/{name}?host={quote(host)}"
+    port = f":{database['PORT']}" if database.get("PORT") else ""
+    return f"postgresql://{user}{password}@{host}{port}/{name}"
 
 
 DATA_DIR = Path(os.environ.get("ORCHESTRATOR_DATA_DIR") or BASE_DIR / ".data").resolve()

@@ -10,11 +10,11 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 
 from orchestrator.clock import FakeClock
+from orchestrator.settings import format_database_url
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,14 +35,7 @@ def test_database_url() -> str:
     """The URL of the database the tests use, for child processes."""
     from django.db import connection
 
-    s = connection.settings_dict
-    user = quote(s["USER"] or "")
-    password = f":{quote(s['PASSWORD'])}" if s.get("PASSWORD") else ""
-    host = s["HOST"] or ""
-    if host.startswith("/"):
-        return f"postgresql://{user}{password}@/{s['NAME']}?host={quote(host)}"
-    port = f":{s['PORT']}" if s.get("PORT") else ""
-    return f"postgresql://{user}{password}@{host}{port}/{s['NAME']}"
+    return format_database_url(connection.settings_dict)
 
 
 test_database_url.__test__ = False  # not a test, despite its name
