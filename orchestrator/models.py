@@ -420,6 +420,7 @@ class WebhookDelivery(models.Model):
 
     class Meta:
         ordering = ["-id"]
+        verbose_name_plural = "webhook deliveries"
 
     def __str__(self):
         return f"{self.event} webhook to {self.url} for run #{self.run_id}"

@@ -31,8 +31,11 @@ def test_it_restarts_a_killed_role_and_stops_everything_on_sigterm(processes):
     second = started_pids(output, "dispatcher-1")[1]
     assert second != first
     # Stopped only once it is up again: a SIGTERM during start-up ends it before its handler exists.
-    wait_for(lambda: processes.output(supervisor).count("dispatcher started") == 2, timeout=15,
-             message="the new dispatcher to start")
+    try:
+        wait_for(lambda: processes.output(supervisor).count("dispatcher started") >= 2, timeout=30,
+                 message="the new dispatcher to start")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{processes.output(supervisor)}") from None
 
     assert processes.stop(supervisor, signal.SIGTERM, timeout=30) == 0, processes.output(supervisor)
     output = processes.output(supervisor)
