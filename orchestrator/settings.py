@@ -5,6 +5,7 @@ also means a laptop: DEBUG then defaults to on. Misconfiguration is reported by 
 checks in ``orchestrator/checks.py``.
 """
 
+import json
 import os
 from pathlib import Path
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
@@ -160,9 +161,13 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(os.environ.get("STATIC_ROOT") or BASE_DIR / "staticfiles")
 STORAGES = {
+    # Task logs. Files under the data folder by default; workers on several machines need a
+    # shared storage, e.g. ORCHESTRATOR_LOG_STORAGE=storages.backends.s3.S3Storage with
+    # ORCHESTRATOR_LOG_STORAGE_OPTIONS='{"bucket_name": "…"}' (django-storages).
     "default": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage",
-        "OPTIONS": {"location": str(DATA_DIR / "logs")},
+        "BACKEND": os.environ.get("ORCHESTRATOR_LOG_STORAGE") or "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": json.loads(os.environ.get("ORCHESTRATOR_LOG_STORAGE_OPTIONS") or "null")
+        or {"location": str(DATA_DIR / "logs")},
     },
     "staticfiles": {
         "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
