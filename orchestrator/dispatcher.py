@@ -41,11 +41,44 @@ ORDER BY lane, turn, priority DESC, due_at, id
 LIMIT %(batch)s
 """
 
+# The same order when limits exist, where each limited queue and tenant contributes at most its
+# free room (limit minus queued and running): rows beyond it cannot move this tick, and read
+# first they would fill the batch and hold back everyone else's work. Rooms come as arrays; a
+# name not listed gets the default room (NULL: unlimited).
+CANDIDATES_WITHIN_LIMITS = """
+SELECT due.id FROM (
+    SELECT fair.*,
+           row_number() OVER (PARTITION BY queue ORDER BY lane, turn, priority DESC, due_at, id) AS queue_turn,
+           row_number() OVER (PARTITION BY tenant ORDER BY lane, turn, priority DESC, due_at, id) AS tenant_turn
+    FROM (
+        SELECT id, lane, priority, due_at, queue, tenant,
+               row_number() OVER (PARTITION BY lane, tenant ORDER BY priority DESC, due_at, id) AS turn
+        FROM orchestrator_taskrun
+        WHERE state = 'scheduled' AND due_at <= %(now)s
+    ) fair
+) due
+LEFT JOIN unnest(%(queues)s::text[], %(queue_rooms)s::int[]) AS qr(name, room) ON qr.name = due.queue
+LEFT JOIN unnest(%(tenants)s::text[], %(tenant_rooms)s::int[]) AS tr(name, room) ON tr.name = due.tenant
+WHERE (COALESCE(qr.room, %(queue_default)s::int) IS NULL OR due.queue_turn <= COALESCE(qr.room, %(queue_default)s::int))
+  AND (COALESCE(tr.room, %(tenant_default)s::int) IS NULL OR due.tenant_turn <= COALESCE(tr.room, %(tenant_default)s::int))
+ORDER BY due.lane, due.turn, due.priority DESC, due.due_at, due.id
+LIMIT %(batch)s
+"""
+
 # Lock the candidates; rows another dispatcher holds are skipped, not waited for.
 LOCK = """
 SELECT id, queue, tenant FROM orchestrator_taskrun
 WHERE id = ANY (%(ids)s) AND state = 'scheduled'
 FOR UPDATE SKIP LOCKED
+"""
+
+# What is queued or running now, per queue and per tenant (the taskrun_busy index: the cost
+# follows the busy rows, which the limits bound, not the backlog).
+BUSY_ALL_QUEUES = """
+SELECT queue, count(*) FROM orchestrator_taskrun WHERE state IN ('queued', 'running') GROUP BY queue
+"""
+BUSY_ALL_TENANTS = """
+SELECT tenant, count(*) FROM orchestrator_taskrun WHERE state IN ('queued', 'running') GROUP BY tenant
 """
 
 # What is queued or running now, per limited queue and per limited tenant.
@@ -93,6 +126,22 @@ def _lock_limits(cursor, queues: list[str], tenants: list[str]) -> None:
     )
 
 
+def _rooms(cursor, limits: dict[str, int], default: int | None, busy_sql: str) -> tuple[list[str], list[int]]:
+    """Free room per queue (or tenant) that has a limit and is busy or explicitly limited. A hint
+    only, read without the limit locks: admission re-counts under the locks."""
+    if not limits and default is None:
+        return [], []
+    cursor.execute(busy_sql)
+    busy = dict(cursor.fetchall())
+    names, rooms = [], []
+    for name in sorted(set(busy) | set(limits)):
+        limit = limits.get(name, default)
+        if limit is not None:
+            names.append(name)
+            rooms.append(max(0, limit - busy.get(name, 0)))
+    return names, rooms
+
+
 def tick(now: datetime | None = None, batch: int = 1000, limits: tuple | None = None) -> int:
     """Queue the due task runs that the limits allow; returns how many were queued. ``limits``
     (as returned by ``load_limits``) saves reading them on every tick."""
@@ -101,7 +150,16 @@ def tick(now: datetime | None = None, batch: int = 1000, limits: tuple | None = 
         # Not waiting for the WAL flush: a queued mark lost in a database crash leaves the task
         # run scheduled, and the next tick queues it again.
         cursor.execute("SET LOCAL synchronous_commit = off")
-        cursor.execute(CANDIDATES, {"now": now, "batch": batch})
+        queue_limits, queue_default, tenant_limits, tenant_default = limits or load_limits()
+        if queue_limits or tenant_limits or queue_default is not None or tenant_default is not None:
+            queues, queue_rooms = _rooms(cursor, queue_limits, queue_default, BUSY_ALL_QUEUES)
+            tenants, tenant_rooms = _rooms(cursor, tenant_limits, tenant_default, BUSY_ALL_TENANTS)
+            cursor.execute(CANDIDATES_WITHIN_LIMITS, {
+                "now": now, "batch": batch, "queues": queues, "queue_rooms": queue_rooms, "tenants": tenants,
+                "tenant_rooms": tenant_rooms, "queue_default": queue_default, "tenant_default": tenant_default,
+            })
+        else:
+            cursor.execute(CANDIDATES, {"now": now, "batch": batch})
         order = [row[0] for row in cursor.fetchall()]
         if not order:
             return 0
@@ -110,7 +168,6 @@ def tick(now: datetime | None = None, batch: int = 1000, limits: tuple | None = 
         rows = [(i, *locked[i]) for i in order if i in locked]
         if not rows:
             return 0
-        queue_limits, queue_default, tenant_limits, tenant_default = limits or load_limits()
         limited_queues = sorted({q for _, q, _ in rows if queue_limits.get(q, queue_default) is not None})
         limited_tenants = sorted({t for _, _, t in rows if tenant_limits.get(t, tenant_default) is not None})
         room_q: dict[str, int] = {}

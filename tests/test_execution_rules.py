@@ -98,6 +98,19 @@ def test_queue_and_tenant_limits_count_queued_and_running(clock):
     assert TaskRun.objects.filter(run__in=runs + acme, state="succeeded").count() == 1
 
 
+def test_work_of_a_full_queue_does_not_hold_back_other_queues(clock):
+    # The batch queue is full and has more urgent due work than one tick reads; the default
+    # queue's single task must still be queued, not wait behind rows that cannot move.
+    QueueLimit.objects.create(queue="batch", max_running=1)
+    for _ in range(5):
+        make_run({"a": job_spec(queue="batch", priority=50)}, clock)
+    small = make_run({"a": job_spec()}, clock)
+    assert dispatcher.tick(now=clock.now(), batch=2) == 2
+    assert states(small) == {"a": "queued"}
+    assert TaskRun.objects.filter(queue="batch", state="queued").count() == 1
+    assert dispatcher.tick(now=clock.now(), batch=2) == 0  # batch is full, nothing else is due
+
+
 @override_settings(ORCHESTRATOR={**settings.ORCHESTRATOR, "DEFAULT_QUEUE_LIMIT": 2})
 def test_the_default_queue_limit_applies_without_a_limit_row(clock):
     for _ in range(4):
