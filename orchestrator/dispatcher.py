@@ -29,39 +29,18 @@ log = logging.getLogger(__name__)
 # Due work in dispatch order. Fairness: row_number() per (lane, tenant) interleaves the tenants
 # (every tenant's first task, then every tenant's second, ...), so a tenant with ten thousand
 # due tasks cannot push out one with a single task; within a tenant, higher priority first.
+# Queues and tenants already at their limit are left out: their rows cannot move, and read first
+# they would fill every batch and hold back everyone else's work.
 CANDIDATES = """
 SELECT id FROM (
     SELECT id, lane, priority, due_at,
            row_number() OVER (PARTITION BY lane, tenant ORDER BY priority DESC, due_at, id) AS turn
     FROM orchestrator_taskrun
     WHERE state = 'scheduled' AND due_at <= %(now)s
+      AND queue <> ALL (%(full_queues)s::text[]) AND tenant <> ALL (%(full_tenants)s::text[])
 ) due
 WHERE turn <= %(batch)s
 ORDER BY lane, turn, priority DESC, due_at, id
-LIMIT %(batch)s
-"""
-
-# The same order when limits exist, where each limited queue and tenant contributes at most its
-# free room (limit minus queued and running): rows beyond it cannot move this tick, and read
-# first they would fill the batch and hold back everyone else's work. Rooms come as arrays; a
-# name not listed gets the default room (NULL: unlimited).
-CANDIDATES_WITHIN_LIMITS = """
-SELECT due.id FROM (
-    SELECT fair.*,
-           row_number() OVER (PARTITION BY queue ORDER BY lane, turn, priority DESC, due_at, id) AS queue_turn,
-           row_number() OVER (PARTITION BY tenant ORDER BY lane, turn, priority DESC, due_at, id) AS tenant_turn
-    FROM (
-        SELECT id, lane, priority, due_at, queue, tenant,
-               row_number() OVER (PARTITION BY lane, tenant ORDER BY priority DESC, due_at, id) AS turn
-        FROM orchestrator_taskrun
-        WHERE state = 'scheduled' AND due_at <= %(now)s
-    ) fair
-) due
-LEFT JOIN unnest(%(queues)s::text[], %(queue_rooms)s::int[]) AS qr(name, room) ON qr.name = due.queue
-LEFT JOIN unnest(%(tenants)s::text[], %(tenant_rooms)s::int[]) AS tr(name, room) ON tr.name = due.tenant
-WHERE (COALESCE(qr.room, %(queue_default)s::int) IS NULL OR due.queue_turn <= COALESCE(qr.room, %(queue_default)s::int))
-  AND (COALESCE(tr.room, %(tenant_default)s::int) IS NULL OR due.tenant_turn <= COALESCE(tr.room, %(tenant_default)s::int))
-ORDER BY due.lane, due.turn, due.priority DESC, due.due_at, due.id
 LIMIT %(batch)s
 """
 
@@ -126,20 +105,15 @@ def _lock_limits(cursor, queues: list[str], tenants: list[str]) -> None:
     )
 
 
-def _rooms(cursor, limits: dict[str, int], default: int | None, busy_sql: str) -> tuple[list[str], list[int]]:
-    """Free room per queue (or tenant) that has a limit and is busy or explicitly limited. A hint
-    only, read without the limit locks: admission re-counts under the locks."""
+def _full(cursor, limits: dict[str, int], default: int | None, busy_sql: str) -> list[str]:
+    """The queues (or tenants) at their limit now. A hint only, read without the limit locks: the
+    admission below re-counts under the locks, so a stale answer never lets a limit be exceeded."""
     if not limits and default is None:
-        return [], []
+        return []
     cursor.execute(busy_sql)
     busy = dict(cursor.fetchall())
-    names, rooms = [], []
-    for name in sorted(set(busy) | set(limits)):
-        limit = limits.get(name, default)
-        if limit is not None:
-            names.append(name)
-            rooms.append(max(0, limit - busy.get(name, 0)))
-    return names, rooms
+    return sorted(name for name in set(busy) | set(limits)
+                  if (limit := limits.get(name, default)) is not None and busy.get(name, 0) >= limit)
 
 
 def tick(now: datetime | None = None, batch: int = 1000, limits: tuple | None = None) -> int:
@@ -151,15 +125,11 @@ def tick(now: datetime | None = None, batch: int = 1000, limits: tuple | None = 
         # run scheduled, and the next tick queues it again.
         cursor.execute("SET LOCAL synchronous_commit = off")
         queue_limits, queue_default, tenant_limits, tenant_default = limits or load_limits()
-        if queue_limits or tenant_limits or queue_default is not None or tenant_default is not None:
-            queues, queue_rooms = _rooms(cursor, queue_limits, queue_default, BUSY_ALL_QUEUES)
-            tenants, tenant_rooms = _rooms(cursor, tenant_limits, tenant_default, BUSY_ALL_TENANTS)
-            cursor.execute(CANDIDATES_WITHIN_LIMITS, {
-                "now": now, "batch": batch, "queues": queues, "queue_rooms": queue_rooms, "tenants": tenants,
-                "tenant_rooms": tenant_rooms, "queue_default": queue_default, "tenant_default": tenant_default,
-            })
-        else:
-            cursor.execute(CANDIDATES, {"now": now, "batch": batch})
+        cursor.execute(CANDIDATES, {
+            "now": now, "batch": batch,
+            "full_queues": _full(cursor, queue_limits, queue_default, BUSY_ALL_QUEUES),
+            "full_tenants": _full(cursor, tenant_limits, tenant_default, BUSY_ALL_TENANTS),
+        })
         order = [row[0] for row in cursor.fetchall()]
         if not order:
             return 0

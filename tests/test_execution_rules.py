@@ -99,16 +99,18 @@ def test_queue_and_tenant_limits_count_queued_and_running(clock):
 
 
 def test_work_of_a_full_queue_does_not_hold_back_other_queues(clock):
-    # The batch queue is full and has more urgent due work than one tick reads; the default
-    # queue's single task must still be queued, not wait behind rows that cannot move.
+    # The batch queue has more urgent due work than one tick reads. Once it is full, its rows
+    # must not keep filling the ticks: the default queue's single task is queued next.
     QueueLimit.objects.create(queue="batch", max_running=1)
     for _ in range(5):
         make_run({"a": job_spec(queue="batch", priority=50)}, clock)
     small = make_run({"a": job_spec()}, clock)
-    assert dispatcher.tick(now=clock.now(), batch=2) == 2
-    assert states(small) == {"a": "queued"}
+    assert dispatcher.tick(now=clock.now(), batch=2) == 1
     assert TaskRun.objects.filter(queue="batch", state="queued").count() == 1
+    assert dispatcher.tick(now=clock.now(), batch=2) == 1
+    assert states(small) == {"a": "queued"}
     assert dispatcher.tick(now=clock.now(), batch=2) == 0  # batch is full, nothing else is due
+    assert TaskRun.objects.filter(queue="batch", state="queued").count() == 1
 
 
 @override_settings(ORCHESTRATOR={**settings.ORCHESTRATOR, "DEFAULT_QUEUE_LIMIT": 2})
