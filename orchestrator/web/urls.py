@@ -7,7 +7,7 @@ app_name = "web"
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
-    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("login/", auth_views.LoginView.as_view(template_name="orchestrator/login.html", redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("workflows/", views.workflow_list, name="workflows"),
     path("workflows/<str:name>/", views.workflow_detail, name="workflow"),

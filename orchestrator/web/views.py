@@ -2,7 +2,7 @@
 dead-letter queue.
 
 Every page is server-rendered; htmx requests for the live parts get a partial of the same
-template (``"web/run.html#live"``). Viewers read everything; operators also trigger, cancel,
+template (``"orchestrator/web/run.html#live"``). Viewers read everything; operators also trigger, cancel,
 retry, discard and pause (``access``). Lists of runs never use OFFSET: they page by id
 (keyset), so the millionth run costs what the first one does.
 """
@@ -175,7 +175,7 @@ def dashboard(request):
         "recent": Run.objects.select_related("workflow").order_by("-id")[:10],
         "poll": "10s",
     }
-    return page(request, "web/dashboard.html", context, partial="stats")
+    return page(request, "orchestrator/web/dashboard.html", context, partial="stats")
 
 
 # ---------------------------------------------------------------- workflows
@@ -226,7 +226,7 @@ def workflow_list(request):
                 except cron.CronError:
                     pass
         wf.next_fires = sorted(upcoming)[:3]
-    return page(request, "web/workflows.html", {"workflows": workflows})
+    return page(request, "orchestrator/web/workflows.html", {"workflows": workflows})
 
 
 def _upstream_of(spec: dict) -> dict[str, list[str]]:
@@ -301,7 +301,7 @@ def _workflow_context(request, wf: Workflow, *, submitted=None, errors=None, for
 @viewer_required
 def workflow_detail(request, name):
     wf = get_object_or_404(Workflow.objects.select_related("current_version"), name=name)
-    return page(request, "web/workflow.html", _workflow_context(request, wf), partial="live")
+    return page(request, "orchestrator/web/workflow.html", _workflow_context(request, wf), partial="live")
 
 
 @operator_action
@@ -315,10 +315,10 @@ def workflow_trigger(request, name):
         run, _created = trigger_workflow(wf, values, trigger="manual", created_by=request.user)
     except ParamError as exc:
         context = _workflow_context(request, wf, submitted=values, errors=exc.errors)
-        return page(request, "web/workflow.html", context, status=400)
+        return page(request, "orchestrator/web/workflow.html", context, status=400)
     except RunError as exc:
         context = _workflow_context(request, wf, submitted=values, form_error=str(exc))
-        return page(request, "web/workflow.html", context, status=400)
+        return page(request, "orchestrator/web/workflow.html", context, status=400)
     messages.success(request, f"Triggered run #{run.pk} of {wf.name}.")
     return HttpResponseRedirect(reverse("web:run", args=[run.pk]))
 
@@ -404,7 +404,7 @@ def run_list(request):
     for key in ("before", "after"):
         params.pop(key, None)
     base = params.urlencode()
-    return page(request, "web/runs.html", {
+    return page(request, "orchestrator/web/runs.html", {
         "form": form, "runs": rows, "has_older": has_older, "has_newer": has_newer,
         "older_qs": f"{base}&before={rows[-1].pk}".lstrip("&") if rows and has_older else "",
         "newer_qs": f"{base}&after={rows[0].pk}".lstrip("&") if rows and has_newer else "",
@@ -461,7 +461,7 @@ def _run_context(run: Run) -> dict:
 @viewer_required
 def run_detail(request, run_id):
     run = get_object_or_404(Run.objects.select_related("workflow", "version", "created_by", "schedule"), pk=run_id)
-    return page(request, "web/run.html", _run_context(run), partial="live")
+    return page(request, "orchestrator/web/run.html", _run_context(run), partial="live")
 
 
 @operator_action
@@ -530,7 +530,7 @@ def task_run_detail(request, task_run_id):
         else None,
         "seconds": _dur(tr.started_at, tr.finished_at, now),
     }
-    return page(request, "web/task_run.html", context, partial="live")
+    return page(request, "orchestrator/web/task_run.html", context, partial="live")
 
 
 @viewer_required
@@ -541,7 +541,7 @@ def attempt_log(request, attempt_id):
     offset = request.GET.get("offset", "0")
     if not offset.isdigit():
         return HttpResponse("offset must be a whole number of bytes", status=400, content_type="text/plain")
-    return page(request, "web/task_run.html#log_chunk", {"log": _read_log(attempt, int(offset))})
+    return page(request, "orchestrator/web/task_run.html#log_chunk", {"log": _read_log(attempt, int(offset))})
 
 
 @viewer_required
@@ -593,7 +593,7 @@ def dead_letter(request):
     params = request.GET.copy()
     params.pop("before", None)
     base = params.urlencode()
-    return page(request, "web/dead_letter.html", {
+    return page(request, "orchestrator/web/dead_letter.html", {
         "form": form, "rows": rows, "has_older": has_older,
         "older_qs": f"{base}&before={rows[-1].pk}".lstrip("&") if rows and has_older else "",
         "first_qs": base, "paged": bool(data.get("before")),
@@ -619,7 +619,7 @@ def _dead_letter_action(request):
         messages.warning(request, "None of the selected task runs is in the dead-letter queue any more.")
         return back(request, reverse("web:dead_letter"))
     if not form.cleaned_data["confirmed"]:
-        return page(request, "web/dead_letter_confirm.html", {
+        return page(request, "orchestrator/web/dead_letter_confirm.html", {
             "action": action, "rows": rows, "next": safe_next(request, reverse("web:dead_letter")),
             "gone": len(ids) - len(rows),
         })

@@ -12,7 +12,7 @@ register = template.Library()
 
 @register.filter
 def ts(value: datetime | None):
-    """A <time> element: the static text and the title are UTC; static/web/app.js rewrites the
+    """A <time> element: the static text and the title are UTC; orchestrator/static/orchestrator/app.js rewrites the
     text into the viewer's timezone, so the title keeps UTC on hover."""
     if not value:
         return "—"
