@@ -1,4 +1,6 @@
-"""Injected time. Loops take a clock so tests can pin and advance it instead of sleeping.
+"""Injected time. Loops take a clock so tests can pin and advance it instead of sleeping; code
+without a clock of its own (views, the API, model helpers) reads ``clock.now()``, the process
+clock, which tests replace with ``clock.pinned(FakeClock(...))``.
 
 Lease and heartbeat comparisons use the database's ``now()`` instead (every process must agree
 on them); a FakeClock also answers ``db_now()`` so those paths can be tested the same way.
@@ -6,6 +8,8 @@ on them); a FakeClock also answers ``db_now()`` so those paths can be tested the
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 from django.db import connection
@@ -44,3 +48,24 @@ class FakeClock:
 
 
 system = SystemClock()
+_current = system
+
+
+def current():
+    """The process clock: the system clock, or the one a test pinned."""
+    return _current
+
+
+def now() -> datetime:
+    return _current.now()
+
+
+@contextmanager
+def pinned(clock) -> Iterator:
+    """Make ``clock`` the process clock for the duration of the block."""
+    global _current
+    previous, _current = _current, clock
+    try:
+        yield clock
+    finally:
+        _current = previous
