@@ -269,10 +269,16 @@ class TaskRunAdmin(TaskRunActions, admin.ModelAdmin):
     search_fields = ["task", "=run__id", "error"]
     list_select_related = ["run__workflow"]
     raw_id_fields = ["run", "worker"]
-    readonly_fields = ["state", "attempts", "created_at", "queued_at", "started_at", "finished_at", "result", "error"]
+    # What a task run executes comes from its workflow's graph version or a registered job,
+    # never from a form: the spec is read-only and task runs are not added by hand.
+    readonly_fields = ["state", "spec", "attempts", "created_at", "queued_at", "started_at", "finished_at", "result",
+                       "error"]
     show_full_result_count = False
     inlines = [AttemptInline]
     actions = ["retry", "discard"]
+
+    def has_add_permission(self, request):
+        return False
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, obj):

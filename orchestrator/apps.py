@@ -7,4 +7,7 @@ class OrchestratorConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from orchestrator import checks  # noqa: F401 - registers the system checks
+        from orchestrator import checks, registry  # noqa: F401 - checks registers the system checks
+
+        # The job modules, as the admin discovers admin.py: what may run is known at start-up.
+        registry.autodiscover()

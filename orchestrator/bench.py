@@ -29,6 +29,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connection, connections
 
+from orchestrator.jobs import job
 from orchestrator.settings import format_database_url
 
 # Two benchmarks at once on one server would drop each other's database: name another one.
@@ -39,15 +40,18 @@ SECTIONS = ("pg", "jobs", "latency", "dag", "scheduler", "pages")
 
 # --- the tasks the benchmark runs ----------------------------------------------------------------
 
+@job
 def noop():
     """A job that does nothing."""
 
 
+@job
 def stamp() -> float:
     """A job that returns when it started (the latency figure)."""
     return time.time()
 
 
+@job
 def noop_task():
     """A workflow task that does nothing."""
 
@@ -59,7 +63,9 @@ def child_env(**extra) -> dict:
     env = dict(os.environ)
     env.update({"DATABASE_URL": format_database_url(connection.settings_dict, BENCH_DB), "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "WARNING", "DEBUG": "0",
                 "SECRET_KEY": settings.SECRET_KEY or "bench-only-secret-key",
-                "ORCHESTRATOR_DATA_DIR": str(settings.DATA_DIR)})
+                "ORCHESTRATOR_DATA_DIR": str(settings.DATA_DIR),
+                # The workers run this module's registered jobs.
+                "ORCHESTRATOR_JOB_MODULES": ",".join([*settings.ORCHESTRATOR["JOB_MODULES"], __name__])})
     env.update({key: str(value) for key, value in extra.items()})
     return env
 

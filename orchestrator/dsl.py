@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from orchestrator import limits, registry
+
 TRIGGER_RULES = ("all_success", "all_done", "one_success", "one_failed", "all_failed", "none_failed")
 CATCHUP_POLICIES = ("all", "latest", "none")
 OVERLAP_POLICIES = ("allow", "forbid", "replace", "buffer_one")
@@ -44,7 +46,8 @@ class DefinitionError(Exception):
 
     def __init__(self, workflow: str, field: str, value: Any, message: str):
         self.workflow, self.field, self.value, self.message = workflow, field, value, message
-        super().__init__(f"workflow {workflow!r}: {field}={value!r}: {message}")
+        # Values come from user code: quoted bounded, and a failing __repr__ cannot break the report.
+        super().__init__(f"workflow {limits.safe_repr(workflow)}: {field}={limits.safe_repr(value)}: {message}")
 
 
 @dataclass
@@ -233,6 +236,9 @@ class Workflow:
             self._error(f"tasks.{task.name}", task.name, "duplicate task name: two tasks are called this")
         else:
             self.tasks[task.name] = task
+            if task.fn is not None:
+                # A workflow's Python tasks are registered functions: a worker runs them by reference.
+                registry.register(task, task.ref)
         return task
 
     def _edge(self, parent: Task, child: Task) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import importlib
 import inspect
 import json
 import logging
@@ -25,13 +24,11 @@ from datetime import datetime
 from django.conf import settings
 from django.db import close_old_connections
 
-from orchestrator import logformat, logs
+from orchestrator import logformat, logs, registry
 from orchestrator.dsl import TaskContext
 
 PR_SET_PDEATHSIG = 1
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-_callables: dict[str, object] = {}
 
 
 class TaskFailure(Exception):
@@ -78,23 +75,25 @@ def child_main(conn, parent_pid: int) -> None:
         os._exit(code)
 
 
-def resolve(ref: str):
-    found = _callables.get(ref)
-    if found is None:
-        module_name, _, qualname = ref.partition(":")
-        if not module_name or not qualname:
-            raise TaskFailure(f"task reference {ref!r} is not of the form 'package.module:function'")
-        try:
-            found = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise TaskFailure(f"cannot import {module_name!r} for task {ref!r}: {exc}") from None
-        for part in qualname.split("."):
-            try:
-                found = getattr(found, part)
-            except AttributeError:
-                raise TaskFailure(f"module {module_name!r} has no {qualname!r} (task {ref!r})") from None
-        _callables[ref] = found
-    return found
+def resolve(message: dict):
+    """The registered object a Python task run names. A reference nothing registered is refused,
+    however its row was written: a worker runs only the project's own code."""
+    ref = message["spec"].get("ref", "")
+    try:
+        return registry.load_for_worker(ref, message["id"])
+    except registry.NotRegistered as exc:
+        raise TaskFailure(f"refused: {exc}") from None
+
+
+def check_shell(message: dict) -> None:
+    """A shell command runs only as its workflow's graph version declares it (command and
+    environment), as stored by sync from the project's code; any other row is refused."""
+    spec = message["spec"]
+    declared = registry.declared_task(message["id"]) or {}
+    if (declared.get("kind") != "shell" or declared.get("command") != spec.get("command")
+            or (declared.get("env") or {}) != (spec.get("env") or {})):
+        raise TaskFailure(f"refused: the shell command of task {message['task']!r} is not one its workflow "
+                          "declares (only commands stored by sync from the project's workflow modules run)")
 
 
 def _takes_argument(fn) -> bool:
@@ -124,7 +123,7 @@ def call_python(message: dict):
     from orchestrator.dsl import Task as DslTask
 
     spec = message["spec"]
-    obj = resolve(spec.get("ref", ""))
+    obj = resolve(message)
     lead = []
     try:
         from django.tasks import Task as DjangoTask
@@ -175,6 +174,7 @@ def call_shell(message: dict, log: logs.AttemptLog) -> None:
     command = message["spec"].get("command")
     if not command:
         raise TaskFailure("shell task has no command")
+    check_shell(message)
     fd = log.fileno_for_subprocess()
     # The shell dies with this child too (a timeout kills the child's whole process group).
     proc = subprocess.Popen(

@@ -1,4 +1,4 @@
-"""One-off and delayed jobs: a single task, named by reference, run once (at least once) as soon as
+"""One-off and delayed jobs: a single registered function, run once (at least once) as soon as
 possible or after ``run_after``.
 
 A job is a Run with trigger "job", no workflow and one TaskRun named by the reference, so retries,
@@ -6,27 +6,31 @@ the dead-letter queue, logs and the UI serve jobs unchanged. An idempotency key 
 safe to retry: the database's unique index on the key decides which of two concurrent requests
 creates the job, and the other gets it back (or a conflict, if its payload differs).
 
-    from orchestrator.jobs import enqueue
-    run, created = enqueue("workflows.jobs:send_welcome_email", kwargs={"user_id": 42},
+    from orchestrator.jobs import enqueue, job
+
+    @job
+    def send_welcome_email(user_id): ...
+
+    run, created = enqueue(send_welcome_email, kwargs={"user_id": 42},
                            run_after=timezone.now() + timedelta(minutes=10), idempotency_key="welcome-42")
+
+Only registered functions can be jobs (see ``orchestrator.registry``): a reference given by name
+(the API's ``ref``) is looked up, never imported.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
-import re
 from datetime import datetime
 
 from django.utils import timezone
 
+from orchestrator import limits, registry
 from orchestrator.models import Run, Trigger
+from orchestrator.registry import job
 from orchestrator.runs import IdempotencyConflict, RunError, create_run
 
-__all__ = ["IdempotencyConflict", "JobError", "enqueue", "resolve_ref"]
-
-REF_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+__all__ = ["IdempotencyConflict", "JobError", "enqueue", "job", "job_ref"]
 
 # Retry timing of a job's attempts, the same defaults as a workflow task's; spec_extra overrides.
 RETRY_DEFAULTS = {"retry_delay": 10.0, "retry_backoff": 2.0, "retry_max_delay": 3600.0}
@@ -36,31 +40,30 @@ class JobError(RunError):
     """Bad enqueue input; ``field`` names the argument at fault."""
 
 
-def resolve_ref(ref: object):
-    """Import "package.module:function" (the attribute may be dotted) and return the callable, or
-    raise JobError(field="ref") saying what is wrong."""
-    if not isinstance(ref, str) or not REF_RE.match(ref):
-        raise JobError(f"ref must look like 'package.module:function', got {ref!r}", field="ref")
-    module_name, _, attribute = ref.partition(":")
-    try:
-        target = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise JobError(f"cannot import module {module_name!r} of ref {ref!r}: {exc}", field="ref") from None
-    except Exception as exc:  # noqa: BLE001 - user code failing at import is reported, not raised
-        raise JobError(f"importing module {module_name!r} of ref {ref!r} failed: "
-                       f"{type(exc).__name__}: {exc}", field="ref") from None
-    for part in attribute.split("."):
+def job_ref(target) -> str:
+    """The reference of a registered job, given by name or as the registered object itself.
+    Raises JobError(field="ref") for anything the project did not register; imports nothing."""
+    if isinstance(target, str):
         try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise JobError(f"module {module_name!r} has no attribute {attribute!r} (ref {ref!r})",
-                           field="ref") from None
+            return registry.check_enqueue(target)
+        except registry.NotRegistered as exc:
+            raise JobError(str(exc), field="ref") from None
     if not callable(target):
-        raise JobError(f"ref {ref!r} names a {type(target).__name__}, not a function", field="ref")
-    return target
+        raise JobError(f"ref must be a registered function or its 'package.module:function' name, "
+                       f"got {limits.safe_repr(target)}", field="ref")
+    ref = registry.ref_of(target)
+    found = registry.get(ref)
+    if found is not target and getattr(found, "func", None) is not getattr(target, "func", target):
+        raise JobError(f"{ref} is not a registered job: decorate it with @job (orchestrator.jobs.job) in a "
+                       "module every process imports (a jobs module of an installed app, or one named in "
+                       "ORCHESTRATOR_JOB_MODULES)", field="ref")
+    return ref
 
 
 def _json(value, field: str):
+    problem = limits.json_problem(value)
+    if problem:
+        raise JobError(f"{field} must be JSON-serialisable: {problem}", field=field)
     try:
         return json.loads(json.dumps(value))
     except (TypeError, ValueError) as exc:
@@ -71,8 +74,64 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _call(args, kwargs) -> tuple[list, dict]:
+    """The call's arguments, as JSON will store them."""
+    if isinstance(args, str | bytes) or not isinstance(args, list | tuple):
+        raise JobError(f"args must be a list or tuple, got {type(args).__name__}", field="args")
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
+        raise JobError("kwargs must be a dict with string keys", field="kwargs")
+    return _json(list(args), "args"), _json(kwargs, "kwargs")
+
+
+def _check_run_after(run_after) -> None:
+    if run_after is None:
+        return
+    if not isinstance(run_after, datetime):
+        raise JobError(f"run_after must be a datetime, got {type(run_after).__name__}", field="run_after")
+    if timezone.is_naive(run_after):
+        raise JobError(f"run_after must be timezone-aware, got naive {run_after.isoformat()} "
+                       f"(add a timezone, e.g. +00:00)", field="run_after")
+
+
+def _check_placement(queue, priority, tenant) -> None:
+    """Where the job waits: its queue, priority and tenant."""
+    if not isinstance(queue, str) or not limits.QUEUE_RE.match(queue):
+        raise JobError(f"queue must be letters, digits, '_', '-' or '.', got {limits.safe_repr(queue)}",
+                       field="queue")
+    if not _is_int(priority) or not limits.PRIORITY_MIN <= priority <= limits.PRIORITY_MAX:
+        raise JobError(f"priority must be a whole number from {limits.PRIORITY_MIN} to {limits.PRIORITY_MAX}, "
+                       f"got {limits.safe_repr(priority)}", field="priority")
+    if limits.text_problem(tenant, limits.TENANT, allow_empty=False):
+        raise JobError(f"tenant must be a non-empty string of at most {limits.TENANT} characters, "
+                       f"got {limits.safe_repr(tenant)}", field="tenant")
+
+
+def _check_execution(max_attempts, timeout) -> None:
+    """How the job's attempts run: how many, and for how long each."""
+    if not _is_int(max_attempts) or not 1 <= max_attempts <= limits.MAX_INT:
+        raise JobError(f"max_attempts must be a whole number of at least 1, got {limits.safe_repr(max_attempts)}",
+                       field="max_attempts")
+    if timeout is not None and (limits.number_problem(timeout) or timeout <= 0):
+        raise JobError(f"timeout must be a positive number of seconds or None, got {limits.safe_repr(timeout)}",
+                       field="timeout")
+
+
+def _check_key(idempotency_key) -> None:
+    if idempotency_key is not None and limits.text_problem(idempotency_key, 255, allow_empty=False):
+        raise JobError("idempotency_key must be a non-empty string of at most 255 characters",
+                       field="idempotency_key")
+
+
+def _extra(spec_extra) -> dict:
+    if spec_extra is not None and not isinstance(spec_extra, dict):
+        raise JobError(f"spec_extra must be a dict, got {type(spec_extra).__name__}", field="spec_extra")
+    return _json(spec_extra or {}, "spec_extra")
+
+
 def enqueue(
-    ref: str,
+    ref,
     *,
     args=(),
     kwargs: dict | None = None,
@@ -87,47 +146,21 @@ def enqueue(
     spec_extra: dict | None = None,
     now: datetime | None = None,
 ) -> tuple[Run, bool]:
-    """Enqueue ``ref(*args, **kwargs)`` as a job; returns (run, created).
+    """Enqueue ``ref(*args, **kwargs)`` as a job; returns (run, created). ``ref`` is a registered
+    function (or task) or its ``package.module:function`` name.
 
     The same idempotency key with the same payload returns the existing job (created=False); with a
     different payload it raises IdempotencyConflict. The payload is the call and its options (ref,
     args, kwargs, queue, priority, max_attempts, timeout, tenant, spec_extra) but not ``run_after``,
     so a client retrying "in ten minutes" a little later gets the job it already made.
     """
-    resolve_ref(ref)
-    if isinstance(args, str | bytes) or not isinstance(args, list | tuple):
-        raise JobError(f"args must be a list or tuple, got {type(args).__name__}", field="args")
-    args = _json(list(args), "args")
-    if kwargs is None:
-        kwargs = {}
-    if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
-        raise JobError("kwargs must be a dict with string keys", field="kwargs")
-    kwargs = _json(kwargs, "kwargs")
-    if run_after is not None:
-        if not isinstance(run_after, datetime):
-            raise JobError(f"run_after must be a datetime, got {type(run_after).__name__}", field="run_after")
-        if timezone.is_naive(run_after):
-            raise JobError(f"run_after must be timezone-aware, got naive {run_after.isoformat()} "
-                           f"(add a timezone, e.g. +00:00)", field="run_after")
-    if not isinstance(queue, str) or not QUEUE_RE.match(queue):
-        raise JobError(f"queue must be letters, digits, '_', '-' or '.', got {queue!r}", field="queue")
-    if not _is_int(priority) or not -100 <= priority <= 100:
-        raise JobError(f"priority must be a whole number from -100 to 100, got {priority!r}", field="priority")
-    if not _is_int(max_attempts) or max_attempts < 1:
-        raise JobError(f"max_attempts must be a whole number of at least 1, got {max_attempts!r}",
-                       field="max_attempts")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
-        raise JobError(f"timeout must be a positive number of seconds or None, got {timeout!r}", field="timeout")
-    if not isinstance(tenant, str) or not tenant.strip() or len(tenant) > 200:
-        raise JobError(f"tenant must be a non-empty string of at most 200 characters, got {tenant!r}",
-                       field="tenant")
-    if idempotency_key is not None and (
-            not isinstance(idempotency_key, str) or not idempotency_key.strip() or len(idempotency_key) > 255):
-        raise JobError("idempotency_key must be a non-empty string of at most 255 characters",
-                       field="idempotency_key")
-    if spec_extra is not None and not isinstance(spec_extra, dict):
-        raise JobError(f"spec_extra must be a dict, got {type(spec_extra).__name__}", field="spec_extra")
-    spec_extra = _json(spec_extra or {}, "spec_extra")
+    ref = job_ref(ref)
+    args, kwargs = _call(args, kwargs)
+    _check_run_after(run_after)
+    _check_placement(queue, priority, tenant)
+    _check_execution(max_attempts, timeout)
+    _check_key(idempotency_key)
+    spec_extra = _extra(spec_extra)
 
     spec = {
         "kind": "python", "ref": ref, "call": "job", "args": args, "kwargs": kwargs, "timeout": timeout,

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from orchestrator.models import Run, WebhookDelivery
+from orchestrator.registry import job
 
 DELIVER_REF = "orchestrator.notifier:deliver"
 MAX_ATTEMPTS = 5
@@ -79,6 +80,7 @@ def payload(run: Run, event: str) -> dict:
     }
 
 
+@job
 def deliver(delivery_id: int) -> dict:
     """The job: POST once; a non-2xx answer or a network error raises, so the job is retried."""
     delivery = WebhookDelivery.objects.select_related("run__workflow").get(pk=delivery_id)

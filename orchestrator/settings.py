@@ -234,6 +234,9 @@ ORCHESTRATOR = {
     # First retry delay of a failed webhook delivery (doubling, at most 10 minutes, 5 attempts).
     "WEBHOOK_RETRY_SECONDS": float(os.environ.get("ORCHESTRATOR_WEBHOOK_RETRY_SECONDS", "5")),
     "POLL_SECONDS": float(os.environ.get("ORCHESTRATOR_POLL_SECONDS", "1")),
+    # Modules of @job functions, imported by every process at start-up (besides the jobs and
+    # tasks modules of installed apps). Only registered functions can be enqueued or run.
+    "JOB_MODULES": env_list("ORCHESTRATOR_JOB_MODULES", ["workflows.jobs"]),
     # When set, /metrics answers only requests with "Authorization: Bearer <token>".
     "METRICS_TOKEN": os.environ.get("METRICS_TOKEN", ""),
 }

@@ -29,8 +29,8 @@ from datetime import datetime
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import Task, TaskError, TaskResult, TaskResultStatus
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
-from django.utils.module_loading import import_string
 
+from orchestrator import registry
 from orchestrator.models import Attempt, AttemptOutcome, Run, TaskRun, TaskState, Trigger
 
 STATUS = {
@@ -91,6 +91,11 @@ class OrchestratorBackend(BaseTaskBackend):
     supports_get_result = True
     supports_priority = True
 
+    def validate_task(self, task: Task) -> None:
+        super().validate_task(task)
+        # Defining a task registers it: workers and the API run only registered references.
+        registry.register(task, task_ref(task))
+
     def enqueue(self, task: Task, args, kwargs) -> TaskResult:
         from orchestrator import jobs
 
@@ -128,10 +133,11 @@ class OrchestratorBackend(BaseTaskBackend):
 
     def _task(self, task_run: TaskRun) -> Task:
         ref = task_run.spec.get("ref", "")
-        try:
-            found = import_string(ref.replace(":", "."))
-        except ImportError as exc:
-            raise TaskResultDoesNotExist(f"the task {ref!r} of this result cannot be imported: {exc}") from None
+        # Looked up, never imported: the reference comes from a database row.
+        found = registry.get(ref)
+        if found is None:
+            raise TaskResultDoesNotExist(f"the task {ref!r} of this result is not registered in this process "
+                                         "(its module was not imported)")
         if isinstance(found, Task):
             return found
         if callable(found):

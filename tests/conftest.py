@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import tests.tasks_for_tests  # noqa: F401 - registers the test jobs in this process
 from orchestrator.clock import FakeClock
 from orchestrator.settings import format_database_url
 
@@ -49,6 +50,8 @@ def process_env(**extra) -> dict:
         "SECRET_KEY": "tests-only-secret-key",
         "PYTHONUNBUFFERED": "1",
         "ORCHESTRATOR_DATA_DIR": env.get("ORCHESTRATOR_DATA_DIR", str(ROOT / ".data")),
+        # The functions the tests' workers may run.
+        "ORCHESTRATOR_JOB_MODULES": "workflows.jobs,tests.tasks_for_tests",
     })
     env.update({key: str(value) for key, value in extra.items()})
     return env

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from orchestrator.registry import job
+
 log = logging.getLogger("tests.tasks")
 
 
@@ -17,6 +19,7 @@ def _record(path, **fields):
             handle.write(json.dumps({"pid": os.getpid(), **fields}) + "\n")
 
 
+@job
 def record(ctx):
     """Writes its start and end time; sleeps params["sleep"] seconds in between."""
     path = ctx.params.get("record")
@@ -26,6 +29,7 @@ def record(ctx):
     return {"task": ctx.task, "upstream": sorted(ctx.upstream)}
 
 
+@job
 def record_job(path, sleep=0.0, tag=""):
     _record(path, task=tag, event="start", at=time.time())
     time.sleep(sleep)
@@ -33,6 +37,7 @@ def record_job(path, sleep=0.0, tag=""):
     return tag
 
 
+@job
 def crash_first_attempt(ctx):
     """Attempt 1 sleeps long (the test kills its worker); later attempts succeed."""
     path = ctx.params["record"]
@@ -43,6 +48,7 @@ def crash_first_attempt(ctx):
     return "done"
 
 
+@job
 def slow_then_fast(ctx):
     """Attempt 1 outlives any small timeout; later attempts return at once."""
     if ctx.attempt == 1:
@@ -50,20 +56,24 @@ def slow_then_fast(ctx):
     return ctx.attempt
 
 
+@job
 def always_fails(ctx):
     if ctx.params.get("heal_file") and os.path.exists(ctx.params["heal_file"]):
         return "healed"
     raise RuntimeError(f"boom on attempt {ctx.attempt}")
 
 
+@job
 def too_big():
     return "x" * (1024 * 1024)
 
 
+@job
 def not_json():
     return {1, 2, 3}
 
 
+@job
 def noisy(ctx):
     print("to stdout")
     print("to stderr", file=sys.stderr)
@@ -76,6 +86,7 @@ def noisy(ctx):
     return "noisy"
 
 
+@job
 def sleeper(seconds=30.0, marker=""):
     if marker:
         Path(marker).write_text(str(os.getpid()))
@@ -83,18 +94,22 @@ def sleeper(seconds=30.0, marker=""):
     return "slept"
 
 
+@job
 def add(a, b=0):
     return a + b
 
 
+@job
 def context_echo(ctx):
     return {"run_id": ctx.run_id, "task": ctx.task, "params": ctx.params, "attempt": ctx.attempt,
             "upstream": ctx.upstream, "logical_date": ctx.logical_date.isoformat()}
 
 
+@job
 def no_argument():
     return "no argument"
 
 
+@job
 async def coroutine_job(x):
     return x * 2

@@ -71,8 +71,8 @@ def test_a_job_key_returns_the_same_job_and_conflicts_on_another_payload(api):
 
 
 @pytest.mark.parametrize("data, field, message", [
-    ({"ref": "workflows.nope:thing"}, "ref", "cannot import module"),
-    ({"ref": "workflows.jobs:nothing_here"}, "ref", "has no attribute"),
+    ({"ref": "workflows.nope:thing"}, "ref", "unknown job 'workflows.nope:thing'"),
+    ({"ref": "workflows.jobs:nothing_here"}, "ref", "unknown job 'workflows.jobs:nothing_here'"),
     ({"ref": "not a reference"}, "ref", "package.module:function"),
     ({"ref": ""}, "ref", "may not be blank"),
     ({"run_after": "2026-03-01T10:00:00"}, "run_after", "no timezone"),

@@ -15,7 +15,16 @@ from django.core.files.storage import default_storage
 from django.test.utils import override_settings
 
 from orchestrator import control, logs
-from orchestrator.models import Attempt, QueueLimit, Run, TaskRun, TenantLimit, Worker
+from orchestrator.models import (
+    Attempt,
+    QueueLimit,
+    Run,
+    TaskRun,
+    TenantLimit,
+    Worker,
+    Workflow,
+    WorkflowVersion,
+)
 from orchestrator.runs import create_run
 from tests.conftest import process_env, wait_for
 
@@ -268,9 +277,12 @@ def test_a_shell_task_gets_the_params_in_its_environment_and_fails_on_exit_code(
     processes.start("dispatcher", env=env)
     start_worker(processes, env, concurrency=2)
     command = 'echo "region=$PARAM_REGION days=$PARAM_DAYS run=$RUN_ID task=$TASK try=$ATTEMPT greet=$GREETING"; exit 3'
-    run = start_run({"sh": {"kind": "shell", "command": command, "env": {"GREETING": "hi"}, "upstream": []},
-                     "ok": {"kind": "shell", "command": "echo fine", "upstream": []}},
-                    params={"region": "eu", "days": [1, 2]})
+    # Shell commands run only as a stored graph version declares them (sync writes those).
+    workflow = Workflow.objects.create(name="shell")
+    tasks = {"sh": {"kind": "shell", "command": command, "env": {"GREETING": "hi"}, "upstream": []},
+             "ok": {"kind": "shell", "command": "echo fine", "upstream": []}}
+    version = WorkflowVersion.objects.create(workflow=workflow, number=1, hash="shell", spec={"tasks": tasks})
+    run = start_run(tasks, params={"region": "eu", "days": [1, 2]}, version=version)
     assert wait_finished(run) and run_state(run) == "failed"
     failed = TaskRun.objects.get(run=run, task="sh")
     assert failed.state == "dead" and failed.error == "exit code 3"

@@ -278,7 +278,7 @@ def test_calling_conventions(clock):
     rows = {t.task: t for t in TaskRun.objects.filter(run=run)}
     assert rows["job"].result == 42
     assert rows["bare"].result == "no argument"
-    assert rows["missing"].state == "dead" and "has no 'does_not_exist'" in rows["missing"].error
+    assert rows["missing"].state == "dead" and "unknown job 'tests.tasks_for_tests:does_not_exist'" in rows["missing"].error
 
 
 # --- trigger rules --------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Django's task framework on our backend: ``@task`` functions enqueued with ``.enqueue()`` run on
 real worker processes, and ``get_result`` maps our run, task run and attempts to a TaskResult.
 
-The task functions live in this module because a worker imports them by reference."""
+The task functions live in this module, which the workers import at start-up (named in
+ORCHESTRATOR_JOB_MODULES): a worker runs only registered tasks."""
 
 import asyncio
 import signal
@@ -74,7 +75,8 @@ def finished(result_id):
 
 @pytest.mark.django_db(transaction=True)
 def test_tasks_run_on_a_real_worker_and_report_their_results(processes, tmp_path):
-    env = process_env(ORCHESTRATOR_DATA_DIR=str(tmp_path / "data"), **FAST)
+    env = process_env(ORCHESTRATOR_DATA_DIR=str(tmp_path / "data"), **FAST,
+                      ORCHESTRATOR_JOB_MODULES=f"workflows.jobs,{__name__}")
     never = tmp_path / "never-ran"
     # Enqueued in a transaction that rolls back: nothing is stored, so nothing can ever run it.
     with pytest.raises(RuntimeError), transaction.atomic():

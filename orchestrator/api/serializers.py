@@ -296,7 +296,9 @@ class LogPageSerializer(serializers.Serializer):
 
 
 class JobRequestSerializer(serializers.Serializer):
-    ref = serializers.CharField(max_length=500, help_text='The function to call, "package.module:function".')
+    ref = serializers.CharField(max_length=255, help_text='The registered function to call, "package.module:function" '
+                                                          '(a @job function, a django.tasks task or a workflow task); '
+                                                          'any other reference is refused.')
     args = JSONListField(required=False, default=list)
     kwargs = JSONObjectField(required=False, default=dict)
     run_after = AwareDateTimeField(required=False, allow_null=True, default=None,

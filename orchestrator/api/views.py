@@ -321,8 +321,10 @@ class JobListView(APIBase):
 
     @extend_schema(
         tags=["jobs"], summary="Enqueue a one-off or delayed job",
-        description="Calls `ref` (`package.module:function`) with `args` and `kwargs` on a worker of `queue`, "
-                    "not before `run_after`. Jobs run at least once: make them idempotent.",
+        description="Calls `ref` (`package.module:function`, a function the project registered: `@job`, a "
+                    "`django.tasks` task or a workflow task) with `args` and `kwargs` on a worker of `queue`, "
+                    "not before `run_after`; an unregistered ref is a 400. Jobs run at least once: make them "
+                    "idempotent.",
         request=s.JobRequestSerializer, parameters=[IDEMPOTENCY_HEADER],
         responses={201: s.JobSerializer, 200: s.JobSerializer, **errors(400, 401, 403, 409)},
     )

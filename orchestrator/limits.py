@@ -1,0 +1,120 @@
+"""The limits of input, in one place: names, queues, priorities, references, lengths, and what
+PostgreSQL can store. Sync, jobs and the registry check against these, so a value is refused
+with the same rule wherever it comes from.
+
+The lengths are the columns' sizes in ``models.py``: a value over one would otherwise reach the
+database and fail there as a ``DataError``, after other rows were written.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+# Workflow and task names appear in URLs (/workflows/<name>/): no '/', no spaces, no '%'.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
+NAME_RULE = "use letters, digits, '_', '-' or '.', starting with a letter or digit, at most 200 characters"
+QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+QUEUE_RULE = "use letters, digits, '_', '-' or '.', starting with a letter or digit, at most 100 characters"
+# "package.module:function" (the attribute may be dotted: "module:Class.method").
+REF_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+REF_RULE = "must look like 'package.module:function'"
+# A job's task run is named by its reference (TaskRun.task).
+MAX_REF_LENGTH = 255
+
+PRIORITY_MIN, PRIORITY_MAX = -100, 100
+# PositiveIntegerField and IntegerField columns (max_active_runs, jitter, max_attempts, ...).
+MAX_INT = 2**31 - 1
+
+# Column sizes.
+WORKFLOW_NAME = 200
+MODULE = 300
+OWNER = 200
+TENANT = 200
+SCHEDULE_NAME = 100
+CRON = 200
+TIMEZONE = 64
+QUEUE = 100
+TASK_NAME = 255
+URL = 500
+
+# jsonb nests deeper than anyone needs; a value nested past this is a mistake or an attack.
+MAX_JSON_DEPTH = 32
+# How much of a bad value an error message quotes.
+REPR_LIMIT = 120
+
+
+def safe_repr(value, limit: int = REPR_LIMIT) -> str:
+    """``repr(value)`` for an error message: bounded, never raising, and storable (no NUL)."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a user object's __repr__ may fail; the message must not
+        text = f"<{type(value).__name__} object>"
+    text = text.replace("\x00", "\\x00")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def text_problem(value, max_length: int, *, allow_empty: bool = True) -> str | None:
+    """What makes ``value`` unfit for a text column of ``max_length`` characters, or None."""
+    if not isinstance(value, str):
+        return f"must be a string, got {type(value).__name__}"
+    if not allow_empty and not value.strip():
+        return "must not be empty"
+    if "\x00" in value:
+        return "contains a NUL character, which PostgreSQL cannot store"
+    if len(value) > max_length:
+        return f"is {len(value)} characters long; at most {max_length} fit"
+    return None
+
+
+def int_problem(value, minimum: int = 0, maximum: int = MAX_INT) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"must be a whole number, got {type(value).__name__}"
+    if not minimum <= value <= maximum:
+        return f"must be from {minimum} to {maximum}"
+    return None
+
+
+def number_problem(value, minimum: float = 0.0, maximum: float = float(MAX_INT)) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"must be a number, got {type(value).__name__}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "must be a finite number"
+    if not minimum <= value <= maximum:
+        return f"must be from {minimum:g} to {maximum:g}"
+    return None
+
+
+def json_problem(value, path: str = "", depth: int = 0) -> str | None:
+    """What keeps ``value`` out of a jsonb column (a type JSON has not, NaN or infinity, a NUL
+    character, too deep a nesting), naming where it is; None when it can be stored."""
+    where = path or "the top level"
+    if depth > MAX_JSON_DEPTH:
+        return f"nested deeper than {MAX_JSON_DEPTH} levels at {where}"
+    if value is None or isinstance(value, bool | int):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{value!r} at {where} is not a JSON number"
+    if isinstance(value, str):
+        return f"a NUL character at {where}" if "\x00" in value else None
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            problem = json_problem(item, f"{path}[{index}]", depth + 1)
+            if problem:
+                return problem
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"the key {safe_repr(key)} at {where} is not a string"
+            inner = f"{path}.{key}" if path else key
+            problem = json_problem(key, inner, depth + 1) or json_problem(item, inner, depth + 1)
+            if problem:
+                return problem
+        return None
+    return f"{safe_repr(value)} at {where} is a {type(value).__name__}, which JSON cannot hold"
+
+
+def routable(name) -> bool:
+    """Whether a workflow name can appear in the UI's and the API's URLs."""
+    return isinstance(name, str) and NAME_RE.match(name) is not None
