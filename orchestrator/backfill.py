@@ -24,19 +24,10 @@ from django.db import connection, transaction
 from django.utils import timezone as dj_timezone
 
 from orchestrator import cron
-from orchestrator.models import (
-    FINISHED_RUN_STATES,
-    Backfill,
-    Lane,
-    Run,
-    RunState,
-    Schedule,
-    TaskRun,
-    Trigger,
-    Workflow,
-)
+from orchestrator.models import Backfill, Lane, Run, Schedule, TaskRun, Trigger, Workflow
 from orchestrator.params import ParamError, clean_params
 from orchestrator.runs import notify_dispatchers, task_runs_for
+from orchestrator.states import FINISHED_RUN_STATES, FINISHED_TASK_STATES, RunState, TaskState, sql_list
 
 REPROCESS_CHOICES = ("none", "failed", "all")
 UNSUCCESSFUL_RUN_STATES = (RunState.FAILED, RunState.CANCELLED, RunState.MISSED, RunState.SKIPPED)
@@ -220,26 +211,26 @@ def start(workflow, start, end, *, reprocess: str = "none", params: dict | None 
 
 
 # A re-run starts from scratch: roots due now, the rest waiting, each task run with a fresh set of
-# attempts on top of those it used (attempt numbers stay unique, the history stays).
-_RESET_TASK_RUNS = """
+# attempts on top of those it used (attempt numbers stay unique, the history stays). Every task run
+# of a finished run has finished; the guard says so.
+_RESET_TASK_RUNS = f"""
 UPDATE orchestrator_taskrun SET
-    state = CASE WHEN cardinality(upstream) = 0 THEN 'scheduled' ELSE 'waiting' END,
+    state = CASE WHEN cardinality(upstream) = 0 THEN '{TaskState.SCHEDULED}' ELSE '{TaskState.WAITING}' END,
     due_at = CASE WHEN cardinality(upstream) = 0 THEN %(now)s::timestamptz END,
     max_attempts = attempts + GREATEST(1, COALESCE((spec->>'max_attempts')::int, 1)),
     result = NULL, error = '', worker_id = NULL, queued_at = NULL, started_at = NULL, finished_at = NULL,
     lane = %(lane)s
-WHERE run_id = ANY(%(runs)s)
+WHERE run_id = ANY(%(runs)s) AND state IN ({sql_list(FINISHED_TASK_STATES)})
 """
 
 
 def _reset(run_ids: list[int], backfill: Backfill, now: datetime) -> None:
-    finished = [state.value for state in FINISHED_RUN_STATES]
-    runs = list(Run.objects.select_for_update(of=("self",)).filter(pk__in=run_ids, state__in=finished)
+    runs = list(Run.objects.select_for_update(of=("self",)).filter(pk__in=run_ids, state__in=FINISHED_RUN_STATES)
                 .select_related("version"))
     if not runs:
         return
     ids = [run.pk for run in runs]
-    Run.objects.filter(pk__in=ids).update(
+    Run.objects.filter(pk__in=ids, state__in=FINISHED_RUN_STATES).update(
         state=RunState.RUNNING, reason=f"reprocessed by backfill #{backfill.pk}", backfill=backfill,
         lane=Lane.BACKFILL, started_at=None, finished_at=None, schedule_delay=None,
     )

@@ -14,52 +14,67 @@ from psycopg.errors import DeadlockDetected
 
 from orchestrator import resolver
 from orchestrator.models import Run
+from orchestrator.states import (
+    ACTIVE_RUN_STATES,
+    ACTIVE_TASK_STATES,
+    RETRYABLE_TASK_STATES,
+    AttemptOutcome,
+    RunState,
+    TaskState,
+    sql_list,
+)
 
 CANCEL_CHANNEL = "orchestrator_cancel"
 
 # --- SQL ---------------------------------------------------------------------------------------
 
 # Cancel every unfinished task run of a run; the old state tells which ones a worker is running.
-CANCEL_TASK_RUNS = """
-UPDATE orchestrator_taskrun t SET state = 'cancelled', finished_at = %(now)s, error = %(reason)s
+CANCEL_TASK_RUNS = f"""
+UPDATE orchestrator_taskrun t SET state = '{TaskState.CANCELLED}', finished_at = %(now)s, error = %(reason)s
 FROM (SELECT id, state FROM orchestrator_taskrun
-      WHERE run_id = %(run)s AND state IN ('waiting', 'scheduled', 'queued', 'running')
+      WHERE run_id = %(run)s AND state IN ({sql_list(ACTIVE_TASK_STATES)})
       FOR UPDATE) old
 WHERE t.id = old.id
 RETURNING t.id, old.state
 """
 
 # The running attempts of cancelled task runs end now; the worker's later write is then a no-op.
-CANCEL_ATTEMPTS = """
-UPDATE orchestrator_attempt SET outcome = 'cancelled', finished_at = %(now)s, error = %(reason)s
-WHERE task_run_id = ANY (%(ids)s) AND outcome = 'running'
+CANCEL_ATTEMPTS = f"""
+UPDATE orchestrator_attempt SET outcome = '{AttemptOutcome.CANCELLED}', finished_at = %(now)s, error = %(reason)s
+WHERE task_run_id = ANY (%(ids)s) AND outcome = '{AttemptOutcome.RUNNING}'
 """
 
 # Dead (or discarded) task runs get a fresh set of attempts: as many as the task allows,
 # counted from now.
-RETRY_TASK_RUNS = """
-UPDATE orchestrator_taskrun SET state = 'scheduled', due_at = %(now)s, finished_at = NULL, error = '',
+RETRY_TASK_RUNS = f"""
+UPDATE orchestrator_taskrun SET state = '{TaskState.SCHEDULED}', due_at = %(now)s, finished_at = NULL, error = '',
     max_attempts = attempts + GREATEST(1, COALESCE((spec->>'max_attempts')::int, 1))
-WHERE id = ANY (%(ids)s) AND state IN ('dead', 'failed')
+WHERE id = ANY (%(ids)s) AND state IN ({sql_list(RETRYABLE_TASK_STATES)})
 RETURNING id, run_id, task
 """
 
 # Downstream tasks that gave up because of a retried task wait for it again.
-REWAIT_DOWNSTREAM = """
-UPDATE orchestrator_taskrun SET state = 'waiting', finished_at = NULL, due_at = NULL
-WHERE id = ANY (%(ids)s) AND state IN ('upstream_failed', 'skipped')
+REWAIT_DOWNSTREAM = f"""
+UPDATE orchestrator_taskrun SET state = '{TaskState.WAITING}', finished_at = NULL, due_at = NULL
+WHERE id = ANY (%(ids)s) AND state IN ('{TaskState.UPSTREAM_FAILED}', '{TaskState.SKIPPED}')
 """
 
 # The finished runs of the retried task runs are running again.
-RESUME_RUNS = """
-UPDATE orchestrator_run SET state = 'running', finished_at = NULL
-WHERE id = ANY (%(runs)s) AND state IN ('failed', 'succeeded')
+RESUME_RUNS = f"""
+UPDATE orchestrator_run SET state = '{RunState.RUNNING}', finished_at = NULL
+WHERE id = ANY (%(runs)s) AND state IN ('{RunState.FAILED}', '{RunState.SUCCEEDED}')
 """
 
-DISCARD_TASK_RUNS = """
-UPDATE orchestrator_taskrun SET state = 'failed'
-WHERE id = ANY (%(ids)s) AND state = 'dead'
+# Out of the dead-letter queue: the task run stays failed (a retry can still pick it up).
+DISCARD_TASK_RUNS = f"""
+UPDATE orchestrator_taskrun SET state = '{TaskState.FAILED}'
+WHERE id = ANY (%(ids)s) AND state = '{TaskState.DEAD}'
 RETURNING run_id
+"""
+
+# The task runs of a finished run that a retry of the run gives a fresh set of attempts.
+RETRYABLE_OF_RUN = f"""
+SELECT id FROM orchestrator_taskrun WHERE run_id = %s AND state IN ({sql_list(RETRYABLE_TASK_STATES)})
 """
 
 
@@ -83,14 +98,14 @@ def _cancel_run(run: Run | int, reason: str, by) -> bool:
     who = getattr(by, "username", None) or (str(by) if by else "")
     reason = reason or (f"cancelled by {who}" if who else "cancelled")
     with transaction.atomic():
-        if not Run.objects.filter(pk=run_id, state__in=["pending", "running"]).update(
-            state="cancelled", reason=reason, finished_at=now
+        if not Run.objects.filter(pk=run_id, state__in=ACTIVE_RUN_STATES).update(
+            state=RunState.CANCELLED, reason=reason, finished_at=now
         ):
             return False
         with connection.cursor() as cursor:
             cursor.execute(CANCEL_TASK_RUNS, {"run": run_id, "now": now, "reason": reason})
             rows = cursor.fetchall()
-            running = [task_run_id for task_run_id, old in rows if old == "running"]
+            running = [task_run_id for task_run_id, old in rows if old == TaskState.RUNNING]
             if running:
                 cursor.execute(CANCEL_ATTEMPTS, {"ids": running, "now": now, "reason": reason})
                 # A NOTIFY payload holds under 8000 bytes; past that, an empty payload tells
@@ -98,7 +113,7 @@ def _cancel_run(run: Run | int, reason: str, by) -> bool:
                 payload = json.dumps(running)
                 cursor.execute("SELECT pg_notify(%s, %s)", [CANCEL_CHANNEL, payload if len(payload) < 7000 else ""])
     if not isinstance(run, int):
-        run.state, run.reason, run.finished_at = "cancelled", reason, now
+        run.state, run.reason, run.finished_at = RunState.CANCELLED, reason, now
     return True
 
 
@@ -146,9 +161,7 @@ def retry_run(run: Run | int, *, now=None) -> int:
     runs were retried (upstream-failed ones wait for their retried parents)."""
     run_id = run if isinstance(run, int) else run.pk
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT id FROM orchestrator_taskrun WHERE run_id = %s AND state IN ('dead', 'failed')", [run_id]
-        )
+        cursor.execute(RETRYABLE_OF_RUN, [run_id])
         ids = [row[0] for row in cursor.fetchall()]
     return retry_task_runs(ids, now=now)
 

@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from orchestrator.models import QueueLimit, TenantLimit
 from orchestrator.runs import DISPATCH_CHANNEL, queue_channel
+from orchestrator.states import BUSY_TASK_STATES, TaskState, sql_list
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +32,12 @@ log = logging.getLogger(__name__)
 # due tasks cannot push out one with a single task; within a tenant, higher priority first.
 # Queues and tenants already at their limit are left out: their rows cannot move, and read first
 # they would fill every batch and hold back everyone else's work.
-CANDIDATES = """
+CANDIDATES = f"""
 SELECT id FROM (
     SELECT id, lane, priority, due_at,
            row_number() OVER (PARTITION BY lane, tenant ORDER BY priority DESC, due_at, id) AS turn
     FROM orchestrator_taskrun
-    WHERE state = 'scheduled' AND due_at <= %(now)s
+    WHERE state = '{TaskState.SCHEDULED}' AND due_at <= %(now)s
       AND queue <> ALL (%(full_queues)s::text[]) AND tenant <> ALL (%(full_tenants)s::text[])
 ) due
 WHERE turn <= %(batch)s
@@ -45,34 +46,34 @@ LIMIT %(batch)s
 """
 
 # Lock the candidates; rows another dispatcher holds are skipped, not waited for.
-LOCK = """
+LOCK = f"""
 SELECT id, queue, tenant FROM orchestrator_taskrun
-WHERE id = ANY (%(ids)s) AND state = 'scheduled'
+WHERE id = ANY (%(ids)s) AND state = '{TaskState.SCHEDULED}'
 FOR UPDATE SKIP LOCKED
 """
 
 # What is queued or running now, per queue and per tenant (the taskrun_busy index: the cost
 # follows the busy rows, which the limits bound, not the backlog).
-BUSY_ALL_QUEUES = """
-SELECT queue, count(*) FROM orchestrator_taskrun WHERE state IN ('queued', 'running') GROUP BY queue
+BUSY_ALL_QUEUES = f"""
+SELECT queue, count(*) FROM orchestrator_taskrun WHERE state IN ({sql_list(BUSY_TASK_STATES)}) GROUP BY queue
 """
-BUSY_ALL_TENANTS = """
-SELECT tenant, count(*) FROM orchestrator_taskrun WHERE state IN ('queued', 'running') GROUP BY tenant
+BUSY_ALL_TENANTS = f"""
+SELECT tenant, count(*) FROM orchestrator_taskrun WHERE state IN ({sql_list(BUSY_TASK_STATES)}) GROUP BY tenant
 """
 
 # What is queued or running now, per limited queue and per limited tenant.
-BUSY_QUEUES = """
+BUSY_QUEUES = f"""
 SELECT queue, count(*) FROM orchestrator_taskrun
-WHERE state IN ('queued', 'running') AND queue = ANY (%(keys)s) GROUP BY queue
+WHERE state IN ({sql_list(BUSY_TASK_STATES)}) AND queue = ANY (%(keys)s) GROUP BY queue
 """
-BUSY_TENANTS = """
+BUSY_TENANTS = f"""
 SELECT tenant, count(*) FROM orchestrator_taskrun
-WHERE state IN ('queued', 'running') AND tenant = ANY (%(keys)s) GROUP BY tenant
+WHERE state IN ({sql_list(BUSY_TASK_STATES)}) AND tenant = ANY (%(keys)s) GROUP BY tenant
 """
 
-MARK_QUEUED = """
-UPDATE orchestrator_taskrun SET state = 'queued', queued_at = %(now)s
-WHERE id = ANY (%(ids)s) AND state = 'scheduled'
+MARK_QUEUED = f"""
+UPDATE orchestrator_taskrun SET state = '{TaskState.QUEUED}', queued_at = %(now)s
+WHERE id = ANY (%(ids)s) AND state = '{TaskState.SCHEDULED}'
 """
 
 # One NOTIFY per queue per transaction, delivered at commit.
@@ -80,7 +81,7 @@ NOTIFY_QUEUES = "SELECT pg_notify(channel, '') FROM unnest(%(channels)s::text[])
 
 HELD_BACK_PAUSE = 0.05
 
-NEXT_DUE = "SELECT min(due_at) FROM orchestrator_taskrun WHERE state = 'scheduled'"
+NEXT_DUE = f"SELECT min(due_at) FROM orchestrator_taskrun WHERE state = '{TaskState.SCHEDULED}'"
 
 
 def load_limits() -> tuple[dict[str, int], int | None, dict[str, int], int | None]:

@@ -28,10 +28,11 @@ from datetime import datetime
 from typing import Any
 
 from orchestrator import limits, registry
+from orchestrator.states import Catchup, Overlap, TriggerRule
 
-TRIGGER_RULES = ("all_success", "all_done", "one_success", "one_failed", "all_failed", "none_failed")
-CATCHUP_POLICIES = ("all", "latest", "none")
-OVERLAP_POLICIES = ("allow", "forbid", "replace", "buffer_one")
+TRIGGER_RULES = tuple(TriggerRule.values)
+CATCHUP_POLICIES = tuple(Catchup.values)
+OVERLAP_POLICIES = tuple(Overlap.values)
 PARAM_TYPES = {str: "str", int: "int", float: "float", bool: "bool", list: "list", dict: "dict", datetime: "datetime"}
 PARAM_TYPE_NAMES = ("str", "int", "float", "bool", "date", "datetime", "list", "dict")
 
@@ -90,8 +91,8 @@ class Param:
 class Schedule:
     """A cron schedule declared next to its workflow."""
 
-    def __init__(self, cron: str, *, timezone: str = "UTC", name: str | None = None, catchup: str = "latest",
-                 max_catchup: int | None = None, overlap: str = "allow", start_deadline: float | None = None,
+    def __init__(self, cron: str, *, timezone: str = "UTC", name: str | None = None, catchup: str = Catchup.LATEST,
+                 max_catchup: int | None = None, overlap: str = Overlap.ALLOW, start_deadline: float | None = None,
                  jitter: int = 0, params: dict | None = None):
         self.cron = cron
         self.timezone = timezone
@@ -117,7 +118,7 @@ class Task:
     def __init__(self, workflow: Workflow, name: str, *, fn: Callable | None = None, command: str | None = None,
                  retries: int = 0, retry_delay: float = 10.0, retry_backoff: float = 2.0,
                  retry_max_delay: float = 3600.0, timeout: float | None = None, queue: str = "default",
-                 priority: int = 0, trigger_rule: str = "all_success", upstream: Iterable[str] = (),
+                 priority: int = 0, trigger_rule: str = TriggerRule.ALL_SUCCESS, upstream: Iterable[str] = (),
                  env: dict | None = None):
         self.workflow = workflow
         self.name = name

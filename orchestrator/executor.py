@@ -26,6 +26,7 @@ from django.db import close_old_connections
 
 from orchestrator import logformat, logs, registry
 from orchestrator.dsl import TaskContext
+from orchestrator.states import AttemptOutcome
 
 PR_SET_PDEATHSIG = 1
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -215,7 +216,7 @@ def run(message: dict) -> tuple:
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     root = logging.getLogger()
     saved = sys.stdout, sys.stderr
-    outcome, result, error, tb = "succeeded", None, "", ""
+    outcome, result, error, tb = AttemptOutcome.SUCCEEDED, None, "", ""
     root.addHandler(handler)
     sys.stdout = sys.stderr = log
     try:
@@ -225,9 +226,9 @@ def run(message: dict) -> tuple:
             else:
                 result = encode_result(call_python(message))
     except TaskFailure as exc:
-        outcome, error = "failed", str(exc)
+        outcome, error = AttemptOutcome.FAILED, str(exc)
     except BaseException as exc:  # noqa: B036 - SystemExit/KeyboardInterrupt in a task fail it too
-        outcome = "failed"
+        outcome = AttemptOutcome.FAILED
         error = f"{type(exc).__name__}: {exc}"
         tb = traceback.format_exc()
         with contextlib.suppress(Exception):

@@ -15,11 +15,20 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.http import JsonResponse
 
+from orchestrator.states import LIVE_WORKER_STATES, sql_list
+
 SCHEDULER_LEASE = "scheduler"
 
 
 def _seconds(value: float) -> str:
     return f"{value:g} s"
+
+
+# Workers whose heartbeat is recent, on the database clock (the heartbeat was written with it).
+LIVE_WORKERS = f"""
+SELECT count(*) FROM orchestrator_worker
+ WHERE state IN ({sql_list(LIVE_WORKER_STATES)}) AND heartbeat_at > now() - make_interval(secs => %s)
+"""
 
 
 def check_database() -> tuple[bool, str]:
@@ -53,11 +62,7 @@ def check_scheduler() -> tuple[bool, str]:
 def check_workers() -> tuple[bool, str]:
     timeout = settings.ORCHESTRATOR["HEARTBEAT_TIMEOUT_SECONDS"]
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM orchestrator_worker"
-            " WHERE state IN ('running', 'draining') AND heartbeat_at > now() - make_interval(secs => %s)",
-            [timeout],
-        )
+        cursor.execute(LIVE_WORKERS, [timeout])
         live = cursor.fetchone()[0]
     if live == 0:
         return False, f"no worker has sent a heartbeat in the last {_seconds(timeout)}"

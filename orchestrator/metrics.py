@@ -22,6 +22,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from orchestrator.health import SCHEDULER_LEASE
+from orchestrator.states import LIVE_WORKER_STATES, AttemptOutcome, TaskState, sql_list
 
 SCHEDULE_DELAY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 SCHEDULE_DELAY_WINDOW_SECONDS = 3600
@@ -32,13 +33,13 @@ JOB_LABEL = "(job)"  # workflow label of one-off jobs; no workflow name can star
 # Due work: queued rows, plus scheduled rows whose time has come but that the dispatcher has
 # not released yet (held by a concurrency limit, or a dispatcher is behind). UNION ALL keeps
 # each branch on its own partial index.
-QUEUE_SQL = """
-    SELECT queue, 'queued', count(*) FROM orchestrator_taskrun WHERE state = 'queued' GROUP BY queue
+QUEUE_SQL = f"""
+    SELECT queue, '{TaskState.QUEUED}', count(*) FROM orchestrator_taskrun WHERE state = '{TaskState.QUEUED}' GROUP BY queue
     UNION ALL
     SELECT queue, 'due', count(*) FROM orchestrator_taskrun
-     WHERE state = 'scheduled' AND (due_at IS NULL OR due_at <= now()) GROUP BY queue
+     WHERE state = '{TaskState.SCHEDULED}' AND (due_at IS NULL OR due_at <= now()) GROUP BY queue
     UNION ALL
-    SELECT queue, 'running', count(*) FROM orchestrator_taskrun WHERE state = 'running' GROUP BY queue
+    SELECT queue, '{TaskState.RUNNING}', count(*) FROM orchestrator_taskrun WHERE state = '{TaskState.RUNNING}' GROUP BY queue
 """
 
 OUTCOME_SQL = """
@@ -59,22 +60,22 @@ SCHEDULE_DELAY_SQL = """
      GROUP BY trigger
 """.format(buckets=", ".join(f"count(*) FILTER (WHERE schedule_delay <= {b!r})" for b in SCHEDULE_DELAY_BUCKETS))
 
-STATUS_SQL = """
+STATUS_SQL = f"""
     SELECT
-      (SELECT count(*) FROM orchestrator_taskrun WHERE state = 'dead'),
+      (SELECT count(*) FROM orchestrator_taskrun WHERE state = '{TaskState.DEAD}'),
       (SELECT count(*) FROM orchestrator_worker
-        WHERE state IN ('running', 'draining') AND heartbeat_at > now() - make_interval(secs => %s)),
+        WHERE state IN ({sql_list(LIVE_WORKER_STATES)}) AND heartbeat_at > now() - make_interval(secs => %s)),
       (SELECT count(*) FROM orchestrator_attempt
-        WHERE outcome = 'lost' AND finished_at > now() - make_interval(secs => %s)),
+        WHERE outcome = '{AttemptOutcome.LOST}' AND finished_at > now() - make_interval(secs => %s)),
       (SELECT count(*) FROM orchestrator_attempt
-        WHERE outcome = 'timed_out' AND finished_at > now() - make_interval(secs => %s)),
+        WHERE outcome = '{AttemptOutcome.TIMED_OUT}' AND finished_at > now() - make_interval(secs => %s)),
       lease.holder, lease.epoch, EXTRACT(EPOCH FROM lease.expires_at - now())
     FROM (SELECT 1) AS one LEFT JOIN orchestrator_lease AS lease ON lease.name = %s
 """
 
-WORKERS_BY_QUEUE_SQL = """
+WORKERS_BY_QUEUE_SQL = f"""
     SELECT queue, count(*) FROM orchestrator_worker, unnest(queues) AS queue
-     WHERE state IN ('running', 'draining') AND heartbeat_at > now() - make_interval(secs => %s)
+     WHERE state IN ({sql_list(LIVE_WORKER_STATES)}) AND heartbeat_at > now() - make_interval(secs => %s)
      GROUP BY queue
 """
 
@@ -120,7 +121,7 @@ class DatabaseCollector:
         depth = dict.fromkeys(queues, 0)
         running = dict.fromkeys(queues, 0)
         for queue, kind, count in queue_rows:
-            if kind == "running":
+            if kind == TaskState.RUNNING:
                 running[queue] += count
             else:
                 depth[queue] += count

@@ -13,6 +13,21 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 
+from orchestrator.states import (  # noqa: F401 - the state names, importable from here too
+    ACTIVE_RUN_STATES,
+    ACTIVE_TASK_STATES,
+    BUSY_TASK_STATES,
+    FINISHED_RUN_STATES,
+    FINISHED_TASK_STATES,
+    LIVE_WORKER_STATES,
+    AttemptOutcome,
+    Catchup,
+    Overlap,
+    RunState,
+    TaskState,
+    WorkerState,
+)
+
 
 class WorkflowQuerySet(models.QuerySet):
     def active(self):
@@ -79,16 +94,8 @@ class Schedule(models.Model):
         CODE = "code", "declared in code"
         ADMIN = "admin", "added in the admin"
 
-    class Catchup(models.TextChoices):
-        ALL = "all", "every missed fire time"
-        LATEST = "latest", "only the latest missed fire time"
-        NONE = "none", "no missed fire time"
-
-    class Overlap(models.TextChoices):
-        ALLOW = "allow", "allow"
-        FORBID = "forbid", "forbid (skip the new run)"
-        REPLACE = "replace", "replace (cancel the active run)"
-        BUFFER_ONE = "buffer_one", "buffer one"
+    Catchup = Catchup
+    Overlap = Overlap
 
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="schedules")
     name = models.CharField(max_length=100, default="default")
@@ -144,20 +151,6 @@ class Backfill(models.Model):
         return f"backfill {self.workflow.name} {self.start:%Y-%m-%d}..{self.end:%Y-%m-%d}"
 
 
-class RunState(models.TextChoices):
-    PENDING = "pending", "pending"  # created, held back (overlap buffer, max active runs)
-    RUNNING = "running", "running"
-    SUCCEEDED = "succeeded", "succeeded"
-    FAILED = "failed", "failed"
-    CANCELLED = "cancelled", "cancelled"
-    SKIPPED = "skipped", "skipped"  # recorded, never started (overlap forbid, catchup limit)
-    MISSED = "missed", "missed"  # could not start within the schedule's start deadline
-
-
-ACTIVE_RUN_STATES = (RunState.PENDING, RunState.RUNNING)
-FINISHED_RUN_STATES = (RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED, RunState.SKIPPED, RunState.MISSED)
-
-
 class Trigger(models.TextChoices):
     SCHEDULE = "schedule", "schedule"
     MANUAL = "manual", "manual"
@@ -207,7 +200,7 @@ class Run(models.Model):
         indexes = [
             models.Index(fields=["workflow", "-id"], name="run_by_workflow"),
             models.Index(fields=["state", "-id"], name="run_by_state"),
-            models.Index(fields=["schedule", "state"], condition=Q(state__in=["pending", "running"]), name="run_active"),
+            models.Index(fields=["schedule", "state"], condition=Q(state__in=[*ACTIVE_RUN_STATES]), name="run_active"),
             models.Index(fields=["finished_at"], name="run_finished"),
             # /metrics: the schedule delay of runs started in the last hour.
             models.Index(fields=["started_at"], condition=Q(schedule_delay__isnull=False), name="run_schedule_delay"),
@@ -223,26 +216,6 @@ class Run(models.Model):
     @property
     def is_active(self) -> bool:
         return self.state in ACTIVE_RUN_STATES
-
-
-class TaskState(models.TextChoices):
-    WAITING = "waiting", "waiting"
-    SCHEDULED = "scheduled", "scheduled"
-    QUEUED = "queued", "queued"
-    RUNNING = "running", "running"
-    SUCCEEDED = "succeeded", "succeeded"
-    FAILED = "failed", "failed"  # ended badly, but not in the dead-letter queue (e.g. discarded)
-    DEAD = "dead", "dead"  # used every attempt: the dead-letter queue
-    UPSTREAM_FAILED = "upstream_failed", "upstream failed"
-    SKIPPED = "skipped", "skipped"
-    CANCELLED = "cancelled", "cancelled"
-
-
-ACTIVE_TASK_STATES = (TaskState.WAITING, TaskState.SCHEDULED, TaskState.QUEUED, TaskState.RUNNING)
-FINISHED_TASK_STATES = (
-    TaskState.SUCCEEDED, TaskState.FAILED, TaskState.DEAD, TaskState.UPSTREAM_FAILED,
-    TaskState.SKIPPED, TaskState.CANCELLED,
-)
 
 
 class TaskRun(models.Model):
@@ -276,15 +249,15 @@ class TaskRun(models.Model):
         indexes = [
             # The dispatcher's read: due scheduled work, live lane first, by priority.
             models.Index(
-                fields=["lane", "-priority", "due_at"], condition=Q(state="scheduled"), name="taskrun_due"
+                fields=["lane", "-priority", "due_at"], condition=Q(state=TaskState.SCHEDULED), name="taskrun_due"
             ),
             # The workers' read: queued work of a queue by priority.
-            models.Index(fields=["queue", "-priority", "id"], condition=Q(state="queued"), name="taskrun_queued"),
-            models.Index(fields=["queue", "tenant"], condition=Q(state__in=["queued", "running"]), name="taskrun_busy"),
-            models.Index(fields=["finished_at"], condition=Q(state="dead"), name="taskrun_dead"),
+            models.Index(fields=["queue", "-priority", "id"], condition=Q(state=TaskState.QUEUED), name="taskrun_queued"),
+            models.Index(fields=["queue", "tenant"], condition=Q(state__in=[*BUSY_TASK_STATES]), name="taskrun_busy"),
+            models.Index(fields=["finished_at"], condition=Q(state=TaskState.DEAD), name="taskrun_dead"),
             # The dispatcher's wake-up time: the earliest due_at of scheduled work, without
             # scanning every delayed job.
-            models.Index(fields=["due_at"], condition=Q(state="scheduled"), name="taskrun_next_due"),
+            models.Index(fields=["due_at"], condition=Q(state=TaskState.SCHEDULED), name="taskrun_next_due"),
             # /metrics: task outcomes of the last minutes.
             models.Index(fields=["finished_at"], condition=Q(finished_at__isnull=False), name="taskrun_finished"),
         ]
@@ -309,15 +282,6 @@ class DeadTaskRun(TaskRun):
         verbose_name_plural = "dead-letter queue"
 
 
-class AttemptOutcome(models.TextChoices):
-    RUNNING = "running", "running"
-    SUCCEEDED = "succeeded", "succeeded"
-    FAILED = "failed", "failed"
-    TIMED_OUT = "timed_out", "timed out"
-    LOST = "lost", "lost"  # the worker went silent
-    CANCELLED = "cancelled", "cancelled"
-
-
 class Attempt(models.Model):
     task_run = models.ForeignKey(TaskRun, on_delete=models.CASCADE, related_name="attempt_set")
     number = models.PositiveIntegerField()
@@ -333,9 +297,9 @@ class Attempt(models.Model):
         ordering = ["task_run", "number"]
         constraints = [models.UniqueConstraint(fields=["task_run", "number"], name="attempt_unique_number")]
         indexes = [
-            models.Index(fields=["worker"], condition=Q(outcome="running"), name="attempt_running"),
+            models.Index(fields=["worker"], condition=Q(outcome=AttemptOutcome.RUNNING), name="attempt_running"),
             # /metrics: attempts the reaper ended recently.
-            models.Index(fields=["finished_at"], condition=Q(outcome__in=["lost", "timed_out"]), name="attempt_reaped"),
+            models.Index(fields=["finished_at"], condition=Q(outcome__in=[AttemptOutcome.LOST, AttemptOutcome.TIMED_OUT]), name="attempt_reaped"),
         ]
 
     def __str__(self):
@@ -349,11 +313,7 @@ class Attempt(models.Model):
 
 
 class Worker(models.Model):
-    class State(models.TextChoices):
-        RUNNING = "running", "running"
-        DRAINING = "draining", "draining"
-        STOPPED = "stopped", "stopped"
-        LOST = "lost", "lost"
+    State = WorkerState
 
     name = models.CharField(max_length=200, unique=True)
     host = models.CharField(max_length=200)
@@ -367,7 +327,7 @@ class Worker(models.Model):
 
     class Meta:
         ordering = ["-heartbeat_at"]
-        indexes = [models.Index(fields=["heartbeat_at"], condition=Q(state__in=["running", "draining"]), name="worker_live")]
+        indexes = [models.Index(fields=["heartbeat_at"], condition=Q(state__in=[*LIVE_WORKER_STATES]), name="worker_live")]
 
     def __str__(self):
         return self.name

@@ -13,13 +13,14 @@ from django.db import connection, transaction
 from orchestrator import clock as clocks
 from orchestrator import resolver
 from orchestrator.resolver import Ending
+from orchestrator.states import LIVE_WORKER_STATES, AttemptOutcome, TaskState, WorkerState, sql_list
 
 # --- SQL ---------------------------------------------------------------------------------------
 
 # Live workers whose heartbeat is too old.
-MARK_LOST = """
-UPDATE orchestrator_worker SET state = 'lost', stopped_at = %(db_now)s
-WHERE state IN ('running', 'draining') AND heartbeat_at < %(db_now)s - make_interval(secs => %(timeout)s)
+MARK_LOST = f"""
+UPDATE orchestrator_worker SET state = '{WorkerState.LOST}', stopped_at = %(db_now)s
+WHERE state IN ({sql_list(LIVE_WORKER_STATES)}) AND heartbeat_at < %(db_now)s - make_interval(secs => %(timeout)s)
 RETURNING id
 """
 
@@ -27,18 +28,18 @@ RETURNING id
 # running task run only. Not locked here: end_attempts locks the runs first (the order every
 # writer follows) and its guarded update lets only one of two reapers, or of a reaper and a late
 # worker, end an attempt.
-ORPHANED = """
+ORPHANED = f"""
 SELECT a.task_run_id, a.number, a.log_path, t.run_id FROM orchestrator_attempt a
-JOIN orchestrator_taskrun t ON t.id = a.task_run_id AND t.attempts = a.number AND t.state = 'running'
+JOIN orchestrator_taskrun t ON t.id = a.task_run_id AND t.attempts = a.number AND t.state = '{TaskState.RUNNING}'
 LEFT JOIN orchestrator_worker w ON w.id = a.worker_id
-WHERE a.outcome = 'running' AND (w.id IS NULL OR w.state NOT IN ('running', 'draining'))
+WHERE a.outcome = '{AttemptOutcome.RUNNING}' AND (w.id IS NULL OR w.state NOT IN ({sql_list(LIVE_WORKER_STATES)}))
 """
 
 # Running attempts past their timeout plus the margin.
-OVERDUE = """
+OVERDUE = f"""
 SELECT a.task_run_id, a.number, a.log_path, t.timeout, t.run_id FROM orchestrator_attempt a
-JOIN orchestrator_taskrun t ON t.id = a.task_run_id AND t.attempts = a.number AND t.state = 'running'
-WHERE a.outcome = 'running' AND t.timeout IS NOT NULL
+JOIN orchestrator_taskrun t ON t.id = a.task_run_id AND t.attempts = a.number AND t.state = '{TaskState.RUNNING}'
+WHERE a.outcome = '{AttemptOutcome.RUNNING}' AND t.timeout IS NOT NULL
   AND a.started_at + make_interval(secs => t.timeout + %(margin)s) < %(now)s
 """
 
@@ -53,12 +54,12 @@ def reap_once(clock=None) -> int:
         now = clock.now()
         cursor.execute(MARK_LOST, {"db_now": db_now, "timeout": timeout})
         cursor.execute(ORPHANED)
-        endings = [Ending(task_run_id, number, "lost", error="lost: the worker stopped sending heartbeats",
+        endings = [Ending(task_run_id, number, AttemptOutcome.LOST, error="lost: the worker stopped sending heartbeats",
                           log_path=log_path, run_id=run_id)
                    for task_run_id, number, log_path, run_id in cursor.fetchall()]
         cursor.execute(OVERDUE, {"now": now, "margin": max(timeout, 5.0)})
         seen = {e.task_run_id for e in endings}
-        endings += [Ending(task_run_id, number, "timed_out",
+        endings += [Ending(task_run_id, number, AttemptOutcome.TIMED_OUT,
                            error=f"timed out after {limit:g}s (ended by the reaper: its worker did not)",
                            log_path=log_path, run_id=run_id)
                     for task_run_id, number, log_path, limit, run_id in cursor.fetchall() if task_run_id not in seen]

@@ -17,7 +17,6 @@ every parent is done (one failed parent settles ``all_success`` as ``upstream_fa
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,10 +25,19 @@ from django.db import connection
 from django.utils import timezone
 
 from orchestrator.runs import DISPATCH_CHANNEL
-
-FINISHED = ("succeeded", "failed", "dead", "upstream_failed", "skipped", "cancelled")
-# Parent states that count as "failed" for the trigger rules.
-BAD = ("failed", "dead", "upstream_failed", "cancelled")
+from orchestrator.states import (
+    DEFAULT_TRIGGER_RULE,
+    FINISHED_TASK_STATES,
+    PARENT_BAD,
+    PARENT_OK,
+    PARENT_SKIPPED,
+    SUCCESSFUL_TASK_STATES,
+    TRIGGER_RULE_DECISIONS,
+    AttemptOutcome,
+    RunState,
+    TaskState,
+    sql_list,
+)
 
 
 @dataclass
@@ -60,28 +68,28 @@ RUNS_OF = "SELECT DISTINCT run_id FROM orchestrator_taskrun WHERE id = ANY (%s)"
 # End many attempts at once. The guard (state running, same attempt number and, for a worker's
 # own writes, the same worker) makes a late write from a reaped worker or a cancelled task change
 # nothing. Failures follow the retry rule above, computed from each row's spec.
-END_TASK_RUNS = """
+END_TASK_RUNS = f"""
 WITH d AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(numbers)s::int[], %(outcomes)s::text[], %(results)s::text[],
                          %(errors)s::text[], %(tracebacks)s::text[], %(log_paths)s::text[])
         AS d(id, number, outcome, result, error, traceback, log_path)
 ), t AS (
 UPDATE orchestrator_taskrun t SET
-    state = CASE WHEN d.outcome = 'succeeded' THEN 'succeeded'
-                 WHEN t.attempts < t.max_attempts THEN 'scheduled' ELSE 'dead' END,
-    result = CASE WHEN d.outcome = 'succeeded' THEN d.result::jsonb ELSE t.result END,
-    error = CASE WHEN d.outcome = 'succeeded' THEN '' ELSE d.error END,
-    due_at = CASE WHEN d.outcome <> 'succeeded' AND t.attempts < t.max_attempts
+    state = CASE WHEN d.outcome = '{AttemptOutcome.SUCCEEDED}' THEN '{TaskState.SUCCEEDED}'
+                 WHEN t.attempts < t.max_attempts THEN '{TaskState.SCHEDULED}' ELSE '{TaskState.DEAD}' END,
+    result = CASE WHEN d.outcome = '{AttemptOutcome.SUCCEEDED}' THEN d.result::jsonb ELSE t.result END,
+    error = CASE WHEN d.outcome = '{AttemptOutcome.SUCCEEDED}' THEN '' ELSE d.error END,
+    due_at = CASE WHEN d.outcome <> '{AttemptOutcome.SUCCEEDED}' AND t.attempts < t.max_attempts
         THEN %(now)s + make_interval(secs => LEAST(
                  COALESCE((t.spec->>'retry_max_delay')::float8, 3600),
                  COALESCE((t.spec->>'retry_delay')::float8, 10)
                    * power(COALESCE((t.spec->>'retry_backoff')::float8, 2), t.attempts - 1))
              * (0.5 + random() * 0.5))
         ELSE t.due_at END,
-    finished_at = CASE WHEN d.outcome <> 'succeeded' AND t.attempts < t.max_attempts THEN NULL
+    finished_at = CASE WHEN d.outcome <> '{AttemptOutcome.SUCCEEDED}' AND t.attempts < t.max_attempts THEN NULL
                        ELSE %(now)s END
 FROM d
-WHERE t.id = d.id AND t.state = 'running' AND t.attempts = d.number
+WHERE t.id = d.id AND t.state = '{TaskState.RUNNING}' AND t.attempts = d.number
   AND (%(worker)s::bigint IS NULL OR t.worker_id = %(worker)s::bigint)
 RETURNING t.id, t.run_id, t.state
 ), a AS (
@@ -89,69 +97,66 @@ RETURNING t.id, t.run_id, t.state
     UPDATE orchestrator_attempt a SET outcome = d.outcome, finished_at = %(now)s, error = d.error,
         traceback = d.traceback, log_path = CASE WHEN d.log_path <> '' THEN d.log_path ELSE a.log_path END
     FROM t JOIN d ON d.id = t.id
-    WHERE a.task_run_id = d.id AND a.number = d.number AND a.outcome = 'running'
+    WHERE a.task_run_id = d.id AND a.number = d.number AND a.outcome = '{AttemptOutcome.RUNNING}'
 )
 SELECT id, run_id, state FROM t
 """
 
 # Decide waiting children of the given runs whose trigger rule is settled by their parents'
-# states: 'scheduled' releases them now, 'upstream_failed'/'skipped' ends them. NULL: not yet.
-RELEASE_CHILDREN = """
+# states (the rules are the table states.TRIGGER_RULE_DECISIONS, one CASE branch per rule):
+# 'scheduled' releases them now, 'upstream_failed'/'skipped' ends them. NULL: not yet.
+def _rule_case(decisions) -> str:
+    return "CASE " + " ".join(f"WHEN {condition} THEN '{state}'" for condition, state in decisions) + " END"
+
+
+# The default rule is the ELSE branch: a spec without a (known) rule gets it.
+RULE_CASE = "\n        ".join(
+    [f"WHEN '{rule}' THEN {_rule_case(decisions)}" for rule, decisions in TRIGGER_RULE_DECISIONS.items()
+     if rule != DEFAULT_TRIGGER_RULE]
+    + [f"ELSE {_rule_case(TRIGGER_RULE_DECISIONS[DEFAULT_TRIGGER_RULE])}  -- {DEFAULT_TRIGGER_RULE}"]
+)
+
+RELEASE_CHILDREN = f"""
 WITH c AS (
-    SELECT c.id, COALESCE(c.spec->>'trigger_rule', 'all_success') AS rule,
+    SELECT c.id, COALESCE(c.spec->>'trigger_rule', '{DEFAULT_TRIGGER_RULE}') AS rule,
            cardinality(c.upstream) AS n,
-           count(*) FILTER (WHERE p.state = 'succeeded') AS ok,
-           count(*) FILTER (WHERE p.state IN ('failed', 'dead', 'upstream_failed', 'cancelled')) AS bad,
-           count(*) FILTER (WHERE p.state = 'skipped') AS skip
+           count(*) FILTER (WHERE p.state IN ({sql_list(PARENT_OK)})) AS ok,
+           count(*) FILTER (WHERE p.state IN ({sql_list(PARENT_BAD)})) AS bad,
+           count(*) FILTER (WHERE p.state IN ({sql_list(PARENT_SKIPPED)})) AS skip
     FROM orchestrator_taskrun c
     JOIN orchestrator_taskrun p ON p.run_id = c.run_id AND p.task = ANY (c.upstream)
-    WHERE c.run_id = ANY (%(runs)s) AND c.state = 'waiting'
+    WHERE c.run_id = ANY (%(runs)s) AND c.state = '{TaskState.WAITING}'
     GROUP BY c.id
 ), d AS (
     SELECT id, CASE rule
-        WHEN 'all_done' THEN CASE WHEN ok + bad + skip = n THEN 'scheduled' END
-        WHEN 'all_failed' THEN CASE WHEN ok + skip > 0 THEN 'skipped' WHEN bad = n THEN 'scheduled' END
-        WHEN 'one_success' THEN CASE WHEN ok > 0 THEN 'scheduled'
-                                     WHEN ok + bad + skip = n THEN
-                                         CASE WHEN skip = n THEN 'skipped' ELSE 'upstream_failed' END END
-        WHEN 'one_failed' THEN CASE WHEN bad > 0 THEN 'scheduled' WHEN ok + skip = n THEN 'skipped' END
-        WHEN 'none_failed' THEN CASE WHEN bad > 0 THEN 'upstream_failed' WHEN ok + skip = n THEN 'scheduled' END
-        ELSE CASE WHEN bad > 0 THEN 'upstream_failed' WHEN skip > 0 THEN 'skipped'
-                  WHEN ok = n THEN 'scheduled' END  -- all_success
+        {RULE_CASE}
     END AS next
     FROM c
 )
 UPDATE orchestrator_taskrun t SET state = d.next,
-    due_at = CASE WHEN d.next = 'scheduled' THEN %(now)s END,
-    finished_at = CASE WHEN d.next <> 'scheduled' THEN %(now)s END
+    due_at = CASE WHEN d.next = '{TaskState.SCHEDULED}' THEN %(now)s END,
+    finished_at = CASE WHEN d.next <> '{TaskState.SCHEDULED}' THEN %(now)s END
 FROM d
-WHERE t.id = d.id AND d.next IS NOT NULL AND t.state = 'waiting'
+WHERE t.id = d.id AND d.next IS NOT NULL AND t.state = '{TaskState.WAITING}'
 RETURNING t.state
 """
 
 # A running run whose task runs have all ended: succeeded when each one ended well.
-FINISH_RUNS = """
+FINISH_RUNS = f"""
 WITH f AS (
-    SELECT run_id, bool_and(state IN ('succeeded', 'skipped')) AS ok
+    SELECT run_id, bool_and(state IN ({sql_list(SUCCESSFUL_TASK_STATES)})) AS ok
     FROM orchestrator_taskrun WHERE run_id = ANY (%(runs)s)
     GROUP BY run_id
-    HAVING bool_and(state IN ('succeeded', 'failed', 'dead', 'upstream_failed', 'skipped', 'cancelled'))
+    HAVING bool_and(state IN ({sql_list(FINISHED_TASK_STATES)}))
 )
-UPDATE orchestrator_run r SET state = CASE WHEN f.ok THEN 'succeeded' ELSE 'failed' END, finished_at = %(now)s
-FROM f WHERE r.id = f.run_id AND r.state = 'running'
+UPDATE orchestrator_run r SET state = CASE WHEN f.ok THEN '{RunState.SUCCEEDED}' ELSE '{RunState.FAILED}' END,
+    finished_at = %(now)s
+FROM f WHERE r.id = f.run_id AND r.state = '{RunState.RUNNING}'
 RETURNING r.id, r.state, r.workflow_id
 """
 
 
 # --- functions ---------------------------------------------------------------------------------
-
-def retry_delay(spec: dict, attempt: int, jitter: float = 1.0) -> float:
-    """The delay before the attempt after ``attempt`` (the formula above; SQL applies it too)."""
-    base = float(spec.get("retry_delay") if spec.get("retry_delay") is not None else 10)
-    backoff = float(spec.get("retry_backoff") if spec.get("retry_backoff") is not None else 2)
-    cap = float(spec.get("retry_max_delay") if spec.get("retry_max_delay") is not None else 3600)
-    return min(cap, base * backoff ** (attempt - 1)) * jitter
-
 
 def end_attempts(endings: Sequence[Ending], *, worker_id: int | None = None,
                  now: datetime | None = None) -> list[tuple[int, int, str]]:
@@ -177,10 +182,11 @@ def end_attempts(endings: Sequence[Ending], *, worker_id: int | None = None,
             return []
     won = {row[0] for row in accepted}
     mine = [e for e in endings if e.task_run_id in won]
-    ended_runs = {run_id for _, run_id, state in accepted if state != "scheduled"}
+    ended_runs = {run_id for _, run_id, state in accepted if state != TaskState.SCHEDULED}
     jobs = {e.task_run_id for e in mine if e.job}
-    parents = {run_id for task_run_id, run_id, state in accepted if state != "scheduled" and task_run_id not in jobs}
-    retrying = any(state == "scheduled" for _, _, state in accepted)
+    parents = {run_id for task_run_id, run_id, state in accepted
+               if state != TaskState.SCHEDULED and task_run_id not in jobs}
+    retrying = any(state == TaskState.SCHEDULED for _, _, state in accepted)
     released = resolve_runs(ended_runs, now=now, release=parents) if ended_runs else 0
     if retrying or released:
         wake_dispatchers()
@@ -209,8 +215,8 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
         while release:
             cursor.execute(RELEASE_CHILDREN, {"runs": release, "now": now})
             states = [row[0] for row in cursor.fetchall()]
-            released += states.count("scheduled")
-            if not any(state != "scheduled" for state in states):
+            released += states.count(TaskState.SCHEDULED)
+            if not any(state != TaskState.SCHEDULED for state in states):
                 break
         cursor.execute(FINISH_RUNS, {"runs": runs, "now": now})
         finished = cursor.fetchall()
@@ -226,7 +232,3 @@ def wake_dispatchers() -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_notify(%s, '')", [DISPATCH_CHANNEL])
 
-
-def result_json(value) -> str | None:
-    """A task's return value as JSON text for the result column (None stays SQL NULL)."""
-    return None if value is None else json.dumps(value)

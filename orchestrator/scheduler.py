@@ -30,19 +30,10 @@ from django.db.models import Count, Min
 from orchestrator import cron
 from orchestrator.clock import system
 from orchestrator.lease import LeaderLease, LeaseLost, NoLease
-from orchestrator.models import (
-    ACTIVE_RUN_STATES,
-    Run,
-    RunState,
-    Schedule,
-    TaskRun,
-    TaskState,
-    Trigger,
-    Workflow,
-    WorkflowVersion,
-)
+from orchestrator.models import Run, Schedule, TaskRun, Trigger, Workflow, WorkflowVersion
 from orchestrator.params import ParamError, clean_params
 from orchestrator.runs import notify_dispatchers, task_runs_for
+from orchestrator.states import ACTIVE_RUN_STATES, RunState, TaskState, sql_list
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +47,34 @@ MISSED_AFTER = timedelta(seconds=60)
 MAX_SKIPPED_RECORDS = 1000
 # How far back from now a long-overdue schedule's fire times are first looked for (then 8x, 64x, ...).
 LOOKBACK = timedelta(hours=1)
+
+
+# --- SQL ---------------------------------------------------------------------------------------
+
+# Active scheduled runs that have not started by fire time + start deadline: candidates to be
+# recorded as missed. Locked, skipping runs another transaction holds (a worker claiming one).
+UNSTARTED_PAST_DEADLINE = f"""
+SELECT r.id, s.start_deadline FROM orchestrator_run r
+  JOIN orchestrator_schedule s ON s.id = r.schedule_id
+ WHERE r.state IN ({sql_list(ACTIVE_RUN_STATES)}) AND r.trigger = 'schedule'
+   AND r.started_at IS NULL AND s.start_deadline IS NOT NULL
+   AND r.logical_date + make_interval(secs => s.start_deadline) < %s
+   AND NOT EXISTS (SELECT 1 FROM orchestrator_taskrun t WHERE t.run_id = r.id
+                      AND t.started_at IS NOT NULL)
+ ORDER BY r.id LIMIT 500
+ FOR UPDATE OF r SKIP LOCKED
+"""
+
+# The task runs are locked first: a worker claiming one right now either committed before (and
+# the run counts as started below) or waits and then finds it cancelled.
+LOCK_TASK_RUNS_OF = "SELECT 1 FROM orchestrator_taskrun WHERE run_id = ANY(%s) FOR UPDATE"
+
+NOT_STARTED = (TaskState.WAITING, TaskState.SCHEDULED, TaskState.QUEUED, TaskState.CANCELLED)
+# Of those runs, the ones that started after all (a task started, or ended some other way).
+STARTED_AFTER_ALL = f"""
+SELECT run_id FROM orchestrator_taskrun WHERE run_id = ANY(%s)
+   AND (started_at IS NOT NULL OR state NOT IN ({sql_list(NOT_STARTED)}))
+"""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -416,32 +435,12 @@ class Scheduler:
         are missed: their waiting task runs are cancelled."""
         with self.lease.fence():
             with connection.cursor() as cursor:
-                cursor.execute(
-                    """
-                    SELECT r.id, s.start_deadline FROM orchestrator_run r
-                      JOIN orchestrator_schedule s ON s.id = r.schedule_id
-                     WHERE r.state IN ('pending', 'running') AND r.trigger = 'schedule'
-                       AND r.started_at IS NULL AND s.start_deadline IS NOT NULL
-                       AND r.logical_date + make_interval(secs => s.start_deadline) < %s
-                       AND NOT EXISTS (SELECT 1 FROM orchestrator_taskrun t WHERE t.run_id = r.id
-                                          AND t.started_at IS NOT NULL)
-                     ORDER BY r.id LIMIT 500
-                     FOR UPDATE OF r SKIP LOCKED
-                    """,
-                    [now],
-                )
+                cursor.execute(UNSTARTED_PAST_DEADLINE, [now])
                 candidates = dict(cursor.fetchall())
                 if not candidates:
                     return 0
-                # The task runs are locked first: a worker claiming one right now either committed
-                # before (and the run counts as started below) or waits and then finds it cancelled.
-                cursor.execute("SELECT 1 FROM orchestrator_taskrun WHERE run_id = ANY(%s) FOR UPDATE",
-                               [list(candidates)])
-                cursor.execute(
-                    "SELECT run_id FROM orchestrator_taskrun WHERE run_id = ANY(%s)"
-                    " AND (started_at IS NOT NULL OR state NOT IN ('waiting', 'scheduled', 'queued', 'cancelled'))",
-                    [list(candidates)],
-                )
+                cursor.execute(LOCK_TASK_RUNS_OF, [list(candidates)])
+                cursor.execute(STARTED_AFTER_ALL, [list(candidates)])
                 started = {row[0] for row in cursor.fetchall()}
             missed = [pk for pk in candidates if pk not in started]
             if not missed:

@@ -34,6 +34,7 @@ from orchestrator.control import CANCEL_CHANNEL
 from orchestrator.dispatcher import drain_notifies, listen_connection
 from orchestrator.resolver import Ending
 from orchestrator.runs import queue_channel
+from orchestrator.states import LIVE_WORKER_STATES, AttemptOutcome, TaskState, WorkerState, sql_list
 
 log = logging.getLogger(__name__)
 
@@ -49,31 +50,35 @@ ANY_LIMIT = ("SELECT EXISTS (SELECT 1 FROM orchestrator_queuelimit) "
 ASYNC_COMMIT = "SET LOCAL synchronous_commit = off"
 COALESCE_SECONDS = 0.003
 
-REGISTER = """
+REGISTER = f"""
 INSERT INTO orchestrator_worker (name, host, pid, queues, concurrency, state, started_at, heartbeat_at)
-VALUES (%s, %s, %s, %s, %s, 'running', now(), now()) RETURNING id
+VALUES (%s, %s, %s, %s, %s, '{WorkerState.RUNNING}', now(), now()) RETURNING id
 """
 
 # The heartbeat, on the database clock. No row: the reaper declared this worker lost.
-HEARTBEAT = """
+HEARTBEAT = f"""
 UPDATE orchestrator_worker SET heartbeat_at = now()
-WHERE id = %s AND state IN ('running', 'draining') RETURNING state
+WHERE id = %s AND state IN ({sql_list(LIVE_WORKER_STATES)}) RETURNING state
 """
 
-REVIVE = "UPDATE orchestrator_worker SET state = 'running', heartbeat_at = now(), stopped_at = NULL WHERE id = %s"
+# Declared lost by the reaper during a pause: running again from now.
+REVIVE = f"""
+UPDATE orchestrator_worker SET state = '{WorkerState.RUNNING}', heartbeat_at = now(), stopped_at = NULL
+WHERE id = %s AND state = '{WorkerState.LOST}'
+"""
 
 SET_STATE = "UPDATE orchestrator_worker SET state = %s, stopped_at = CASE WHEN %s THEN now() END WHERE id = %s"
 
 # Claim up to n queued task runs of these queues, highest priority first; rows another worker
 # is claiming are skipped. The attempt number is incremented here, so it identifies this claim.
-CLAIM = """
+CLAIM = f"""
 WITH c AS (
     -- One ordered index scan per queue (taskrun_queued), so the cost does not grow with the
     -- backlog; "queue = ANY (…)" would read and sort every queued row.
     SELECT x.id FROM unnest(%(queues)s::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT id, priority FROM orchestrator_taskrun
-        WHERE state = 'queued' AND queue = q.name
+        WHERE state = '{TaskState.QUEUED}' AND queue = q.name
         ORDER BY priority DESC, id
         LIMIT %(n)s
         FOR UPDATE SKIP LOCKED
@@ -82,13 +87,13 @@ WITH c AS (
     LIMIT %(n)s
 ), t AS (
     UPDATE orchestrator_taskrun t
-    SET state = 'running', attempts = t.attempts + 1, worker_id = %(worker)s, started_at = %(now)s
-    FROM c WHERE t.id = c.id
+    SET state = '{TaskState.RUNNING}', attempts = t.attempts + 1, worker_id = %(worker)s, started_at = %(now)s
+    FROM c WHERE t.id = c.id AND t.state = '{TaskState.QUEUED}'
     RETURNING t.id, t.run_id, t.task, t.attempts, t.spec, t.timeout, cardinality(t.upstream) > 0 AS has_parents
 ), a AS (
     -- The attempt row of each claim, in the same statement (one round trip per batch).
     INSERT INTO orchestrator_attempt (task_run_id, number, worker_id, outcome, started_at, error, traceback, log_path)
-    SELECT id, attempts, %(worker)s, 'running', %(now)s, '', '', '' FROM t
+    SELECT id, attempts, %(worker)s, '{AttemptOutcome.RUNNING}', %(now)s, '', '', '' FROM t
 ), r AS (
     -- The first task start of a run is the run's start; schedule_delay counts from its fire time.
     -- Run rows are locked in id order, like every other writer does (see resolver.LOCK_RUNS).
@@ -112,25 +117,25 @@ WHERE c.id = ANY (%(ids)s)
 """
 
 # Which of the task runs this worker is executing are still its own (not cancelled, not reaped).
-STILL_MINE = """
+STILL_MINE = f"""
 SELECT t.id FROM orchestrator_taskrun t
 JOIN unnest(%(ids)s::bigint[], %(numbers)s::int[]) AS u(id, number) ON t.id = u.id
-WHERE t.state = 'running' AND t.attempts = u.number AND t.worker_id = %(worker)s
+WHERE t.state = '{TaskState.RUNNING}' AND t.attempts = u.number AND t.worker_id = %(worker)s
 """
 
 # Interrupted by a shutdown: due again now, and the interrupted attempt does not count against
 # the task's allowance (max_attempts grows by one; attempt numbers stay unique and the history
 # keeps the interrupted attempt).
-HAND_BACK = """
-UPDATE orchestrator_taskrun t SET state = 'scheduled', due_at = %(now)s, max_attempts = t.max_attempts + 1
+HAND_BACK = f"""
+UPDATE orchestrator_taskrun t SET state = '{TaskState.SCHEDULED}', due_at = %(now)s, max_attempts = t.max_attempts + 1
 FROM unnest(%(ids)s::bigint[], %(numbers)s::int[]) AS u(id, number)
-WHERE t.id = u.id AND t.state = 'running' AND t.attempts = u.number AND t.worker_id = %(worker)s
+WHERE t.id = u.id AND t.state = '{TaskState.RUNNING}' AND t.attempts = u.number AND t.worker_id = %(worker)s
 RETURNING t.id, t.attempts
 """
-HAND_BACK_ATTEMPTS = """
-UPDATE orchestrator_attempt a SET outcome = 'lost', finished_at = %(now)s, error = %(error)s
+HAND_BACK_ATTEMPTS = f"""
+UPDATE orchestrator_attempt a SET outcome = '{AttemptOutcome.LOST}', finished_at = %(now)s, error = %(error)s
 FROM unnest(%(ids)s::bigint[], %(numbers)s::int[]) AS u(id, number)
-WHERE a.task_run_id = u.id AND a.number = u.number AND a.outcome = 'running'
+WHERE a.task_run_id = u.id AND a.number = u.number AND a.outcome = '{AttemptOutcome.RUNNING}'
 """
 
 
@@ -248,7 +253,7 @@ class Worker:
             for slot in self.slots:
                 self.kill_child(slot) if slot.message is not None else self._reap_idle(slot)
             with connection.cursor() as cursor:
-                cursor.execute(SET_STATE, ["stopped", True, self.id])
+                cursor.execute(SET_STATE, [WorkerState.STOPPED, True, self.id])
             self.listener.close()
             log.info("worker %s stopped after %d task runs", self.name, self.completed,
                      extra={"action": "worker_stop"})
@@ -272,7 +277,7 @@ class Worker:
             if self.stop_requests and self.drain_deadline is None:
                 self.drain_deadline = now + self.grace
                 with connection.cursor() as cursor:
-                    cursor.execute(SET_STATE, ["draining", False, self.id])
+                    cursor.execute(SET_STATE, [WorkerState.DRAINING, False, self.id])
                 log.info("draining: %d running task(s), grace %.0fs", self.busy_count(), self.grace,
                          extra={"action": "worker_drain"})
             draining = self.drain_deadline is not None
@@ -375,7 +380,7 @@ class Worker:
         if message is not None:
             how = f"signal {os.WTERMSIG(status)}" if status and os.WIFSIGNALED(status) else (
                 f"exit code {os.WEXITSTATUS(status)}" if status else "an unknown cause")
-            self.add_ending(Ending(message["id"], message["number"], "failed", run_id=message["run_id"],
+            self.add_ending(Ending(message["id"], message["number"], AttemptOutcome.FAILED, run_id=message["run_id"],
                                        error=f"the task's process ended unexpectedly ({how})"))
         slot.message = None
         self.replace_child(slot)
@@ -384,7 +389,7 @@ class Worker:
         message = slot.message
         self.replace_child(slot)
         self.add_ending(Ending(
-            message["id"], message["number"], "timed_out",
+            message["id"], message["number"], AttemptOutcome.TIMED_OUT,
             error=f"timed out after {message['timeout']:g}s: the task's process was killed",
             log_path=self._existing_log(message), run_id=message["run_id"],
         ))
@@ -480,7 +485,7 @@ class Worker:
             return []
         self.completed += len(endings)
         for ending in endings:
-            if ending.outcome != "succeeded":
+            if ending.outcome != AttemptOutcome.SUCCEEDED:
                 log.warning("task run %s attempt %s %s: %s", ending.task_run_id, ending.number, ending.outcome,
                             ending.error.splitlines()[0] if ending.error else "",
                             extra={"action": "attempt_" + ending.outcome, "task_run_id": ending.task_run_id})

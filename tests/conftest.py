@@ -3,7 +3,9 @@ bounded wait for conditions that another process makes true."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,6 +13,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import psycopg
 import pytest
 
 import tests.tasks_for_tests  # noqa: F401 - registers the test jobs in this process
@@ -125,10 +128,65 @@ def clock():
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker):
     """The test database, dropped at the end even if a process the tests stopped is still
-    closing its session (PostgreSQL refuses to drop a database with sessions)."""
+    closing its session (PostgreSQL refuses to drop a database with sessions).
+
+    It holds a trigger that rejects any change of state outside the table of orchestrator.states,
+    made by any process (workers and schedulers the tests start included), for the whole suite."""
+    from django.db import connection
+
+    from tests.state_check import transition_trigger_sql
+
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        for statement in transition_trigger_sql():
+            cursor.execute(statement)
     yield
     from django.db import connection
 
     with django_db_blocker.unblock(), connection.cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                        "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+
+# The tests' own set-up writes rows in any state (a run that "already failed", a dead task run);
+# such statements are let through the state-table trigger. A statement counts as the tests' own
+# when the innermost code of the repository that issued it is in tests/ or the benchmarks, not
+# the product.
+_WRITE = re.compile(r"\s*(INSERT|UPDATE|WITH)\b", re.IGNORECASE)
+_PRODUCT = str(ROOT / "orchestrator") + os.sep
+_TOOLING = (str(ROOT / "tests") + os.sep, str(ROOT / "orchestrator" / "bench"))
+
+
+def _set_up_by_tests() -> bool:
+    frame = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(_TOOLING):
+            return True
+        if filename.startswith(_PRODUCT):
+            return False
+        frame = frame.f_back
+    return False
+
+
+def _let_set_up_through(execute, sql, params, many, context):
+    if not _WRITE.match(sql) or not _set_up_by_tests():
+        return execute(sql, params, many, context)
+    from tests.state_check import FIXTURE_SETTING
+
+    raw = context["connection"].connection
+    with raw.cursor() as cursor:
+        cursor.execute("SELECT set_config(%s, 'on', false)", [FIXTURE_SETTING])
+    try:
+        return execute(sql, params, many, context)
+    finally:
+        # After an error the transaction is aborted and its rollback undoes the setting anyway.
+        with contextlib.suppress(psycopg.Error), raw.cursor() as cursor:
+            cursor.execute("SELECT set_config(%s, 'off', false)", [FIXTURE_SETTING])
+
+
+@pytest.fixture(autouse=True)
+def _state_table_trigger_spares_test_set_up():
+    from django.db import connection
+
+    with connection.execute_wrapper(_let_set_up_through):
+        yield
