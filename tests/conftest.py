@@ -184,9 +184,19 @@ def _let_set_up_through(execute, sql, params, many, context):
             cursor.execute("SELECT set_config(%s, 'off', false)", [FIXTURE_SETTING])
 
 
-@pytest.fixture(autouse=True)
-def _state_table_trigger_spares_test_set_up():
-    from django.db import connection
+def _wrap_connection(connection, **_):
+    if _let_set_up_through not in connection.execute_wrappers:
+        connection.execute_wrappers.append(_let_set_up_through)
 
-    with connection.execute_wrapper(_let_set_up_through):
-        yield
+
+@pytest.fixture(autouse=True, scope="session")
+def _state_table_trigger_spares_test_set_up():
+    """On every database connection of this process (each thread, and greenlet, has its own)."""
+    from django.db import connections
+    from django.db.backends.signals import connection_created
+
+    connection_created.connect(_wrap_connection)
+    for connection in connections.all(initialized_only=True):
+        _wrap_connection(connection)
+    yield
+    connection_created.disconnect(_wrap_connection)
