@@ -23,6 +23,7 @@ from django.utils.html import format_html
 from orchestrator import (
     access,
     admin_schedules,  # noqa: F401 - registers the Schedule admin
+    audit,
 )
 from orchestrator.models import (
     Attempt,
@@ -88,6 +89,7 @@ class WorkflowAdmin(OperatorActions, admin.ModelAdmin):
 
         for wf in queryset:
             scheduler.pause_workflow(wf)
+            audit.record("pause", request=request, target=wf)
         self.message_user(request, f"Paused {queryset.count()} workflow(s).", messages.SUCCESS)
 
     @admin.action(description="Resume the selected workflows", permissions=["operate"])
@@ -96,6 +98,7 @@ class WorkflowAdmin(OperatorActions, admin.ModelAdmin):
 
         for wf in queryset:
             scheduler.resume_workflow(wf)
+            audit.record("resume", request=request, target=wf)
         self.message_user(request, f"Resumed {queryset.count()} workflow(s).", messages.SUCCESS)
 
     @admin.action(description="Backfill the selected workflow…", permissions=["operate"])
@@ -141,6 +144,9 @@ class WorkflowAdmin(OperatorActions, admin.ModelAdmin):
                     except backfill.BackfillError as exc:
                         form.add_error(None, str(exc))
                     else:
+                        audit.record("backfill", request=request, target=started, workflow=wf.name,
+                                     start=data["start"].isoformat(), end=data["end"].isoformat(),
+                                     runs=started.total)
                         self.message_user(request, f"Started {started}: {started.total} run(s).", messages.SUCCESS)
                         return HttpResponseRedirect(reverse("admin:orchestrator_backfill_change", args=[started.pk]))
                 preview = {
@@ -231,11 +237,12 @@ class RunAdmin(OperatorActions, admin.ModelAdmin):
     def cancel(self, request, queryset):
         from orchestrator import control
 
-        cancelled = sum(
-            1 for run in queryset.filter(state__in=[RunState.PENDING, RunState.RUNNING])
+        cancelled = 0
+        for run in queryset.filter(state__in=[RunState.PENDING, RunState.RUNNING]):
             if control.cancel_run(run, reason=f"cancelled in the admin by {request.user.get_username()}",
-                                  by=request.user)
-        )
+                                  by=request.user):
+                audit.record("cancel", request=request, target=run)
+                cancelled += 1
         self.message_user(request, f"Cancelled {cancelled} run(s).", messages.SUCCESS)
 
 
@@ -251,14 +258,18 @@ class TaskRunActions(OperatorActions):
     def retry(self, request, queryset):
         from orchestrator import control
 
-        count = control.retry_task_runs(list(queryset.values_list("pk", flat=True)))
+        ids = list(queryset.values_list("pk", flat=True))
+        count = control.retry_task_runs(ids)
+        audit.record_each("retry", "taskrun", ids, request=request, changed=count)
         self.message_user(request, f"Retrying {count} task run(s).", messages.SUCCESS)
 
     @admin.action(description="Discard the selected dead task runs (mark them failed)", permissions=["operate"])
     def discard(self, request, queryset):
         from orchestrator import control
 
-        count = control.discard_task_runs(list(queryset.filter(state=TaskState.DEAD).values_list("pk", flat=True)))
+        ids = list(queryset.filter(state=TaskState.DEAD).values_list("pk", flat=True))
+        count = control.discard_task_runs(ids)
+        audit.record_each("discard", "taskrun", ids, request=request, changed=count)
         self.message_user(request, f"Discarded {count} task run(s).", messages.SUCCESS)
 
 
@@ -333,14 +344,16 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
 
 
 @admin.register(QueueLimit)
-class QueueLimitAdmin(admin.ModelAdmin):
+class QueueLimitAdmin(audit.AdminChanges, admin.ModelAdmin):
+    audit_action = "limit"
     list_display = ["queue", "max_running"]
     list_editable = ["max_running"]
     search_fields = ["queue"]
 
 
 @admin.register(TenantLimit)
-class TenantLimitAdmin(admin.ModelAdmin):
+class TenantLimitAdmin(audit.AdminChanges, admin.ModelAdmin):
+    audit_action = "limit"
     list_display = ["tenant", "max_running"]
     list_editable = ["max_running"]
     search_fields = ["tenant"]

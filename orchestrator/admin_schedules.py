@@ -14,7 +14,7 @@ from django.contrib import admin, messages
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from orchestrator import access, cron
+from orchestrator import access, audit, cron
 from orchestrator.models import Schedule, Workflow
 from orchestrator.params import ParamError, clean_params
 from orchestrator.scheduler import notify_schedules, pause_schedule, resume_schedule
@@ -71,7 +71,8 @@ class ScheduleForm(forms.ModelForm):
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):
+class ScheduleAdmin(audit.AdminChanges, admin.ModelAdmin):
+    audit_action = "schedule"
     form = ScheduleForm
     list_display = ["workflow", "name", "source", "cron", "described", "timezone", "state", "next_fire_local",
                     "next_fire_at"]
@@ -179,6 +180,7 @@ class ScheduleAdmin(admin.ModelAdmin):
     def pause_schedules(self, request, queryset):
         for schedule in queryset:
             pause_schedule(schedule)
+            audit.record("pause", request=request, target=schedule)
         self.message_user(request, f"Paused {queryset.count()} schedule(s).", messages.SUCCESS)
 
     @admin.action(description="Resume the selected schedules (missed fire times follow their catchup policy)",
@@ -186,4 +188,5 @@ class ScheduleAdmin(admin.ModelAdmin):
     def resume_schedules(self, request, queryset):
         for schedule in queryset:
             resume_schedule(schedule)
+            audit.record("resume", request=request, target=schedule)
         self.message_user(request, f"Resumed {queryset.count()} schedule(s).", messages.SUCCESS)

@@ -384,3 +384,42 @@ class WebhookDelivery(models.Model):
 
     def __str__(self):
         return f"{self.event} webhook to {self.url} for run #{self.run_id}"
+
+
+class AuditEvent(models.Model):
+    """One operator action: who did what to which object, when, and from where.
+
+    Never deleted by retention, and tied to nothing that retention deletes: the target is named
+    by type and id, not by a foreign key, so the record outlives the run it is about."""
+
+    class Source(models.TextChoices):
+        UI = "ui", "web UI"
+        API = "api", "API"
+        ADMIN = "admin", "admin"
+        CLI = "cli", "command line"
+
+    at = models.DateTimeField()
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                              related_name="+")
+    # The user name at the time, kept when the user is deleted.
+    actor_name = models.CharField(max_length=150, blank=True)
+    action = models.CharField(max_length=50)
+    source = models.CharField(max_length=10, choices=Source.choices)
+    ip = models.GenericIPAddressField(null=True, blank=True)
+    target_type = models.CharField(max_length=50, blank=True)
+    target_id = models.CharField(max_length=255, blank=True)
+    target_label = models.CharField(max_length=300, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            # The audit page and API page by id, filtered by action, actor or target.
+            models.Index(fields=["action", "-id"], name="audit_by_action"),
+            models.Index(fields=["actor_name", "-id"], name="audit_by_actor"),
+            models.Index(fields=["target_type", "target_id", "-id"], name="audit_by_target"),
+            models.Index(fields=["at"], name="audit_by_time"),
+        ]
+
+    def __str__(self):
+        return f"{self.actor_name or 'system'} {self.action} {self.target_type} {self.target_id} ({self.source})"

@@ -12,3 +12,10 @@ class ViewerReadsOperatorWrites(BasePermission):
         if request.method in SAFE_METHODS:
             return access.is_viewer(request.user)
         return access.is_operator(request.user)
+
+
+class OperatorsOnly(BasePermission):
+    message = "this needs the Operators group"
+
+    def has_permission(self, request, view):
+        return access.is_operator(request.user)

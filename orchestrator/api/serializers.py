@@ -14,6 +14,7 @@ from rest_framework import serializers
 from orchestrator import cron
 from orchestrator.models import (
     Attempt,
+    AuditEvent,
     Backfill,
     Run,
     RunState,
@@ -481,6 +482,34 @@ class BackfillSerializer(serializers.ModelSerializer):
 
         done, _total = backfills.progress(backfill)
         return done
+
+
+# --- audit log ---------------------------------------------------------------------------------
+
+
+class AuditEventSerializer(serializers.ModelSerializer):
+    actor = serializers.CharField(source="actor_name", help_text="the user name at the time (or the OS user of a command)")
+    detail = serializers.JSONField()
+
+    class Meta:
+        model = AuditEvent
+        fields = ["id", "at", "actor", "action", "source", "ip", "target_type", "target_id", "target_label", "detail"]
+
+
+class AuditFilterSerializer(serializers.Serializer):
+    action = serializers.CharField(required=False, max_length=50, help_text="e.g. trigger, cancel, retry")
+    actor = serializers.CharField(required=False, max_length=150, help_text="user name")
+    source = serializers.ChoiceField(choices=AuditEvent.Source.choices, required=False)
+    target_type = serializers.CharField(required=False, max_length=50, help_text="run, taskrun, workflow, ...")
+    target_id = serializers.CharField(required=False, max_length=255)
+    since = AwareDateTimeField(required=False, help_text="at or after (with timezone)")
+    until = AwareDateTimeField(required=False, help_text="before (with timezone)")
+
+    def validate(self, data):
+        for key, value in data.items():
+            if isinstance(value, str) and "\x00" in value:
+                raise serializers.ValidationError({key: ["contains a NUL character"]})
+        return data
 
 
 # --- errors, for the schema ----------------------------------------------------------------------

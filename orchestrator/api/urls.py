@@ -25,6 +25,7 @@ urlpatterns = [
     path("dlq/discard/", views.DeadLetterDiscardView.as_view(), name="dlq-discard"),
     path("backfills/", views.BackfillListView.as_view(), name="backfills"),
     path("backfills/<int:pk>/", views.BackfillDetailView.as_view(), name="backfill"),
+    path("audit/", views.AuditListView.as_view(), name="audit"),
     path("schema/", SpectacularAPIView.as_view(permission_classes=[]), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema", permission_classes=[]), name="docs"),
     re_path(r"^.*$", not_found),

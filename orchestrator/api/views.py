@@ -17,9 +17,10 @@ from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from orchestrator import audit
 from orchestrator.api import serializers as s
 from orchestrator.api.errors import field_errors
-from orchestrator.api.permissions import ViewerReadsOperatorWrites
+from orchestrator.api.permissions import OperatorsOnly, ViewerReadsOperatorWrites
 from orchestrator.models import Attempt, Backfill, Run, Schedule, TaskRun, TaskState, Trigger, Workflow
 from orchestrator.runs import trigger_workflow
 
@@ -159,6 +160,7 @@ class WorkflowPauseView(APIBase):
 
         workflow = get_workflow(name)
         scheduler.pause_workflow(workflow)
+        audit.record("pause", request=request, target=workflow)
         workflow.refresh_from_db()
         return Response(workflow_detail(workflow))
 
@@ -171,6 +173,7 @@ class WorkflowResumeView(APIBase):
 
         workflow = get_workflow(name)
         scheduler.resume_workflow(workflow)
+        audit.record("resume", request=request, target=workflow)
         workflow.refresh_from_db()
         return Response(workflow_detail(workflow))
 
@@ -233,6 +236,8 @@ class WorkflowRunsView(APIBase):
             workflow, data["params"], trigger=Trigger.API, created_by=request.user, idempotency_key=key,
             logical_date=data["logical_date"], priority=data["priority"],
         )
+        if created:
+            audit.record("trigger", request=request, target=run, workflow=workflow.name, params=data["params"])
         run = get_run(run.pk)
         headers = {"Location": f"/api/runs/{run.pk}/"}
         return Response(run_detail(run), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
@@ -255,6 +260,7 @@ class RunCancelView(APIBase):
         run = get_run(pk)
         data = validated(s.CancelSerializer, body(request))
         cancelled = control.cancel_run(run, reason=data["reason"], by=request.user)
+        audit.record("cancel", request=request, target=run, reason=data["reason"], changed=bool(cancelled))
         return Response({"cancelled": bool(cancelled), "run": s.RunSerializer(get_run(pk)).data})
 
 
@@ -266,6 +272,7 @@ class RunRetryView(APIBase):
 
         run = get_run(pk)
         retried = control.retry_run(run)
+        audit.record("retry", request=request, target=run, changed=retried)
         return Response({"retried": retried, "run": s.RunSerializer(get_run(pk)).data})
 
 
@@ -340,6 +347,8 @@ class JobListView(APIBase):
             queue=data["queue"], priority=data["priority"], idempotency_key=key,
             max_attempts=data["max_attempts"], timeout=data["timeout"], created_by=request.user,
         )
+        if created:
+            audit.record("enqueue", request=request, target=run, ref=data["ref"], queue=data["queue"])
         run = jobs_queryset().get(pk=run.pk)
         return Response(job_data(run), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
                         headers={"Location": f"/api/jobs/{run.pk}/"})
@@ -380,8 +389,10 @@ class DeadLetterRetryView(APIBase):
     def post(self, request):
         from orchestrator import control
 
-        ids = validated(s.TaskRunIdsSerializer, body(request))["ids"]
-        return Response({"requested": len(set(ids)), "retried": control.retry_task_runs(sorted(set(ids)))})
+        ids = sorted(set(validated(s.TaskRunIdsSerializer, body(request))["ids"]))
+        retried = control.retry_task_runs(ids)
+        audit.record_each("retry", "taskrun", ids, request=request, changed=retried)
+        return Response({"requested": len(ids), "retried": retried})
 
 
 class DeadLetterDiscardView(APIBase):
@@ -390,8 +401,10 @@ class DeadLetterDiscardView(APIBase):
     def post(self, request):
         from orchestrator import control
 
-        ids = validated(s.TaskRunIdsSerializer, body(request))["ids"]
-        return Response({"requested": len(set(ids)), "discarded": control.discard_task_runs(sorted(set(ids)))})
+        ids = sorted(set(validated(s.TaskRunIdsSerializer, body(request))["ids"]))
+        discarded = control.discard_task_runs(ids)
+        audit.record_each("discard", "taskrun", ids, request=request, changed=discarded)
+        return Response({"requested": len(ids), "discarded": discarded})
 
 
 # --- backfills ------------------------------------------------------------------------------------
@@ -445,6 +458,8 @@ class BackfillListView(APIBase):
                                        params=data["params"], created_by=request.user, **where)
         except backfills.BackfillError as exc:
             raise ValidationError(field_errors(exc.field, str(exc))) from None
+        audit.record("backfill", request=request, target=backfill, workflow=workflow.name,
+                     start=data["start"].isoformat(), end=data["end"].isoformat(), runs=backfill.total)
         backfill = backfills_queryset().get(pk=backfill.pk)
         return Response(s.BackfillSerializer(backfill).data, status=status.HTTP_201_CREATED,
                         headers={"Location": f"/api/backfills/{backfill.pk}/"})
@@ -458,3 +473,29 @@ class BackfillDetailView(APIBase):
         if backfill is None:
             raise NotFound(f"no backfill {pk}")
         return Response(s.BackfillSerializer(backfill).data)
+
+
+# --- audit log ------------------------------------------------------------------------------------
+
+
+class AuditListView(APIBase):
+    permission_classes = [OperatorsOnly]
+
+    @extend_schema(tags=["audit"], operation_id="audit_list", summary="The audit log: operator actions, newest first",
+                   description="Who did what, when, to which object and from where (UI, API, admin or command "
+                               "line, and the IP address). Operators only. Retention never deletes these.",
+                   parameters=[s.AuditFilterSerializer,
+                               OpenApiParameter("cursor", str, description="from a page's next/previous link"),
+                               OpenApiParameter("limit", int, description="page size, at most 500")],
+                   responses={200: paginated_schema(s.AuditEventSerializer), **errors(400, 401, 403)})
+    def get(self, request):
+        from orchestrator.models import AuditEvent
+
+        filters = validated(s.AuditFilterSerializer, request.query_params)
+        events = AuditEvent.objects.all()
+        for key, lookup in [("action", "action"), ("actor", "actor_name"), ("source", "source"),
+                            ("target_type", "target_type"), ("target_id", "target_id"), ("since", "at__gte"),
+                            ("until", "at__lt")]:
+            if key in filters:
+                events = events.filter(**{lookup: filters[key]})
+        return self.page(events, s.AuditEventSerializer)

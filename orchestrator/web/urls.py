@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from orchestrator.web import views
+from orchestrator.web import audit, views
 
 app_name = "web"
 
@@ -22,4 +22,5 @@ urlpatterns = [
     path("attempts/<int:attempt_id>/log/", views.attempt_log, name="attempt_log"),
     path("attempts/<int:attempt_id>/log/download/", views.attempt_log_download, name="attempt_log_download"),
     path("dead-letter/", views.dead_letter, name="dead_letter"),
+    path("audit/", audit.audit_log, name="audit"),
 ]

@@ -26,7 +26,7 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from orchestrator import access, cron
+from orchestrator import access, audit, cron
 from orchestrator.models import (
     ACTIVE_RUN_STATES,
     Attempt,
@@ -319,6 +319,7 @@ def workflow_trigger(request, name):
     except RunError as exc:
         context = _workflow_context(request, wf, submitted=values, form_error=str(exc))
         return page(request, "orchestrator/web/workflow.html", context, status=400)
+    audit.record("trigger", request=request, target=run, workflow=wf.name, params=values)
     messages.success(request, f"Triggered run #{run.pk} of {wf.name}.")
     return HttpResponseRedirect(reverse("web:run", args=[run.pk]))
 
@@ -329,6 +330,7 @@ def workflow_pause(request, name):
 
     wf = get_object_or_404(Workflow, name=name)
     scheduler.pause_workflow(wf)
+    audit.record("pause", request=request, target=wf)
     messages.success(request, f"Paused {wf.name}: its schedules fire no new runs until resumed.")
     return back(request, reverse("web:workflow", args=[wf.name]))
 
@@ -339,6 +341,7 @@ def workflow_resume(request, name):
 
     wf = get_object_or_404(Workflow, name=name)
     scheduler.resume_workflow(wf)
+    audit.record("resume", request=request, target=wf)
     messages.success(request, f"Resumed {wf.name}.")
     return back(request, reverse("web:workflow", args=[wf.name]))
 
@@ -469,7 +472,10 @@ def run_cancel(request, run_id):
     from orchestrator import control
 
     run = get_object_or_404(Run, pk=run_id)
-    if control.cancel_run(run, reason=f"cancelled in the web UI by {request.user.get_username()}", by=request.user):
+    cancelled = control.cancel_run(run, reason=f"cancelled in the web UI by {request.user.get_username()}",
+                                   by=request.user)
+    audit.record("cancel", request=request, target=run, changed=cancelled)
+    if cancelled:
         messages.success(request, f"Cancelled run #{run.pk}.")
     else:
         messages.warning(request, f"Run #{run.pk} had already ended; nothing was cancelled.")
@@ -482,6 +488,7 @@ def run_retry(request, run_id):
 
     run = get_object_or_404(Run, pk=run_id)
     count = control.retry_run(run)
+    audit.record("retry", request=request, target=run, changed=count)
     if count:
         messages.success(request, f"Retrying {count} task run{'s' if count != 1 else ''} of run #{run.pk}.")
     else:
@@ -630,4 +637,5 @@ def _dead_letter_action(request):
     else:
         count = control.discard_task_runs(ids)
         messages.success(request, f"Discarded {count} task run{'s' if count != 1 else ''} (now failed).")
+    audit.record_each(action, "taskrun", ids, request=request, changed=count)
     return back(request, reverse("web:dead_letter"))

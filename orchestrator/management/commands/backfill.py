@@ -8,7 +8,7 @@ from datetime import time as dtime
 
 from django.core.management.base import BaseCommand, CommandError
 
-from orchestrator import backfill
+from orchestrator import audit, backfill
 
 BAR_WIDTH = 30
 
@@ -63,6 +63,8 @@ class Command(BaseCommand):
             created = backfill.start(options["workflow"], start, end, params=params, on_progress=self.show, **common)
         except backfill.BackfillError as exc:
             raise CommandError(f"{exc.field}: {exc}") from None
+        audit.record("backfill", target=created, workflow=created.workflow.name, start=start.isoformat(),
+                     end=end.isoformat(), runs=created.total)
         self.stdout.write("")
         self.stdout.write(self.style.SUCCESS(
             f"backfill #{created.pk} of {created.workflow.name}: {created.total} runs in the backfill lane"))

@@ -3,7 +3,7 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from orchestrator import retention
+from orchestrator import audit, retention
 
 
 class Command(BaseCommand):
@@ -25,6 +25,7 @@ class Command(BaseCommand):
         if batch_size < 1:
             raise CommandError(f"--batch-size: {batch_size} must be at least 1")
         report = retention.prune(age, batch_size=batch_size)
+        audit.record("prune", target_type="run", older_than=older_than, runs=report.runs)
         self.stdout.write(str(report))
         for error in report.log_errors[:20]:
             self.stderr.write(f"  could not delete log {error}")

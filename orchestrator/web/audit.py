@@ -1,0 +1,63 @@
+"""The audit log page: every operator action, newest first, filtered by action, person, source
+and target; operators only (it says who did what from which address)."""
+
+from __future__ import annotations
+
+import json
+
+from django import forms
+from django.core.exceptions import PermissionDenied
+
+from orchestrator import access
+from orchestrator.models import AuditEvent
+from orchestrator.web.views import keyset_page, page, viewer_required
+
+
+class AuditFilterForm(forms.Form):
+    action = forms.CharField(required=False, max_length=50)
+    actor = forms.CharField(required=False, max_length=150, label="who")
+    source = forms.ChoiceField(required=False, choices=[("", "from anywhere"), *AuditEvent.Source.choices])
+    target_type = forms.CharField(required=False, max_length=50, label="target type")
+    target_id = forms.CharField(required=False, max_length=255, label="target id")
+    before = forms.IntegerField(required=False, min_value=1, max_value=2**63 - 1)
+    after = forms.IntegerField(required=False, min_value=1, max_value=2**63 - 1)
+
+    def clean(self):
+        data = super().clean()
+        for key, value in data.items():
+            if isinstance(value, str) and "\x00" in value:
+                self.add_error(key, "contains a NUL character")
+        return data
+
+
+def filter_events(data: dict):
+    events = AuditEvent.objects.all()
+    for key, lookup in (("action", "action"), ("actor", "actor_name"), ("source", "source"),
+                        ("target_type", "target_type"), ("target_id", "target_id")):
+        if data.get(key):
+            events = events.filter(**{lookup: data[key]})
+    return events
+
+
+@viewer_required
+def audit_log(request):
+    if not access.is_operator(request.user):
+        raise PermissionDenied("The audit log is for operators.")
+    form = AuditFilterForm(request.GET or None)
+    data = form.cleaned_data if form.is_valid() else {}
+    if form.is_bound and not form.is_valid():
+        data = {key: value for key, value in form.cleaned_data.items() if key not in form.errors}
+    rows, has_older, has_newer = keyset_page(filter_events(data), data.get("before"), data.get("after"))
+    for event in rows:
+        event.detail_text = ", ".join(f"{key}={json.dumps(value, ensure_ascii=False)}"
+                                      for key, value in (event.detail or {}).items())
+    params = request.GET.copy()
+    for key in ("before", "after"):
+        params.pop(key, None)
+    base = params.urlencode()
+    return page(request, "orchestrator/web/audit.html", {
+        "form": form, "events": rows, "has_older": has_older, "has_newer": has_newer,
+        "older_qs": f"{base}&before={rows[-1].pk}".lstrip("&") if rows and has_older else "",
+        "newer_qs": f"{base}&after={rows[0].pk}".lstrip("&") if rows and has_newer else "",
+        "first_qs": base,
+    })
