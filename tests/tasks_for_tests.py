@@ -21,12 +21,28 @@ def _record(path, **fields):
 
 @job
 def record(ctx):
-    """Writes its start and end time; sleeps params["sleep"] seconds in between."""
+    """Writes its start and end time; sleeps params["sleep"] seconds in between. The tasks named
+    in params["together"] also wait (at most 30 s) until all of them have started, and record
+    whether they met: proof that they ran at the same time, whatever the machine's load."""
     path = ctx.params.get("record")
     _record(path, task=ctx.task, attempt=ctx.attempt, event="start", at=time.time())
+    together = ctx.params.get("together") or []
+    if ctx.task in together:
+        _record(path, task=ctx.task, event="met", met=_wait_for_starts(path, set(together), 30.0))
     time.sleep(float(ctx.params.get("sleep", 0)))
     _record(path, task=ctx.task, attempt=ctx.attempt, event="end", at=time.time())
     return {"task": ctx.task, "upstream": sorted(ctx.upstream)}
+
+
+def _wait_for_starts(path, tasks: set, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(path) as f:
+            started = {json.loads(line)["task"] for line in f if '"start"' in line}
+        if tasks <= started:
+            return True
+        time.sleep(0.02)
+    return False
 
 
 @job
