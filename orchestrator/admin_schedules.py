@@ -11,10 +11,9 @@ from zoneinfo import ZoneInfo
 
 from django import forms
 from django.contrib import admin, messages
-from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from orchestrator import access, audit, cron
+from orchestrator import access, audit, clock, cron
 from orchestrator.models import Schedule, Workflow
 from orchestrator.params import ParamError, clean_params
 from orchestrator.scheduler import notify_schedules, pause_schedule, resume_schedule
@@ -149,7 +148,7 @@ class ScheduleAdmin(audit.AdminChanges, admin.ModelAdmin):
         if obj is None or not obj.pk:
             return "Shown after saving."
         try:
-            rows = cron.preview(obj.cron, obj.timezone, timezone.now(), PREVIEW_COUNT)
+            rows = cron.preview(obj.cron, obj.timezone, clock.now(), PREVIEW_COUNT)
         except cron.CronError as exc:
             return f"invalid: {exc}"
         if not rows:
@@ -168,7 +167,7 @@ class ScheduleAdmin(audit.AdminChanges, admin.ModelAdmin):
         if not change:
             obj.source = Schedule.Source.ADMIN
         if not change or obj.next_fire_at is None or {"cron", "timezone"} & set(form.changed_data):
-            obj.next_fire_at = cron.next_fire_time(obj.cron, obj.timezone, timezone.now())
+            obj.next_fire_at = cron.next_fire_time(obj.cron, obj.timezone, clock.now())
         super().save_model(request, obj, form, change)
         # A paused schedule resumed here keeps its past next_fire_at: the scheduler then applies the
         # catchup policy, exactly as resume_schedule does.

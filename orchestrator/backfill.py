@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone as dj_timezone
 
-from orchestrator import cron
+from orchestrator import clock, cron
 from orchestrator.models import Backfill, Lane, Run, Schedule, TaskRun, Trigger, Workflow
 from orchestrator.params import ParamError, clean_params
 from orchestrator.runs import notify_dispatchers, task_runs_for
@@ -181,7 +181,7 @@ def start(workflow, start, end, *, reprocess: str = "none", params: dict | None 
         cleaned = clean_params(version.spec.get("params", {}), {**(chosen.params if chosen else {}), **(params or {})})
     except ParamError as exc:
         raise BackfillError(f"invalid params: {exc}", "params") from None
-    now = now or dj_timezone.now()
+    now = now or clock.now()
     from orchestrator.scheduler import NewRun, insert_runs
 
     total, done = the_plan.total, 0

@@ -60,6 +60,13 @@ def now() -> datetime:
     return _current.now()
 
 
+def db_now_param() -> datetime | None:
+    """For SQL that compares with the database clock (leases, heartbeats) without a query of
+    its own: ``COALESCE(%(db_now)s::timestamptz, now())``. None under the system clock (the
+    database's ``now()`` applies); the pinned time under a test's clock."""
+    return None if _current is system else _current.db_now()
+
+
 @contextmanager
 def pinned(clock) -> Iterator:
     """Make ``clock`` the process clock for the duration of the block."""

@@ -9,10 +9,9 @@ import json
 from collections.abc import Iterable
 
 from django.db import OperationalError, connection, transaction
-from django.utils import timezone
 from psycopg.errors import DeadlockDetected
 
-from orchestrator import resolver
+from orchestrator import clock, resolver
 from orchestrator.models import Run
 from orchestrator.states import (
     ACTIVE_RUN_STATES,
@@ -94,7 +93,7 @@ def cancel_run(run: Run | int, reason: str = "", by=None) -> bool:
 
 def _cancel_run(run: Run | int, reason: str, by) -> bool:
     run_id = run if isinstance(run, int) else run.pk
-    now = timezone.now()
+    now = clock.now()
     who = getattr(by, "username", None) or (str(by) if by else "")
     reason = reason or (f"cancelled by {who}" if who else "cancelled")
     with transaction.atomic():
@@ -123,7 +122,7 @@ def retry_task_runs(ids: Iterable[int], *, now=None) -> int:
     ids = sorted({int(i) for i in ids})
     if not ids:
         return 0
-    now = now or timezone.now()
+    now = now or clock.now()
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(resolver.RUNS_OF, [ids])
         resolver.lock_runs(cursor, [row[0] for row in cursor.fetchall()])

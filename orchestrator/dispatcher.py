@@ -17,8 +17,8 @@ from datetime import datetime
 import psycopg
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
-from django.utils import timezone
 
+from orchestrator import clock
 from orchestrator.models import QueueLimit, TenantLimit
 from orchestrator.runs import DISPATCH_CHANNEL, queue_channel
 from orchestrator.states import BUSY_TASK_STATES, TaskState, sql_list
@@ -120,7 +120,7 @@ def _full(cursor, limits: dict[str, int], default: int | None, busy_sql: str) ->
 def tick(now: datetime | None = None, batch: int = 1000, limits: tuple | None = None) -> int:
     """Queue the due task runs that the limits allow; returns how many were queued. ``limits``
     (as returned by ``load_limits``) saves reading them on every tick."""
-    now = now or timezone.now()
+    now = now or clock.now()
     with transaction.atomic(), connection.cursor() as cursor:
         # Not waiting for the WAL flush: a queued mark lost in a database crash leaves the task
         # run scheduled, and the next tick queues it again.
@@ -245,7 +245,7 @@ class Dispatcher:
         or the poll, not in a busy loop."""
         wait = self.poll
         if upcoming is not None:
-            until = (upcoming - timezone.now()).total_seconds()
+            until = (upcoming - clock.now()).total_seconds()
             if until > 0:
                 wait = min(wait, until)
             else:

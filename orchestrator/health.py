@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.http import JsonResponse
 
+from orchestrator import clock
 from orchestrator.states import LIVE_WORKER_STATES, sql_list
 
 SCHEDULER_LEASE = "scheduler"
@@ -24,10 +25,12 @@ def _seconds(value: float) -> str:
     return f"{value:g} s"
 
 
-# Workers whose heartbeat is recent, on the database clock (the heartbeat was written with it).
+# Workers whose heartbeat is recent, on the database clock (the heartbeat was written with it),
+# or a test's pinned clock.
 LIVE_WORKERS = f"""
 SELECT count(*) FROM orchestrator_worker
- WHERE state IN ({sql_list(LIVE_WORKER_STATES)}) AND heartbeat_at > now() - make_interval(secs => %s)
+ WHERE state IN ({sql_list(LIVE_WORKER_STATES)})
+   AND heartbeat_at > COALESCE(%s::timestamptz, now()) - make_interval(secs => %s)
 """
 
 
@@ -43,11 +46,12 @@ def check_database() -> tuple[bool, str]:
 
 
 def check_scheduler() -> tuple[bool, str]:
-    # Compared with the database clock: the lease was written with it.
+    # Compared with the database clock (the lease was written with it), or a test's pinned clock.
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT holder, epoch, EXTRACT(EPOCH FROM expires_at - now()) FROM orchestrator_lease WHERE name = %s",
-            [SCHEDULER_LEASE],
+            "SELECT holder, epoch, EXTRACT(EPOCH FROM expires_at - COALESCE(%s::timestamptz, now()))"
+            " FROM orchestrator_lease WHERE name = %s",
+            [clock.db_now_param(), SCHEDULER_LEASE],
         )
         row = cursor.fetchone()
     if row is None:
@@ -62,7 +66,7 @@ def check_scheduler() -> tuple[bool, str]:
 def check_workers() -> tuple[bool, str]:
     timeout = settings.ORCHESTRATOR["HEARTBEAT_TIMEOUT_SECONDS"]
     with connection.cursor() as cursor:
-        cursor.execute(LIVE_WORKERS, [timeout])
+        cursor.execute(LIVE_WORKERS, [clock.db_now_param(), timeout])
         live = cursor.fetchone()[0]
     if live == 0:
         return False, f"no worker has sent a heartbeat in the last {_seconds(timeout)}"

@@ -25,7 +25,7 @@ from datetime import datetime
 
 from django.utils import timezone
 
-from orchestrator import limits, registry
+from orchestrator import clock, limits, registry
 from orchestrator.models import Run, Trigger
 from orchestrator.registry import job
 from orchestrator.runs import IdempotencyConflict, RunError, create_run
@@ -168,7 +168,7 @@ def enqueue(
     }
     payload = {"ref": ref, "args": args, "kwargs": kwargs, "queue": queue, "priority": priority,
                "max_attempts": max_attempts, "timeout": timeout, "tenant": tenant, "spec_extra": spec_extra}
-    now = now or timezone.now()
+    now = now or clock.now()
     when = run_after or now
     return create_run(
         None, trigger=Trigger.JOB, tasks={ref: spec}, logical_date=when, due_at=when, priority=priority,

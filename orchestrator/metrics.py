@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from orchestrator import clock
 from orchestrator.health import SCHEDULER_LEASE
 from orchestrator.states import LIVE_WORKER_STATES, AttemptOutcome, TaskState, sql_list
 
@@ -37,17 +38,17 @@ QUEUE_SQL = f"""
     SELECT queue, '{TaskState.QUEUED}', count(*) FROM orchestrator_taskrun WHERE state = '{TaskState.QUEUED}' GROUP BY queue
     UNION ALL
     SELECT queue, 'due', count(*) FROM orchestrator_taskrun
-     WHERE state = '{TaskState.SCHEDULED}' AND (due_at IS NULL OR due_at <= now()) GROUP BY queue
+     WHERE state = '{TaskState.SCHEDULED}' AND (due_at IS NULL OR due_at <= %(now)s) GROUP BY queue
     UNION ALL
     SELECT queue, '{TaskState.RUNNING}', count(*) FROM orchestrator_taskrun WHERE state = '{TaskState.RUNNING}' GROUP BY queue
 """
 
 OUTCOME_SQL = """
-    SELECT coalesce(w.name, %s), t.state, count(*)
+    SELECT coalesce(w.name, %(job_label)s), t.state, count(*)
       FROM orchestrator_taskrun t
       JOIN orchestrator_run r ON r.id = t.run_id
       LEFT JOIN orchestrator_workflow w ON w.id = r.workflow_id
-     WHERE t.finished_at > now() - make_interval(secs => %s)
+     WHERE t.finished_at > %(now)s - make_interval(secs => %(window)s)
      GROUP BY 1, 2
 """
 
@@ -56,26 +57,30 @@ OUTCOME_SQL = """
 SCHEDULE_DELAY_SQL = """
     SELECT trigger, {buckets}, count(*), coalesce(sum(schedule_delay), 0)
       FROM orchestrator_run
-     WHERE schedule_delay IS NOT NULL AND started_at > now() - make_interval(secs => %s) AND trigger <> 'backfill'
+     WHERE schedule_delay IS NOT NULL AND started_at > %(now)s - make_interval(secs => %(window)s) AND trigger <> 'backfill'
      GROUP BY trigger
 """.format(buckets=", ".join(f"count(*) FILTER (WHERE schedule_delay <= {b!r})" for b in SCHEDULE_DELAY_BUCKETS))
 
+# Heartbeats and the lease are compared with the database clock (they were written with it);
+# db_now is NULL except under a test's pinned clock.
 STATUS_SQL = f"""
     SELECT
       (SELECT count(*) FROM orchestrator_taskrun WHERE state = '{TaskState.DEAD}'),
       (SELECT count(*) FROM orchestrator_worker
-        WHERE state IN ({sql_list(LIVE_WORKER_STATES)}) AND heartbeat_at > now() - make_interval(secs => %s)),
+        WHERE state IN ({sql_list(LIVE_WORKER_STATES)})
+          AND heartbeat_at > COALESCE(%(db_now)s::timestamptz, now()) - make_interval(secs => %(heartbeat)s)),
       (SELECT count(*) FROM orchestrator_attempt
-        WHERE outcome = '{AttemptOutcome.LOST}' AND finished_at > now() - make_interval(secs => %s)),
+        WHERE outcome = '{AttemptOutcome.LOST}' AND finished_at > %(now)s - make_interval(secs => %(reaped)s)),
       (SELECT count(*) FROM orchestrator_attempt
-        WHERE outcome = '{AttemptOutcome.TIMED_OUT}' AND finished_at > now() - make_interval(secs => %s)),
-      lease.holder, lease.epoch, EXTRACT(EPOCH FROM lease.expires_at - now())
-    FROM (SELECT 1) AS one LEFT JOIN orchestrator_lease AS lease ON lease.name = %s
+        WHERE outcome = '{AttemptOutcome.TIMED_OUT}' AND finished_at > %(now)s - make_interval(secs => %(reaped)s)),
+      lease.holder, lease.epoch, EXTRACT(EPOCH FROM lease.expires_at - COALESCE(%(db_now)s::timestamptz, now()))
+    FROM (SELECT 1) AS one LEFT JOIN orchestrator_lease AS lease ON lease.name = %(lease)s
 """
 
 WORKERS_BY_QUEUE_SQL = f"""
     SELECT queue, count(*) FROM orchestrator_worker, unnest(queues) AS queue
-     WHERE state IN ({sql_list(LIVE_WORKER_STATES)}) AND heartbeat_at > now() - make_interval(secs => %s)
+     WHERE state IN ({sql_list(LIVE_WORKER_STATES)})
+       AND heartbeat_at > COALESCE(%(db_now)s::timestamptz, now()) - make_interval(secs => %(heartbeat)s)
      GROUP BY queue
 """
 
@@ -107,13 +112,15 @@ class DatabaseCollector:
 
     def _families(self) -> list:
         heartbeat_timeout = settings.ORCHESTRATOR["HEARTBEAT_TIMEOUT_SECONDS"]
-        queue_rows = _fetchall(QUEUE_SQL)
-        outcome_rows = _fetchall(OUTCOME_SQL, [JOB_LABEL, OUTCOME_WINDOW_SECONDS])
-        delay_rows = _fetchall(SCHEDULE_DELAY_SQL, [SCHEDULE_DELAY_WINDOW_SECONDS])
-        (dead, live, lost, timed_out, holder, epoch, remaining) = _fetchall(
-            STATUS_SQL, [heartbeat_timeout, REAPED_WINDOW_SECONDS, REAPED_WINDOW_SECONDS, SCHEDULER_LEASE]
-        )[0]
-        worker_rows = _fetchall(WORKERS_BY_QUEUE_SQL, [heartbeat_timeout])
+        now, db_now = clock.now(), clock.db_now_param()
+        queue_rows = _fetchall(QUEUE_SQL, {"now": now})
+        outcome_rows = _fetchall(OUTCOME_SQL, {"job_label": JOB_LABEL, "now": now, "window": OUTCOME_WINDOW_SECONDS})
+        delay_rows = _fetchall(SCHEDULE_DELAY_SQL, {"now": now, "window": SCHEDULE_DELAY_WINDOW_SECONDS})
+        (dead, live, lost, timed_out, holder, epoch, remaining) = _fetchall(STATUS_SQL, {
+            "now": now, "db_now": db_now, "heartbeat": heartbeat_timeout, "reaped": REAPED_WINDOW_SECONDS,
+            "lease": SCHEDULER_LEASE,
+        })[0]
+        worker_rows = _fetchall(WORKERS_BY_QUEUE_SQL, {"db_now": db_now, "heartbeat": heartbeat_timeout})
 
         # Queues served by a live worker are reported even when empty, so a dashboard shows 0
         # rather than no data.

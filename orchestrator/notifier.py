@@ -17,8 +17,8 @@ import urllib.request
 from collections.abc import Sequence
 
 from django.conf import settings
-from django.utils import timezone
 
+from orchestrator import clock
 from orchestrator.models import Run, WebhookDelivery
 from orchestrator.registry import job
 
@@ -107,7 +107,7 @@ def deliver(delivery_id: int) -> dict:
         attempts=attempts, status_code=status, last_error=error,
         state=WebhookDelivery.State.DELIVERED if delivered else (
             WebhookDelivery.State.FAILED if final else WebhookDelivery.State.PENDING),
-        delivered_at=timezone.now() if delivered else None,
+        delivered_at=clock.now() if delivered else None,
     )
     if not delivered:
         raise DeliveryFailed(f"webhook {delivery.url} failed (attempt {attempts}): {error or status}")

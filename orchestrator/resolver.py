@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connection
-from django.utils import timezone
 
+from orchestrator import clock
 from orchestrator.runs import DISPATCH_CHANNEL
 from orchestrator.states import (
     DEFAULT_TRIGGER_RULE,
@@ -164,7 +164,7 @@ def end_attempts(endings: Sequence[Ending], *, worker_id: int | None = None,
     new_state) for each ending that was accepted. Children and runs are resolved too."""
     if not endings:
         return []
-    now = now or timezone.now()
+    now = now or clock.now()
     with connection.cursor() as cursor:
         runs = {e.run_id for e in endings}
         if None in runs:
@@ -205,7 +205,7 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
     if not runs:
         return 0
     release = runs if release is None else sorted(set(release))
-    now = now or timezone.now()
+    now = now or clock.now()
     released = 0
     with connection.cursor() as cursor:
         lock_runs(cursor, runs)  # already held when called from end_attempts: a no-op then

@@ -10,8 +10,8 @@ import json
 from datetime import datetime
 
 from django.db import connection, transaction
-from django.utils import timezone
 
+from orchestrator import clock
 from orchestrator.models import Lane, Run, RunState, TaskRun, TaskState, Workflow, WorkflowVersion
 
 
@@ -103,7 +103,7 @@ def create_run(
     IdempotencyConflict. ``state=PENDING`` holds every task back until the run is released;
     SKIPPED and MISSED runs are recorded without task runs.
     """
-    now = now or timezone.now()
+    now = now or clock.now()
     if workflow is not None:
         version = version or workflow.current_version
         if version is None:
@@ -166,7 +166,7 @@ def _existing(run: Run) -> Run:
 
 def release_pending_run(run: Run, now: datetime | None = None) -> bool:
     """Start a run that was held back (PENDING): its root tasks become due now."""
-    now = now or timezone.now()
+    now = now or clock.now()
     with transaction.atomic():
         if not Run.objects.filter(pk=run.pk, state=RunState.PENDING).update(state=RunState.RUNNING):
             return False

@@ -19,9 +19,8 @@ from pathlib import Path
 import networkx
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
 
-from orchestrator import cron, dsl
+from orchestrator import clock, cron, dsl
 from orchestrator.models import Schedule, Workflow, WorkflowVersion
 from orchestrator.params import clean_param
 
@@ -186,7 +185,7 @@ def discover(directory: Path | None = None, package: str | None = None):
 
 def sync_workflows(directory: Path | None = None, package: str | None = None, now=None) -> SyncReport:
     report = SyncReport()
-    now = now or timezone.now()
+    now = now or clock.now()
     found, failed = discover(directory, package)
     report.import_errors = {name: error.splitlines()[0] for name, error in failed.items()}
 
@@ -222,7 +221,7 @@ def sync_workflows(directory: Path | None = None, package: str | None = None, no
 def _mark_broken(name: str, module_name: str, message: str) -> None:
     workflow, _ = Workflow.objects.get_or_create(name=name, defaults={"module": module_name})
     Workflow.objects.filter(pk=workflow.pk).update(
-        broken=True, sync_error=message, present=True, module=module_name, synced_at=timezone.now()
+        broken=True, sync_error=message, present=True, module=module_name, synced_at=clock.now()
     )
 
 

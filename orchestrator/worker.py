@@ -27,9 +27,8 @@ from multiprocessing.connection import Pipe
 
 from django.conf import settings
 from django.db import DatabaseError, connection, connections, transaction
-from django.utils import timezone
 
-from orchestrator import executor, resolver
+from orchestrator import clock, executor, resolver
 from orchestrator.control import CANCEL_CHANNEL
 from orchestrator.dispatcher import drain_notifies, listen_connection
 from orchestrator.resolver import Ending
@@ -463,7 +462,7 @@ class Worker:
         """Record the outcomes gathered so far and claim up to ``claim`` task runs, in one
         transaction that commits before anything claimed starts."""
         endings, self.endings = self.endings, []
-        now = timezone.now()
+        now = clock.now()
         try:
             with transaction.atomic():
                 with connection.cursor() as cursor:
@@ -543,7 +542,7 @@ class Worker:
             slot.message = None
             self.kill_child(slot)
             self.slots.remove(slot)
-        now = timezone.now()
+        now = clock.now()
         params = {"ids": [m["id"] for m in messages], "numbers": [m["number"] for m in messages],
                   "worker": self.id, "now": now,
                   "error": "interrupted: the worker shut down before the task finished; it runs again "

@@ -10,17 +10,67 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from datetime import time as dtime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
 
 import tests.tasks_for_tests  # noqa: F401 - registers the test jobs in this process
+from orchestrator import clock as process_clock
 from orchestrator.clock import FakeClock
 from orchestrator.settings import format_database_url
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Where the process clock of the time-sensitive tests stands. CI runs those tests again with
+# ORCHESTRATOR_TEST_NOW set to instants that break code reading the real clock or doing local
+# time arithmetic wrongly (late evening UTC, the DST changes, New Year): see .ci/run.
+TEST_NOW_ENV = "ORCHESTRATOR_TEST_NOW"
+DEFAULT_TEST_NOW = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+
+
+def test_now() -> datetime:
+    """The instant the process clock is pinned at in tests marked ``time_sensitive``."""
+    value = os.environ.get(TEST_NOW_ENV, "").strip()
+    if not value:
+        return DEFAULT_TEST_NOW
+    when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if when.tzinfo is None:
+        raise pytest.UsageError(f"{TEST_NOW_ENV}={value!r} needs a UTC offset (e.g. 2026-12-31T23:30:00Z)")
+    return when.astimezone(UTC)
+
+
+def daily_fire_times(hour: int, minute: int, tz: str, after: datetime, count: int) -> list[datetime]:
+    """An oracle for a daily ``minute hour * * *`` schedule: its next ``count`` fire times after
+    ``after``, in UTC, worked out day by day with zoneinfo the way cron runs them. A local time
+    that does not exist (spring forward) runs right after the gap, at the first valid minute of
+    the next hour; a local time that happens twice (fall back) runs once, at the first."""
+    zone = ZoneInfo(tz)
+    found: list[datetime] = []
+    day = after.astimezone(zone).date() - timedelta(days=1)
+    while len(found) < count:
+        local = datetime.combine(day, dtime(hour, minute), tzinfo=zone)
+        if local.astimezone(UTC).astimezone(zone).time() != dtime(hour, minute):
+            local = datetime.combine(day, dtime(hour + 1, 0), tzinfo=zone)  # in the gap
+        at = local.astimezone(UTC)
+        if at > after:
+            found.append(at)
+        day += timedelta(days=1)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def pinned_process_clock(request):
+    """Tests marked ``time_sensitive`` (pages, API answers, metrics: code that reads
+    ``clock.now()``) run with the process clock pinned, so they pass whatever the hour."""
+    if request.node.get_closest_marker("time_sensitive") is None:
+        yield None
+        return
+    with process_clock.pinned(FakeClock(test_now())) as pinned:
+        yield pinned
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"):

@@ -9,6 +9,7 @@ import pytest
 from django.contrib.staticfiles import finders
 from django.core.management import call_command
 
+from orchestrator import clock
 from orchestrator.models import Run, RunState, TaskRun, Trigger
 from orchestrator.runs import trigger_workflow
 from tests.api_support import (  # noqa: F401 - fixtures
@@ -22,8 +23,9 @@ from tests.api_support import (  # noqa: F401 - fixtures
     viewer_api,
     workflow,
 )
+from tests.conftest import daily_fire_times
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
 
 
 def trigger(client, name="reports", data=None, **extra):
@@ -46,10 +48,8 @@ def test_it_lists_workflows_and_shows_the_graph_params_and_next_fire_times(api, 
     assert detail["params"]["day"]["required"] is True
     [schedule] = detail["schedules"]
     fires = [datetime.fromisoformat(at) for at in schedule["next_fire_times"]]
-    assert len(fires) == 5
-    # 02:30 in Berlin is 00:30 or 01:30 UTC depending on daylight saving time.
-    assert all(at.minute == 30 and at.hour in (0, 1) for at in fires)
-    assert fires == sorted(fires)
+    # 02:30 in Berlin: 00:30 or 01:30 UTC depending on daylight saving time, 01:00 UTC after the gap
+    assert fires == daily_fire_times(2, 30, "Europe/Berlin", clock.now(), 5)
 
 
 def test_an_unknown_workflow_is_a_json_404(api, workflow):

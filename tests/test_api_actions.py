@@ -3,8 +3,8 @@
 attempt logs. Each with its success, its permissions and its bad inputs."""
 
 import pytest
-from django.utils import timezone
 
+from orchestrator import clock
 from orchestrator.models import Attempt, AttemptOutcome, Run, RunState, TaskRun, TaskState, Workflow
 from orchestrator.runs import trigger_workflow
 from tests.api_support import (  # noqa: F401 - fixtures
@@ -17,7 +17,7 @@ from tests.api_support import (  # noqa: F401 - fixtures
     workflow,
 )
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
 
 
 def a_run(workflow):
@@ -28,7 +28,7 @@ def a_run(workflow):
 def dead_task_run(workflow, error="ValueError: boom"):
     run = a_run(workflow)
     task_run = TaskRun.objects.get(run=run, task="extract")
-    now = timezone.now()
+    now = clock.now()
     Attempt.objects.create(task_run=task_run, number=1, outcome=AttemptOutcome.FAILED, started_at=now,
                            finished_at=now, error=error)
     TaskRun.objects.filter(pk=task_run.pk).update(state=TaskState.DEAD, attempts=1, max_attempts=1,

@@ -5,8 +5,8 @@ permissions and bad input for each."""
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.utils import timezone
 
+from orchestrator import clock
 from orchestrator.models import Backfill, Run, RunState, TaskRun, TaskState
 from tests.api_support import (  # noqa: F401 - fixtures
     anonymous,
@@ -18,7 +18,7 @@ from tests.api_support import (  # noqa: F401 - fixtures
     workflow,
 )
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
 
 REF = "workflows.jobs:send_welcome_email"
 
@@ -31,7 +31,7 @@ def enqueue(client, **data):
 
 
 def test_an_operator_enqueues_a_delayed_job_and_reads_it_back(api, viewer_api, operator):
-    later = timezone.now().replace(microsecond=0) + timedelta(hours=1)
+    later = clock.now().replace(microsecond=0) + timedelta(hours=1)
     response = enqueue(api, run_after=later.isoformat(), queue="batch", priority=7, max_attempts=3, timeout=30)
     assert response.status_code == 201, response.json()
     job = response.json()

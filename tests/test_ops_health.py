@@ -3,15 +3,15 @@
 from datetime import timedelta
 
 import pytest
-from django.utils import timezone
 
+from orchestrator import clock
 from orchestrator.models import Lease, Worker
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
 
 
 def add_worker(name="w1", heartbeat_age=0.0, state=Worker.State.RUNNING):
-    now = timezone.now()
+    now = clock.now()
     return Worker.objects.create(
         name=name, host="h", pid=1, queues=["default"], state=state,
         started_at=now - timedelta(hours=1), heartbeat_at=now - timedelta(seconds=heartbeat_age),
@@ -19,7 +19,7 @@ def add_worker(name="w1", heartbeat_age=0.0, state=Worker.State.RUNNING):
 
 
 def hold_lease(expires_in=15.0, holder="scheduler@h:1", epoch=3):
-    now = timezone.now()
+    now = clock.now()
     return Lease.objects.update_or_create(
         name="scheduler",
         defaults={"holder": holder, "epoch": epoch, "acquired_at": now, "expires_at": now + timedelta(seconds=expires_in)},

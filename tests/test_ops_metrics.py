@@ -3,12 +3,12 @@
 from datetime import timedelta
 
 import pytest
-from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from orchestrator import clock
 from orchestrator.models import Attempt, Lease, Run, Schedule, TaskRun, Worker, Workflow
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
 
 METRICS = {
     "orchestrator_database_up", "orchestrator_queue_depth", "orchestrator_tasks_running",
@@ -40,7 +40,7 @@ def value(samples, name, **labels):
 @pytest.fixture
 def deployment():
     """A small but complete picture: work in every state, workers, a leader, reaped attempts."""
-    now = timezone.now()
+    now = clock.now()
     etl = Workflow.objects.create(name="etl")
     schedule = Schedule.objects.create(workflow=etl, cron="* * * * *")
 
@@ -134,7 +134,7 @@ def test_metrics_parse_and_describe_the_deployment(client, deployment):
 
 
 def test_an_expired_lease_reports_no_leader(client):
-    now = timezone.now()
+    now = clock.now()
     Lease.objects.create(name="scheduler", holder="scheduler@h:42", epoch=9, acquired_at=now,
                          expires_at=now - timedelta(seconds=30))
     _, samples = scrape(client)
@@ -150,7 +150,7 @@ def test_a_scrape_costs_five_queries_however_much_history_there_is(client, deplo
         client.get("/metrics")
     run = Run.objects.filter(workflow__name="etl", state="failed").get()
     TaskRun.objects.bulk_create(
-        TaskRun(run=run, task=f"extra{i}", state="succeeded", finished_at=timezone.now()) for i in range(300)
+        TaskRun(run=run, task=f"extra{i}", state="succeeded", finished_at=clock.now()) for i in range(300)
     )
     with django_assert_num_queries(5):
         _, samples = scrape(client)

@@ -2,17 +2,18 @@
 times, code-declared schedules read-only except pause, and pause/resume actions."""
 
 from datetime import timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.contrib.auth.models import User
-from django.utils import timezone
 
-from orchestrator import access
+from orchestrator import access, clock
 from orchestrator.models import Schedule
 from orchestrator.sync import sync_workflows
+from tests.conftest import daily_fire_times
 from tests.test_scheduler import make_schedule, make_workflow
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
 
 ADD_URL = "/admin/orchestrator/schedule/add/"
 
@@ -62,21 +63,23 @@ def test_an_operator_adds_a_schedule_that_fires_at_its_next_time(admin_client, w
     assert response.status_code == 302, response.content.decode()[:2000]
     schedule = Schedule.objects.get()
     assert (schedule.source, schedule.cron, schedule.params) == ("admin", "30 2 * * *", {"region": "apac"})
-    assert schedule.next_fire_at > timezone.now()
-    assert schedule.next_fire_at - timezone.now() <= timedelta(days=1)
+    assert schedule.next_fire_at > clock.now()
+    # the next 02:30 in Berlin (the fall-back day lasts 25 hours, the spring-forward day has no 02:30)
+    assert schedule.next_fire_at == daily_fire_times(2, 30, "Europe/Berlin", clock.now(), 1)[0]
 
 
 def test_the_change_page_previews_the_next_fire_times_in_local_time_and_utc(admin_client, workflow):
-    schedule = make_schedule(workflow, "30 2 * * *", now=timezone.now(), tz="Europe/Berlin", name="nightly")
+    schedule = make_schedule(workflow, "30 2 * * *", now=clock.now(), tz="Europe/Berlin", name="nightly")
     html = admin_client.get(f"/admin/orchestrator/schedule/{schedule.pk}/change/").content.decode()
     assert "fire-time-preview" in html
-    assert html.count(" 02:30:00 CE") == 5  # five local times (CET or CEST)
-    assert html.count(":30:00 UTC") == 5
+    for at in daily_fire_times(2, 30, "Europe/Berlin", clock.now(), 5):  # five local times and UTC
+        local = at.astimezone(ZoneInfo("Europe/Berlin"))
+        assert f"{local:%a %Y-%m-%d %H:%M:%S %Z}" in html and f"{at:%Y-%m-%d %H:%M:%S} UTC" in html
     assert "every day at 02:30" in html
 
 
 def test_a_code_declared_schedule_is_read_only_except_paused(admin_client, workflow):
-    schedule = make_schedule(workflow, "0 * * * *", now=timezone.now(), source="code")
+    schedule = make_schedule(workflow, "0 * * * *", now=clock.now(), source="code")
     url = f"/admin/orchestrator/schedule/{schedule.pk}/change/"
     form = admin_client.get(url).context["adminform"].form
     assert list(form.fields) == ["paused"]
@@ -88,16 +91,16 @@ def test_a_code_declared_schedule_is_read_only_except_paused(admin_client, workf
 
 
 def test_changing_the_cron_of_an_admin_schedule_moves_its_next_fire_time(admin_client, workflow):
-    schedule = make_schedule(workflow, "0 0 1 1 *", now=timezone.now(), name="nightly")
+    schedule = make_schedule(workflow, "0 0 1 1 *", now=clock.now(), name="nightly")
     data = form_data(workflow, cron="*/5 * * * *", timezone="UTC")
     del data["workflow"]  # fixed once created
     assert admin_client.post(f"/admin/orchestrator/schedule/{schedule.pk}/change/", data).status_code == 302
     schedule.refresh_from_db()
-    assert schedule.next_fire_at - timezone.now() <= timedelta(minutes=5)
+    assert schedule.next_fire_at - clock.now() <= timedelta(minutes=5)
 
 
 def test_pause_and_resume_actions(admin_client, workflow):
-    schedules = [make_schedule(workflow, now=timezone.now(), name=f"s{i}") for i in range(2)]
+    schedules = [make_schedule(workflow, now=clock.now(), name=f"s{i}") for i in range(2)]
     ids = [str(s.pk) for s in schedules]
     admin_client.post("/admin/orchestrator/schedule/", {"action": "pause_schedules", "_selected_action": ids})
     assert set(Schedule.objects.values_list("paused", flat=True)) == {True}
@@ -135,8 +138,8 @@ def test_the_schedules_command_lists_state_and_next_fire_times_in_local_time_and
 
     from django.core.management import call_command
 
-    make_schedule(workflow, "30 2 * * *", now=timezone.now(), tz="Europe/Berlin", name="nightly")
-    make_schedule(workflow, "@hourly", now=timezone.now(), name="hourly", paused=True)
+    make_schedule(workflow, "30 2 * * *", now=clock.now(), tz="Europe/Berlin", name="nightly")
+    make_schedule(workflow, "@hourly", now=clock.now(), name="hourly", paused=True)
     out = StringIO()
     call_command("schedules", "--next", "3", stdout=out)
     text = out.getvalue()
@@ -145,5 +148,6 @@ def test_the_schedules_command_lists_state_and_next_fire_times_in_local_time_and
     assert "'30 2 * * *' Europe/Berlin: every day at 02:30; catchup latest, overlap allow" in text
     nightly = text[text.index("etl/nightly"):]
     lines = [line for line in nightly.splitlines() if line.strip().startswith("next")]
-    assert len(lines) == 3
-    assert all(" 02:30:00 CE" in line and ":30:00 UTC" in line for line in lines)
+    berlin = ZoneInfo("Europe/Berlin")
+    assert lines == [f"    next  {at.astimezone(berlin):%a %Y-%m-%d %H:%M:%S %Z}  =  {at:%Y-%m-%d %H:%M:%S} UTC"
+                     for at in daily_fire_times(2, 30, "Europe/Berlin", clock.now(), 3)]

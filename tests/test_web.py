@@ -13,9 +13,8 @@ from django.core.files.storage import default_storage
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
-from django.utils import timezone
 
-from orchestrator import access
+from orchestrator import access, clock
 from orchestrator.models import (
     Attempt,
     Lease,
@@ -28,8 +27,9 @@ from orchestrator.models import (
 )
 from orchestrator.runs import create_run
 from orchestrator.sync import sync_workflows
+from tests.conftest import daily_fire_times
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +82,7 @@ def as_viewer(client, viewer):
 def finished_run(wf, state=RunState.SUCCEEDED, task_state=TaskState.SUCCEEDED, seconds=12.0, error=""):
     """A run whose every task ended in ``task_state``, each with one attempt."""
     run, _ = create_run(wf, trigger="manual")
-    start = timezone.now() - timedelta(minutes=5)
+    start = clock.now() - timedelta(minutes=5)
     end = start + timedelta(seconds=seconds)
     Run.objects.filter(pk=run.pk).update(state=state, started_at=start, finished_at=end)
     TaskRun.objects.filter(run=run).update(state=task_state, attempts=1, started_at=start, finished_at=end,
@@ -96,7 +96,7 @@ def finished_run(wf, state=RunState.SUCCEEDED, task_state=TaskState.SUCCEEDED, s
 
 def dead_task_run(wf, error="ValueError: the upstream API said no"):
     run, _ = create_run(wf, trigger="manual")
-    now = timezone.now()
+    now = clock.now()
     tr = TaskRun.objects.filter(run=run, upstream=[]).first()
     TaskRun.objects.filter(pk=tr.pk).update(state=TaskState.DEAD, attempts=1, error=error, started_at=now,
                                             finished_at=now)
@@ -205,7 +205,7 @@ def test_the_dashboard_shows_run_states_queues_workers_leader_and_dead_letters(a
     dead_task_run(etl)
     run, _ = create_run(etl, trigger="manual")
     TaskRun.objects.filter(run=run, upstream=[]).update(state=TaskState.QUEUED, queue="batch")
-    now = timezone.now()
+    now = clock.now()
     Worker.objects.create(name="host-a:4242", host="host-a", pid=4242, queues=["default", "batch"], concurrency=4,
                           started_at=now, heartbeat_at=now - timedelta(seconds=3))
     Lease.objects.create(name="scheduler", holder="host-b:77", epoch=5, acquired_at=now,
@@ -230,9 +230,11 @@ def test_the_workflows_list_shows_schedules_in_words_next_fire_times_and_recent_
     assert "every day at 02:30" in html and "30 2 * * *" in html and "Europe/Berlin" in html
     assert html.count('class="sq st-succeeded"') == 1 and html.count('class="sq st-failed"') == 1
     assert broken.name in html and "unknown upstream &#x27;nope&#x27;" in html
-    # the next three fire times: 02:30 in Berlin is 01:30 UTC in winter, 00:30 UTC in summer
-    # (and 01:00 UTC right after the spring-forward gap)
-    assert len(re.findall(r'<time datetime="\d{4}-\d\d-\d\dT0[01]:[03]0:00Z"', html)) == 3
+    # the next three fire times of the nightly ETL, from the (pinned) clock: 02:30 in Berlin
+    row = next(part for part in html.split("<tr") if f'href="{reverse("web:workflow", args=[etl.name])}"' in part)
+    shown = re.findall(r'<time datetime="([^"]+)"', row)
+    assert shown == [at.isoformat().replace("+00:00", "Z") for at in daily_fire_times(2, 30, "Europe/Berlin", clock.now(), 3)]
+
 
 
 def test_the_workflow_page_draws_the_graph_the_grid_the_history_and_the_trigger_form(as_viewer, etl):
@@ -318,7 +320,7 @@ def test_an_operator_cancels_an_active_run_and_retries_a_failed_one(as_operator,
     assert set(run.task_runs.values_list("state", flat=True)) == {TaskState.CANCELLED}
 
     dead = dead_task_run(etl)
-    Run.objects.filter(pk=dead.run_id).update(state=RunState.FAILED, finished_at=timezone.now())
+    Run.objects.filter(pk=dead.run_id).update(state=RunState.FAILED, finished_at=clock.now())
     page = as_operator.get(reverse("web:run", args=[dead.run_id])).content.decode()
     assert "Retry failed tasks" in page
     response = as_operator.post(reverse("web:run_retry", args=[dead.run_id]))
@@ -363,13 +365,13 @@ def test_the_log_of_a_running_attempt_follows_its_tail(as_viewer, etl):
     run, _ = create_run(etl, trigger="manual")
     tr = run.task_runs.get(task="extract")
     TaskRun.objects.filter(pk=tr.pk).update(state=TaskState.RUNNING, attempts=1)
-    attempt = Attempt.objects.create(task_run=tr, number=1, started_at=timezone.now())
+    attempt = Attempt.objects.create(task_run=tr, number=1, started_at=clock.now())
     default_storage.save(logs.attempt_log_name(attempt), ContentFile(b"starting\n"))
     html = as_viewer.get(reverse("web:task_run", args=[tr.pk])).content.decode()
     assert "starting" in html
     assert (f'<span class="log-follow" hx-get="/attempts/{attempt.pk}/log/?offset=9" hx-trigger="every 2s"'
             in html)
-    Attempt.objects.filter(pk=attempt.pk).update(outcome="succeeded", finished_at=timezone.now())
+    Attempt.objects.filter(pk=attempt.pk).update(outcome="succeeded", finished_at=clock.now())
     tail = as_viewer.get(f"/attempts/{attempt.pk}/log/?offset=9", headers={"HX-Request": "true"}).content.decode()
     assert "log-follow" not in tail  # the attempt ended: the page stops asking
 

@@ -15,7 +15,7 @@ from orchestrator.runs import create_run
 from orchestrator.sync import sync_workflows
 from tests.test_web import dead_task_run
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
 
 
 @pytest.fixture

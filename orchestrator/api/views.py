@@ -8,7 +8,6 @@ from __future__ import annotations
 from functools import cache
 
 from django.db.models import Prefetch
-from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, ValidationError
@@ -17,7 +16,7 @@ from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from orchestrator import audit
+from orchestrator import audit, clock
 from orchestrator.api import serializers as s
 from orchestrator.api.errors import field_errors
 from orchestrator.api.permissions import OperatorsOnly, ViewerReadsOperatorWrites
@@ -142,7 +141,7 @@ class WorkflowListView(APIBase):
 def workflow_detail(workflow: Workflow) -> dict:
     schedules = Schedule.objects.filter(workflow=workflow).order_by("name")
     workflow._prefetched_objects_cache = {"schedules": schedules}
-    return s.WorkflowDetailSerializer(workflow, context={"now": timezone.now()}).data
+    return s.WorkflowDetailSerializer(workflow, context={"now": clock.now()}).data
 
 
 class WorkflowDetailView(APIBase):

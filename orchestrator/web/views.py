@@ -22,11 +22,10 @@ from django.db.models import Count, Prefetch
 from django.http import FileResponse, Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from orchestrator import access, audit, cron
+from orchestrator import access, audit, clock, cron
 from orchestrator.models import (
     ACTIVE_RUN_STATES,
     Attempt,
@@ -87,7 +86,7 @@ def operator_action(view):
 def page(request, template: str, context: dict, status: int = 200, partial: str | None = None):
     """Render a page, or only its partial when htmx asks for it."""
     context.setdefault("can_operate", access.is_operator(request.user))
-    context.setdefault("now", timezone.now())
+    context.setdefault("now", clock.now())
     if partial and getattr(request, "htmx", False):
         template = f"{template}#{partial}"
     return render(request, template, context, status=status)
@@ -128,7 +127,7 @@ def _day_bounds(since, until):
 
 @viewer_required
 def dashboard(request):
-    now = timezone.now()
+    now = clock.now()
     day_ago, hour_ago = now - timedelta(hours=24), now - timedelta(hours=1)
     states = dict.fromkeys(RunState.values, 0)
     # Finished runs through the finished_at index, active ones through the state index:
@@ -212,7 +211,7 @@ def workflow_list(request):
     workflows = list(Workflow.objects.select_related("current_version").prefetch_related("schedules")
                      .order_by("-present", "name"))
     strips = last_run_states([wf.pk for wf in workflows])
-    now = timezone.now()
+    now = clock.now()
     for wf in workflows:
         wf.strip = strips[wf.pk]
         wf.schedule_list = [(s, _describe(s.cron)) for s in wf.schedules.all()]
@@ -234,7 +233,7 @@ def _upstream_of(spec: dict) -> dict[str, list[str]]:
 
 
 def _workflow_context(request, wf: Workflow, *, submitted=None, errors=None, form_error="") -> dict:
-    now = timezone.now()
+    now = clock.now()
     upstream = _upstream_of(wf.spec)
     runs = list(Run.objects.filter(workflow=wf).order_by("-id")[:GRID_RUNS])
     runs.reverse()
@@ -400,7 +399,7 @@ def run_list(request):
     rows, has_older, has_newer = keyset_page(
         filter_runs(data).select_related("workflow", "created_by"), data.get("before"), data.get("after")
     )
-    now = timezone.now()
+    now = clock.now()
     for run in rows:
         run.seconds = _dur(run.started_at, run.finished_at, now)
     params = request.GET.copy()
@@ -416,7 +415,7 @@ def run_list(request):
 
 
 def _run_context(run: Run) -> dict:
-    now = timezone.now()
+    now = clock.now()
     attempts = Prefetch("attempt_set", queryset=Attempt.objects.order_by("number"))
     task_runs = list(run.task_runs.prefetch_related(attempts))
     spec = run.version.spec if run.version_id else {"tasks": {tr.task: {"upstream": tr.upstream} for tr in task_runs}}
@@ -527,7 +526,7 @@ def task_run_detail(request, task_run_id):
         selected = next((a for a in attempts if a.number == int(wanted)), selected)
     offset = request.GET.get("offset", "0")
     offset = int(offset) if offset.isdigit() else 0
-    now = timezone.now()
+    now = clock.now()
     for attempt in attempts:
         attempt.seconds = _dur(attempt.started_at, attempt.finished_at, now)
     context = {

@@ -1,9 +1,8 @@
 """manage.py schedules: every schedule, its state and its next fire times in local time and UTC."""
 
 from django.core.management.base import BaseCommand, CommandError
-from django.utils import timezone
 
-from orchestrator import cron
+from orchestrator import clock, cron
 from orchestrator.models import Schedule
 
 
@@ -34,7 +33,7 @@ class Command(BaseCommand):
     def handle(self, *args, workflow=None, next=1, **options):
         if not 1 <= next <= 100:
             raise CommandError("--next must be between 1 and 100")
-        now = timezone.now()
+        now = clock.now()
         schedules = Schedule.objects.select_related("workflow").order_by("workflow__name", "name")
         if workflow:
             schedules = schedules.filter(workflow__name=workflow)
