@@ -157,6 +157,8 @@ class Trigger(models.TextChoices):
     API = "api", "api"
     BACKFILL = "backfill", "backfill"
     JOB = "job", "job"
+    DATASET = "dataset", "dataset"  # started by another workflow's data (a dataset event)
+    TEST = "test", "test"  # wf.test(): run in the calling process
 
 
 class Lane(models.IntegerChoices):
@@ -188,6 +190,11 @@ class Run(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     # Fire time to the start of the first task, in seconds.
     schedule_delay = models.FloatField(null=True, blank=True)
+    # The workflow's deadline (logical date + deadline): a run not finished by then is late.
+    deadline_at = models.DateTimeField(null=True, blank=True)
+    deadline_missed_at = models.DateTimeField(null=True, blank=True)
+    # The workflow's run timeout (start + run_timeout): a run still active then is cancelled.
+    timeout_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
@@ -207,6 +214,13 @@ class Run(models.Model):
             # The runs list filters by trigger and by logical date and pages by id (keyset).
             models.Index(fields=["trigger", "-id"], name="run_by_trigger"),
             models.Index(fields=["logical_date"], name="run_by_logical_date"),
+            # The scheduler's reads of active runs past their deadline or timeout.
+            models.Index(fields=["deadline_at"], name="run_deadline_due",
+                         condition=Q(state__in=["pending", "running"], deadline_missed_at__isnull=True)),
+            models.Index(fields=["timeout_at"], name="run_timeout_due", condition=Q(state__in=["pending", "running"])),
+            # The dashboard's recent deadline misses.
+            models.Index(fields=["deadline_missed_at"], name="run_deadline_missed",
+                         condition=Q(deadline_missed_at__isnull=False)),
         ]
 
     def __str__(self):
@@ -221,6 +235,9 @@ class Run(models.Model):
 class TaskRun(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="task_runs")
     task = models.CharField(max_length=255)
+    # -1: the task itself. A mapped task has that row (its summary: state "mapped", then the
+    # list of results) plus one instance per item, numbered from 0.
+    map_index = models.IntegerField(default=-1, db_default=-1)
     state = models.CharField(max_length=16, choices=TaskState.choices, default=TaskState.WAITING)
     # What to execute, copied from the graph version (or the job request) when the run is created,
     # so a worker needs no other row: {"kind": "python"|"shell", "ref"|"command", "args", "kwargs",
@@ -245,7 +262,7 @@ class TaskRun(models.Model):
 
     class Meta:
         ordering = ["id"]
-        constraints = [models.UniqueConstraint(fields=["run", "task"], name="taskrun_unique_task")]
+        constraints = [models.UniqueConstraint(fields=["run", "task", "map_index"], name="taskrun_unique_task")]
         indexes = [
             # The dispatcher's read: due scheduled work, live lane first, by priority.
             models.Index(
@@ -286,7 +303,7 @@ class Attempt(models.Model):
     task_run = models.ForeignKey(TaskRun, on_delete=models.CASCADE, related_name="attempt_set")
     number = models.PositiveIntegerField()
     worker = models.ForeignKey("Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="attempts")
-    outcome = models.CharField(max_length=10, choices=AttemptOutcome.choices, default=AttemptOutcome.RUNNING)
+    outcome = models.CharField(max_length=16, choices=AttemptOutcome.choices, default=AttemptOutcome.RUNNING)
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True)
@@ -423,3 +440,70 @@ class AuditEvent(models.Model):
 
     def __str__(self):
         return f"{self.actor_name or 'system'} {self.action} {self.target_type} {self.target_id} ({self.source})"
+
+
+class Dataset(models.Model):
+    """A named piece of data that tasks produce (``produces=[...]``) and workflows wait for
+    (``triggers=[On(...)]``). Created by the first event or sync that names it."""
+
+    name = models.CharField(max_length=200, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class DatasetEvent(models.Model):
+    """One successful production of a dataset. Written in the transaction that records the
+    producer's success; at most one per producing task run (a producer run again after its
+    success, by a retry or a clear, does not announce the same data twice)."""
+
+    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="events")
+    task_run = models.ForeignKey(TaskRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="dataset_events")
+    # Kept by name too: the producer's run may be pruned long before its events.
+    workflow = models.CharField(max_length=200, blank=True)
+    task = models.CharField(max_length=255, blank=True)
+    logical_date = models.DateTimeField()
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField()
+    # False until a scheduler has recorded this event for each of its consumers.
+    handled = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["dataset", "task_run"], name="datasetevent_unique_producer"),
+        ]
+        indexes = [
+            models.Index(fields=["id"], condition=Q(handled=False), name="datasetevent_unhandled"),
+            models.Index(fields=["dataset", "-id"], name="datasetevent_by_dataset"),
+        ]
+
+    def __str__(self):
+        return f"{self.dataset.name} event #{self.pk}"
+
+
+class ConsumerRun(models.Model):
+    """An event as seen by one consumer workflow: pending until a run of the consumer takes it
+    (at once for a trigger in mode "any"; for mode "all", when each of its datasets has one).
+    UNIQUE (event, workflow): racing schedulers and retried producers cannot start a consumer
+    twice for one event."""
+
+    event = models.ForeignKey(DatasetEvent, on_delete=models.CASCADE, related_name="consumers")
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="consumed_events")
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="consumed_events")
+    created_at = models.DateTimeField()
+    consumed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [models.UniqueConstraint(fields=["event", "workflow"], name="consumerrun_unique_event")]
+        indexes = [models.Index(fields=["workflow", "id"], condition=Q(consumed_at__isnull=True),
+                                name="consumerrun_pending")]
+
+    def __str__(self):
+        return f"event #{self.event_id} for {self.workflow.name}"

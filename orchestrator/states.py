@@ -19,6 +19,8 @@ Task runs::
     dead / failed ──(retry)──> scheduled;  dead ──(discard)──> failed
     upstream_failed / skipped ──(a parent is retried)──> waiting
     any finished ──(a backfill reprocesses the run)──> scheduled or waiting
+    waiting ──(a mapped task's parent succeeded)──> mapped ──(its instances ended)──> succeeded or failed
+    running ──(a sensor's check says "not yet")──> scheduled (due after its interval)
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class TaskState(TextChoices):
     UPSTREAM_FAILED = "upstream_failed", "upstream failed"
     SKIPPED = "skipped", "skipped"
     CANCELLED = "cancelled", "cancelled"
+    # A mapped task whose instances (rows with map_index >= 0) exist and have not all ended.
+    MAPPED = "mapped", "mapped"
 
 
 class RunState(TextChoices):
@@ -58,6 +62,7 @@ class AttemptOutcome(TextChoices):
     TIMED_OUT = "timed_out", "timed out"
     LOST = "lost", "lost"  # the worker went silent
     CANCELLED = "cancelled", "cancelled"
+    RESCHEDULED = "rescheduled", "rescheduled"  # a sensor's check said "not yet"
 
 
 class WorkerState(TextChoices):
@@ -67,7 +72,8 @@ class WorkerState(TextChoices):
     LOST = "lost", "lost"
 
 
-ACTIVE_TASK_STATES = (TaskState.WAITING, TaskState.SCHEDULED, TaskState.QUEUED, TaskState.RUNNING)
+ACTIVE_TASK_STATES = (TaskState.WAITING, TaskState.SCHEDULED, TaskState.QUEUED, TaskState.RUNNING,
+                      TaskState.MAPPED)
 FINISHED_TASK_STATES = (
     TaskState.SUCCEEDED, TaskState.FAILED, TaskState.DEAD, TaskState.UPSTREAM_FAILED,
     TaskState.SKIPPED, TaskState.CANCELLED,
@@ -116,6 +122,14 @@ TASK_RUN_TRANSITIONS = [
     (T.SKIPPED, T.WAITING, "control: a parent is retried"),
     *[(state, after, "backfill: the run is reprocessed from scratch")
       for state in FINISHED_TASK_STATES for after in (T.SCHEDULED, T.WAITING)],
+    # Mapping: the mapped task's own row (map_index -1) while its instances run.
+    (T.WAITING, T.MAPPED, "resolver: the mapped-over parent succeeded; the instances are created"),
+    (T.WAITING, T.SUCCEEDED, "resolver: mapped over an empty list, nothing to run"),
+    (T.WAITING, T.FAILED, "resolver: the mapped-over parent's result cannot be mapped"),
+    (T.MAPPED, T.SUCCEEDED, "resolver: every instance succeeded"),
+    (T.MAPPED, T.FAILED, "resolver: every instance ended, some badly"),
+    (T.SUCCEEDED, T.MAPPED, "control: an instance is cleared or retried, the mapped task waits for it again"),
+    (T.FAILED, T.MAPPED, "control: an instance is cleared or retried, the mapped task waits for it again"),
 ]
 
 RUN_TRANSITIONS = [
@@ -139,6 +153,7 @@ ATTEMPT_TRANSITIONS = [
     (None, A.RUNNING, "worker: the claim creates the attempt"),
     *[(A.RUNNING, outcome, "resolver: the attempt ended; control: cancelled; worker: handed back (lost)")
       for outcome in (A.SUCCEEDED, A.FAILED, A.TIMED_OUT, A.LOST, A.CANCELLED)],
+    (A.RUNNING, A.RESCHEDULED, "resolver: a sensor's check said not yet"),
 ]
 
 WORKER_TRANSITIONS = [
