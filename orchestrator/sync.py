@@ -20,7 +20,7 @@ import networkx
 from django.conf import settings
 from django.db import transaction
 
-from orchestrator import clock, cron, dsl
+from orchestrator import clock, cron, dsl, graph_checks
 from orchestrator.models import Schedule, Workflow, WorkflowVersion
 from orchestrator.params import clean_param
 
@@ -74,7 +74,7 @@ def validate(wf: dsl.Workflow) -> list[dsl.DefinitionError]:
         if not isinstance(name, str) or not NAME_RE.match(name):
             error(f"{where}.name", name, "use letters, digits, '_', '-' or '.'")
         if task.fn is not None and "<locals>" in task.fn.__qualname__:
-            error(f"{where}.fn", task.fn.__qualname__, "a task function must be defined at module level")
+            error(f"{where}.fn", task.fn.__qualname__, f"a task function must be {graph_checks.MODULE_LEVEL}")
         if task.fn is None and (not isinstance(task.command, str) or not task.command.strip()):
             error(f"{where}.command", task.command, "a shell task needs a non-empty command")
         if not _is_number(task.retries, integer=True):
@@ -142,6 +142,7 @@ def validate(wf: dsl.Workflow) -> list[dsl.DefinitionError]:
         if name in seen_names:
             error(f"{where}.name", name, "two schedules of this workflow have this name")
         seen_names.add(name)
+    errors.extend(graph_checks.validate(wf))
     return errors
 
 
@@ -190,6 +191,7 @@ def sync_workflows(directory: Path | None = None, package: str | None = None, no
     report.import_errors = {name: error.splitlines()[0] for name, error in failed.items()}
 
     seen: set[str] = set()
+    loops = graph_checks.dataset_cycles([wf for workflows in found.values() for wf in workflows])
     for module_name, workflows in found.items():
         for wf in workflows:
             if wf.name in seen:
@@ -198,8 +200,8 @@ def sync_workflows(directory: Path | None = None, package: str | None = None, no
                 continue
             seen.add(wf.name)
             errors = validate(wf)
-            if errors:
-                message = "\n".join(str(error) for error in errors)
+            if errors or wf.name in loops:
+                message = "\n".join([str(error) for error in errors] + ([loops[wf.name]] if wf.name in loops else []))
                 report.broken[wf.name] = message
                 _mark_broken(wf.name, module_name, message)
             else:
