@@ -76,21 +76,23 @@ def child_main(conn, parent_pid: int) -> None:
         os._exit(code)
 
 
-def resolve(message: dict):
+def resolve(message: dict, declared: dict | None = None):
     """The registered object a Python task run names. A reference nothing registered is refused,
-    however its row was written: a worker runs only the project's own code."""
+    however its row was written: a worker runs only the project's own code. ``declared``: the
+    task's spec as its workflow declares it, when the caller holds the workflow itself (the local
+    runner); otherwise it is read from the run's graph version."""
     ref = message["spec"].get("ref", "")
     try:
-        return registry.load_for_worker(ref, message["id"])
+        return registry.load_for_worker(ref, message["id"], declared=declared)
     except registry.NotRegistered as exc:
         raise TaskFailure(f"refused: {exc}") from None
 
 
-def check_shell(message: dict) -> None:
+def check_shell(message: dict, declared: dict | None = None) -> None:
     """A shell command runs only as its workflow's graph version declares it (command and
     environment), as stored by sync from the project's code; any other row is refused."""
     spec = message["spec"]
-    declared = registry.declared_task(message["id"]) or {}
+    declared = (declared if declared is not None else registry.declared_task(message["id"])) or {}
     if (declared.get("kind") != "shell" or declared.get("command") != spec.get("command")
             or (declared.get("env") or {}) != (spec.get("env") or {})):
         raise TaskFailure(f"refused: the shell command of task {message['task']!r} is not one its workflow "
@@ -119,12 +121,25 @@ def _django_context(task, message: dict):
     return DjangoTaskContext(task_result=result)
 
 
-def call_python(message: dict):
-    """The calling convention: jobs get their args, workflow tasks their TaskContext."""
+def task_context(message: dict) -> TaskContext:
+    """The TaskContext of a workflow task's attempt, from the worker's message."""
+    map_index = message.get("map_index")
+    return TaskContext(
+        run_id=message["run_id"], task=message["task"], logical_date=message.get("logical_date"),
+        params=message.get("params") or {}, attempt=message["number"],
+        upstream=message.get("upstream") or {}, workflow=message.get("workflow", ""),
+        task_run_id=message["id"], map_index=map_index if map_index is not None and map_index >= 0 else None,
+        item=message.get("item"), events=message.get("events") or [],
+    )
+
+
+def call_python(message: dict, ctx: TaskContext | None = None, declared: dict | None = None):
+    """The calling convention: jobs get their args, workflow tasks their TaskContext (``ctx``,
+    made from the message when not given)."""
     from orchestrator.dsl import Task as DslTask
 
     spec = message["spec"]
-    obj = resolve(message)
+    obj = resolve(message, declared)
     lead = []
     try:
         from django.tasks import Task as DjangoTask
@@ -145,12 +160,7 @@ def call_python(message: dict):
     elif lead:
         value = fn(*lead)
     else:
-        ctx = TaskContext(
-            run_id=message["run_id"], task=message["task"], logical_date=message.get("logical_date"),
-            params=message.get("params") or {}, attempt=message["number"],
-            upstream=message.get("upstream") or {}, workflow=message.get("workflow", ""),
-            task_run_id=message["id"],
-        )
+        ctx = ctx or task_context(message)
         value = fn(ctx) if _takes_argument(fn) else fn()
     if inspect.iscoroutine(value):
         value = asyncio.run(value)
@@ -168,15 +178,18 @@ def shell_env(message: dict) -> dict:
         "RUN_ID": str(message["run_id"]), "TASK": message["task"], "ATTEMPT": str(message["number"]),
         "LOGICAL_DATE": logical_date.isoformat() if isinstance(logical_date, datetime) else str(logical_date or ""),
     })
+    if message.get("map_index") is not None and message["map_index"] >= 0:
+        # A mapped shell task's instance: its position and its item (as JSON).
+        env.update({"MAP_INDEX": str(message["map_index"]), "ITEM": json.dumps(message.get("item"), default=str)})
     return env
 
 
-def call_shell(message: dict, log: logs.AttemptLog) -> None:
+def call_shell(message: dict, log: logs.AttemptLog, declared: dict | None = None) -> None:
     command = message["spec"].get("command")
     if not command:
         raise TaskFailure("shell task has no command")
-    check_shell(message)
-    fd = log.fileno_for_subprocess()
+    check_shell(message, declared)
+    fd = log.fileno_for_subprocess() if hasattr(log, "fileno_for_subprocess") else None
     # The shell dies with this child too (a timeout kills the child's whole process group).
     proc = subprocess.Popen(
         ["/bin/sh", "-c", command], env=shell_env(message), stdin=subprocess.DEVNULL,
@@ -208,23 +221,73 @@ def encode_result(value) -> str | None:
     return text
 
 
-def run(message: dict) -> tuple:
-    """Run one attempt; returns (task_run_id, number, outcome, result, error, traceback, log)."""
+def encode_metadata(metadata) -> str:
+    if not isinstance(metadata, dict) or not all(isinstance(key, str) for key in metadata):
+        raise TaskFailure("ctx.metadata maps each produced dataset's name to a dict of metadata")
+    try:
+        text = json.dumps(metadata)
+    except (TypeError, ValueError) as exc:
+        raise TaskFailure(f"ctx.metadata is not JSON-serialisable: {exc}") from None
+    if len(text.encode()) > settings.ORCHESTRATOR["MAX_RESULT_BYTES"]:
+        raise TaskFailure("ctx.metadata is over the result size limit (ORCHESTRATOR_MAX_RESULT_BYTES)")
+    return text
+
+
+def check_result(message: dict, value) -> None:
+    """What the graph needs of a result: a mapped-over task returns a list within the item limit,
+    a branch the name(s) of children. Raises TaskFailure saying what is wrong."""
     spec = message["spec"]
-    log = logs.AttemptLog(logs.name_for(message["run_id"], message["id"], message["number"]))
+    instance = (message.get("map_index") if message.get("map_index") is not None else -1) >= 0
+    if spec.get("mapped_by") and not instance:
+        mapped = ", ".join(spec["mapped_by"])
+        if not isinstance(value, list):
+            raise TaskFailure(f"{mapped} is mapped over this task, so it must return a list; "
+                              f"it returned {type(value).__name__}")
+        limit = settings.ORCHESTRATOR.get("MAX_MAP_ITEMS", 10000)
+        if len(value) > limit:
+            raise TaskFailure(f"{mapped} is mapped over this task's result of {len(value)} items, over the limit "
+                              f"of {limit} (ORCHESTRATOR_MAX_MAP_ITEMS): return fewer, larger items")
+    if spec.get("branch"):
+        chosen = [value] if isinstance(value, str) else value
+        children = spec.get("children", [])
+        if not isinstance(chosen, list) or not all(isinstance(name, str) for name in chosen):
+            raise TaskFailure(f"a branch task returns the name or a list of names of the children to follow "
+                              f"({', '.join(children)}); it returned {value!r:.200}")
+        unknown = [name for name in chosen if name not in children]
+        if unknown:
+            raise TaskFailure(f"the branch chose {', '.join(map(repr, unknown))}, not among its children "
+                              f"({', '.join(children)})")
+
+
+def run(message: dict, log_stream=None, declared: dict | None = None) -> tuple:
+    """Run one attempt; returns (task_run_id, number, outcome, result, error, traceback, log,
+    metadata). The outcome is "rescheduled" when a sensor's check answered "not yet"; metadata
+    is the JSON text of ``ctx.metadata`` (for the datasets the task produces) or None.
+    ``log_stream``: write the log there instead of the attempt's log in storage; ``declared``:
+    the task's spec as the caller's own workflow object declares it (see ``resolve``)."""
+    spec = message["spec"]
+    log = log_stream or logs.AttemptLog(logs.name_for(message["run_id"], message["id"], message["number"]))
     handler = logging.StreamHandler(log)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     root = logging.getLogger()
     saved = sys.stdout, sys.stderr
-    outcome, result, error, tb = AttemptOutcome.SUCCEEDED, None, "", ""
+    outcome, result, error, tb, metadata = AttemptOutcome.SUCCEEDED, None, "", "", None
     root.addHandler(handler)
     sys.stdout = sys.stderr = log
     try:
         with logformat.bind(run_id=message["run_id"], task=message["task"], attempt=message["number"]):
             if spec.get("kind") == "shell":
-                call_shell(message, log)
+                call_shell(message, log, declared)
             else:
-                result = encode_result(call_python(message))
+                ctx = task_context(message) if spec.get("call") != "job" else None
+                value = call_python(message, ctx, declared)
+                if spec.get("sensor") and not value:
+                    outcome = AttemptOutcome.RESCHEDULED  # not yet: checked again after the sensor's interval
+                else:
+                    check_result(message, value)
+                    result = encode_result(value)
+                    if ctx is not None and ctx.metadata:
+                        metadata = encode_metadata(ctx.metadata)
     except TaskFailure as exc:
         outcome, error = AttemptOutcome.FAILED, str(exc)
     except BaseException as exc:  # noqa: B036 - SystemExit/KeyboardInterrupt in a task fail it too
@@ -236,5 +299,5 @@ def run(message: dict) -> tuple:
     finally:
         sys.stdout, sys.stderr = saved
         root.removeHandler(handler)
-        log_name = log.finish()
-    return message["id"], message["number"], outcome, result, error[:10000], tb, log_name
+        log_name = log.finish() if log_stream is None else ""
+    return message["id"], message["number"], outcome, result, error[:10000], tb, log_name, metadata

@@ -226,6 +226,8 @@ ORCHESTRATOR = {
     "MAX_CATCHUP_RUNS": int(os.environ.get("ORCHESTRATOR_MAX_CATCHUP_RUNS", "100")),
     "MAX_BACKFILL_RUNS": int(os.environ.get("ORCHESTRATOR_MAX_BACKFILL_RUNS", "10000")),
     "MAX_RESULT_BYTES": int(os.environ.get("ORCHESTRATOR_MAX_RESULT_BYTES", str(256 * 1024))),
+    # A mapped task fans out over at most this many items; a longer list fails the task returning it.
+    "MAX_MAP_ITEMS": int(os.environ.get("ORCHESTRATOR_MAX_MAP_ITEMS", "10000")),
     # Defaults for concurrency limits; the admin's QueueLimit/TenantLimit rows override them.
     "DEFAULT_QUEUE_LIMIT": int(os.environ.get("ORCHESTRATOR_DEFAULT_QUEUE_LIMIT", "0")) or None,
     "DEFAULT_TENANT_LIMIT": int(os.environ.get("ORCHESTRATOR_DEFAULT_TENANT_LIMIT", "0")) or None,

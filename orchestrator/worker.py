@@ -28,7 +28,7 @@ from multiprocessing.connection import Pipe
 from django.conf import settings
 from django.db import DatabaseError, connection, connections, transaction
 
-from orchestrator import clock, executor, resolver
+from orchestrator import clock, executor, resolver, taskcontext
 from orchestrator.control import CANCEL_CHANNEL
 from orchestrator.dispatcher import drain_notifies, listen_connection
 from orchestrator.resolver import Ending
@@ -101,18 +101,6 @@ WITH c AS (
                  ORDER BY id FOR NO KEY UPDATE)
 )
 SELECT id, run_id, task, attempts, spec, timeout, has_parents FROM t
-"""
-
-# What a workflow task's context needs: its run, and its parents' results.
-RUN_CONTEXT = """
-SELECT r.id, r.logical_date, r.params, COALESCE(w.name, '')
-FROM orchestrator_run r LEFT JOIN orchestrator_workflow w ON w.id = r.workflow_id
-WHERE r.id = ANY (%(runs)s)
-"""
-PARENT_RESULTS = """
-SELECT c.id, p.task, p.result
-FROM orchestrator_taskrun c JOIN orchestrator_taskrun p ON p.run_id = c.run_id AND p.task = ANY (c.upstream)
-WHERE c.id = ANY (%(ids)s)
 """
 
 # Which of the task runs this worker is executing are still its own (not cancelled, not reaped).
@@ -357,8 +345,8 @@ class Worker:
         except (EOFError, OSError):
             self.child_died(slot)
             return
-        task_run_id, number, outcome, result, error, tb, log_path = reply
-        self.add_ending(Ending(task_run_id, number, outcome, result, error, tb, log_path,
+        task_run_id, number, outcome, result, error, tb, log_path, metadata = reply
+        self.add_ending(Ending(task_run_id, number, outcome, result, error, tb, log_path, metadata,
                                job=slot.message.get("spec", {}).get("call") == "job",
                                run_id=slot.message["run_id"]))
         slot.message = None
@@ -516,20 +504,7 @@ class Worker:
                     "id": task_run_id, "run_id": run_id, "task": task, "number": number, "spec": spec,
                     "timeout": timeout or spec.get("timeout"), "has_parents": has_parents,
                 })
-            tasks = [m for m in messages if m["spec"].get("call") != "job"]
-            if tasks:
-                cursor.execute(RUN_CONTEXT, {"runs": sorted({m["run_id"] for m in tasks})})
-                context = {row[0]: row[1:] for row in cursor.fetchall()}
-                upstream: dict[int, dict] = {}
-                with_parents = [m["id"] for m in tasks if m["has_parents"]]
-                if with_parents:
-                    cursor.execute(PARENT_RESULTS, {"ids": with_parents})
-                    for child, parent, result in cursor.fetchall():
-                        upstream.setdefault(child, {})[parent] = _json(result)
-                for m in tasks:
-                    logical_date, params, workflow = context[m["run_id"]]
-                    m.update(logical_date=logical_date, params=_json(params) or {}, workflow=workflow,
-                             upstream=upstream.get(m["id"], {}))
+            taskcontext.fill(cursor, messages)
         return messages
 
     def hand_back(self) -> None:

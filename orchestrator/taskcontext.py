@@ -1,0 +1,76 @@
+"""What a claimed task run is given besides its spec: its run's logical date, params and workflow,
+its parents' results, a mapped instance's item, and a data-triggered run's dataset events.
+
+Filled into the claim messages in the claiming transaction, a few set-based reads per batch
+(never one per task run), by the worker and by the local runner (``wf.test``) alike.
+"""
+
+from __future__ import annotations
+
+import json
+
+# --- SQL ---------------------------------------------------------------------------------------
+
+RUN_CONTEXT = """
+SELECT r.id, r.logical_date, r.params, COALESCE(w.name, ''), r.trigger
+FROM orchestrator_run r LEFT JOIN orchestrator_workflow w ON w.id = r.workflow_id
+WHERE r.id = ANY (%(runs)s)
+"""
+
+# A mapped parent counts by its own row (map_index -1), whose result is the list of its
+# instances' results, in order.
+PARENT_RESULTS = """
+SELECT c.id, p.task, p.result
+FROM orchestrator_taskrun c
+JOIN orchestrator_taskrun p ON p.run_id = c.run_id AND p.task = ANY (c.upstream) AND p.map_index = -1
+WHERE c.id = ANY (%(ids)s)
+"""
+
+# A mapped instance's item: its element of the mapped-over task's list (read here rather than
+# copied into every instance row at expansion).
+ITEMS = """
+SELECT c.id, c.map_index, p.result -> c.map_index
+FROM orchestrator_taskrun c
+JOIN orchestrator_taskrun p ON p.run_id = c.run_id AND p.task = c.spec->>'map_over' AND p.map_index = -1
+WHERE c.id = ANY (%(ids)s) AND c.map_index >= 0
+"""
+
+
+def _json(value):
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def fill(cursor, messages: list[dict]) -> None:
+    """Add logical_date, params, workflow, upstream and, where they apply, map_index, item and
+    events to the messages of workflow tasks (jobs need none of it). A message needs id, run_id
+    and spec, and has_parents when known."""
+    tasks = [m for m in messages if m["spec"].get("call") != "job"]
+    if not tasks:
+        return
+    cursor.execute(RUN_CONTEXT, {"runs": sorted({m["run_id"] for m in tasks})})
+    context = {row[0]: row[1:] for row in cursor.fetchall()}
+    upstream: dict[int, dict] = {}
+    with_parents = [m["id"] for m in tasks if m.get("has_parents", True)]
+    if with_parents:
+        cursor.execute(PARENT_RESULTS, {"ids": with_parents})
+        for child, parent, result in cursor.fetchall():
+            upstream.setdefault(child, {})[parent] = _json(result)
+    items: dict[int, tuple[int, object]] = {}
+    mapped = [m["id"] for m in tasks if m["spec"].get("map_over")]
+    if mapped:
+        cursor.execute(ITEMS, {"ids": mapped})
+        items = {row[0]: (row[1], _json(row[2])) for row in cursor.fetchall()}
+    events = {}
+    data_runs = [run_id for run_id, row in context.items() if row[3] == "dataset"]
+    if data_runs:
+        from orchestrator.datasets import events_of_runs
+
+        events = events_of_runs(data_runs)
+    for m in tasks:
+        logical_date, params, workflow, _ = context[m["run_id"]]
+        m.update(logical_date=logical_date, params=_json(params) or {}, workflow=workflow,
+                 upstream=upstream.get(m["id"], {}))
+        if m["id"] in items:
+            m["map_index"], m["item"] = items[m["id"]]
+        if m["run_id"] in events:
+            m["events"] = events[m["run_id"]]
