@@ -23,7 +23,7 @@ from datetime import datetime
 
 from django.db import connection
 
-from orchestrator import clock
+from orchestrator import callbacks, clock, datasets, deadlines
 from orchestrator.runs import DISPATCH_CHANNEL
 from orchestrator.states import (
     DEFAULT_TRIGGER_RULE,
@@ -51,6 +51,7 @@ class Ending:
     error: str = ""
     traceback: str = ""
     log_path: str = ""
+    metadata: str | None = None  # JSON text of ctx.metadata, for the datasets a task produces
     job: bool = False  # a one-task job run: no children to release
     run_id: int | None = None  # saves a lookup when known
 
@@ -91,7 +92,7 @@ UPDATE orchestrator_taskrun t SET
 FROM d
 WHERE t.id = d.id AND t.state = '{TaskState.RUNNING}' AND t.attempts = d.number
   AND (%(worker)s::bigint IS NULL OR t.worker_id = %(worker)s::bigint)
-RETURNING t.id, t.run_id, t.state
+RETURNING t.id, t.run_id, t.state, t.spec ? 'produces' AS produces, t.spec ? 'callbacks' AS calls
 ), a AS (
     -- The attempt rows of the task runs whose end was accepted above, in the same round trip.
     UPDATE orchestrator_attempt a SET outcome = d.outcome, finished_at = %(now)s, error = d.error,
@@ -99,7 +100,7 @@ RETURNING t.id, t.run_id, t.state
     FROM t JOIN d ON d.id = t.id
     WHERE a.task_run_id = d.id AND a.number = d.number AND a.outcome = '{AttemptOutcome.RUNNING}'
 )
-SELECT id, run_id, state FROM t
+SELECT id, run_id, state, produces, calls FROM t
 """
 
 # Decide waiting children of the given runs whose trigger rule is settled by their parents'
@@ -177,11 +178,19 @@ def end_attempts(endings: Sequence[Ending], *, worker_id: int | None = None,
             "errors": [e.error for e in endings], "tracebacks": [e.traceback for e in endings],
             "log_paths": [e.log_path for e in endings], "worker": worker_id, "now": now,
         })
-        accepted = cursor.fetchall()
-        if not accepted:
+        rows = cursor.fetchall()
+        if not rows:
             return []
+    accepted = [row[:3] for row in rows]
     won = {row[0] for row in accepted}
     mine = [e for e in endings if e.task_run_id in won]
+    # Dataset events and callbacks, only for the task runs that declare them (flags from above).
+    producers = [task_run_id for task_run_id, _, state, produces, _ in rows if produces and state == TaskState.SUCCEEDED]
+    if producers:
+        datasets.record_events(producers, {e.task_run_id: e.metadata for e in mine if e.metadata}, now=now)
+    calling = [(task_run_id, state) for task_run_id, _, state, _, calls in rows if calls]
+    if calling:
+        callbacks.task_ended(calling, now=now)
     ended_runs = {run_id for _, run_id, state in accepted if state != TaskState.SCHEDULED}
     jobs = {e.task_run_id for e in mine if e.job}
     parents = {run_id for task_run_id, run_id, state in accepted
@@ -223,7 +232,10 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
     if finished:
         from orchestrator import notifier
 
-        notifier.runs_finished([(run_id, state) for run_id, state, workflow_id in finished if workflow_id])
+        ended = [(run_id, state) for run_id, state, workflow_id in finished if workflow_id]
+        notifier.runs_finished(ended)
+        callbacks.run_ended(ended, now=now)
+        deadlines.finished_late([run_id for run_id, _ in ended])
     return released
 
 

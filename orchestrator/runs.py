@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 
@@ -55,6 +55,16 @@ def insert_ignoring_conflicts(obj) -> int | None:
     obj.pk = row[0]
     obj._state.adding = False
     return row[0]
+
+
+def apply_run_limits(run: Run, spec: dict, now: datetime) -> None:
+    """Set a new run's deadline (logical date + the workflow's ``deadline``) and, when it starts
+    now, its timeout (now + ``run_timeout``). Backfills have no deadline: their logical dates are
+    in the past by design."""
+    if spec.get("deadline") and run.lane != Lane.BACKFILL and run.trigger != "backfill":
+        run.deadline_at = run.logical_date + timedelta(seconds=float(spec["deadline"]))
+    if spec.get("run_timeout") and run.state == RunState.RUNNING:
+        run.timeout_at = now + timedelta(seconds=float(spec["run_timeout"]))
 
 
 def task_runs_for(run: Run, tasks: dict[str, dict], due_at: datetime | None, hold: bool = False) -> list[TaskRun]:
@@ -120,6 +130,8 @@ def create_run(
         state=state, reason=reason, idempotency_key=idempotency_key or None, payload_hash=digest,
         created_by=created_by,
     )
+    if version is not None:
+        apply_run_limits(run, version.spec, now)
     finished = state in (RunState.SKIPPED, RunState.MISSED, RunState.CANCELLED)
     if finished:
         run.finished_at = now
@@ -167,13 +179,17 @@ def _existing(run: Run) -> Run:
 def release_pending_run(run: Run, now: datetime | None = None) -> bool:
     """Start a run that was held back (PENDING): its root tasks become due now."""
     now = now or clock.now()
+    spec = WorkflowVersion.objects.filter(pk=run.version_id).values_list("spec", flat=True).first() or {}
+    timeout = spec.get("run_timeout")
+    timeout_at = now + timedelta(seconds=float(timeout)) if timeout else None
     with transaction.atomic():
-        if not Run.objects.filter(pk=run.pk, state=RunState.PENDING).update(state=RunState.RUNNING):
+        if not Run.objects.filter(pk=run.pk, state=RunState.PENDING).update(
+                state=RunState.RUNNING, timeout_at=timeout_at):
             return False
         TaskRun.objects.filter(run=run, state=TaskState.WAITING, upstream=[]).update(
             state=TaskState.SCHEDULED, due_at=now
         )
-    run.state = RunState.RUNNING
+    run.state, run.timeout_at = RunState.RUNNING, timeout_at
     return True
 
 

@@ -10,7 +10,9 @@
    advances ``next_fire_at``, all in one transaction per batch that first checks the lease;
 2. records as missed the runs whose first task has not started within their start deadline;
 3. releases held-back (pending) runs that may start now;
-4. runs the leader-only maintenance jobs (``MAINTENANCE``).
+4. starts the runs of workflows triggered by new dataset events (``datasets.py``), records runs
+   that missed their deadline and cancels runs past their run timeout (``deadlines.py``);
+5. runs the leader-only maintenance jobs (``MAINTENANCE``).
 
 Two schedulers that both believe they lead cannot create a run twice: the unique constraint on
 (schedule, logical_date) decides, and the row locks keep them from even trying most of the time.
@@ -32,7 +34,7 @@ from orchestrator.clock import system
 from orchestrator.lease import LeaderLease, LeaseLost, NoLease
 from orchestrator.models import Run, Schedule, TaskRun, Trigger, Workflow, WorkflowVersion
 from orchestrator.params import ParamError, clean_params
-from orchestrator.runs import notify_dispatchers, task_runs_for
+from orchestrator.runs import apply_run_limits, notify_dispatchers, task_runs_for
 from orchestrator.states import ACTIVE_RUN_STATES, RunState, TaskState, sql_list
 
 log = logging.getLogger(__name__)
@@ -139,6 +141,8 @@ def insert_runs(new_runs: list[NewRun], now: datetime) -> list[NewRun]:
             run = entry.run
             if run.state in (RunState.SKIPPED, RunState.MISSED, RunState.CANCELLED) and run.finished_at is None:
                 run.finished_at = now
+            if run.version is not None:
+                apply_run_limits(run, run.version.spec, now)
             for column, f in zip(values, run_fields, strict=True):
                 column.append(f.get_db_prep_save(f.pre_save(run, add=True), connection))
             by_key[(run.schedule_id, run.logical_date)] = entry
@@ -281,6 +285,7 @@ class Scheduler:
                     break
             did = self._expire_unstarted(now) > 0 or did
             did = self._release_pending(now) > 0 or did
+            did = self._data_and_deadlines(now) > 0 or did
         except LeaseLost as exc:
             log.warning("stopped writing: %s", exc, extra={"action": "lease_lost"})
             return did
@@ -494,7 +499,18 @@ class Scheduler:
                 log.info("released %d pending runs", released, extra={"action": "runs_released"})
             return released
 
-    # -- 4. maintenance ------------------------------------------------------------------------
+    # -- 4. data triggers, run deadlines and run timeouts ---------------------------------------
+
+    def _data_and_deadlines(self, now: datetime) -> int:
+        from orchestrator import datasets, deadlines
+
+        with self.lease.fence():
+            done = datasets.trigger_consumers(now)
+            done += deadlines.record_misses(now)
+            done += deadlines.cancel_timed_out(now)
+        return done
+
+    # -- 5. maintenance ------------------------------------------------------------------------
 
     def _run_maintenance(self, now: datetime) -> None:
         for name, interval, job in self.maintenance:
