@@ -52,6 +52,16 @@ def runs_finished(finished: Sequence[tuple[int, str]]) -> int:
     return count
 
 
+def deadline_missed(run_ids: Sequence[int]) -> int:
+    """Deliveries of the event ``deadline_missed`` for runs just recorded as late."""
+    count = 0
+    for run in Run.objects.filter(pk__in=run_ids, workflow__isnull=False).select_related("workflow"):
+        for url in run.workflow.webhooks or []:
+            _enqueue(WebhookDelivery.objects.create(run=run, url=url, event="deadline_missed"))
+            count += 1
+    return count
+
+
 def _enqueue(delivery: WebhookDelivery) -> None:
     options = {"retry_delay": settings.ORCHESTRATOR.get("WEBHOOK_RETRY_SECONDS", 5.0), "retry_backoff": 2.0, "retry_max_delay": 600.0, "timeout": 60}
     try:
@@ -77,6 +87,7 @@ def payload(run: Run, event: str) -> dict:
         "event": event, "run_id": run.pk, "workflow": run.workflow.name if run.workflow_id else None,
         "state": run.state, "logical_date": iso(run.logical_date), "started_at": iso(run.started_at),
         "finished_at": iso(run.finished_at), "trigger": run.trigger, "params": run.params,
+        "deadline_at": iso(run.deadline_at), "deadline_missed_at": iso(run.deadline_missed_at),
     }
 
 

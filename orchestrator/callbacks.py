@@ -1,0 +1,127 @@
+"""Callbacks: ``on_failure``, ``on_success`` and ``on_retry`` of a task, ``on_failure`` and
+``on_success`` of a workflow's runs (and ``on_retry`` of a workflow, for all its tasks).
+
+A callback is not called where the event happens (a worker's completion batch, the reaper, the
+scheduler): it becomes a job, inserted in the same transaction as the state change that
+triggers it, so it is never lost, retries like any job (3 attempts), runs on the workers and
+shows in the UI. The event is recorded once because the transitions are guarded; like every job,
+a callback runs at least once.
+
+A callback receives one argument, a dict:
+
+    {"event": "on_failure", "workflow": "nightly_etl", "run_id": 12, "logical_date": "2026-…",
+     "task": "load", "task_run_id": 345, "map_index": null, "attempt": 3, "state": "dead",
+     "error": "ValueError: …"}
+
+(``task``, ``task_run_id``, ``map_index`` and ``attempt`` are null for a run's callbacks;
+``state`` is the new state: ``dead``, ``succeeded``, ``scheduled`` for a retry, or the run's
+``failed``/``succeeded``/``timed_out``.)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from django.db import connection
+
+from orchestrator import clock
+
+CALLBACK_ATTEMPTS = 3
+RETRY_DELAY = 10.0
+
+# Which callbacks a task run's new state calls, and which a run's end calls.
+TASK_EVENTS = {"succeeded": "on_success", "dead": "on_failure", "scheduled": "on_retry"}
+RUN_EVENTS = {"succeeded": "on_success", "failed": "on_failure", "timed_out": "on_failure"}
+
+# --- SQL ---------------------------------------------------------------------------------------
+
+# What a task's callbacks need to know, for the task runs that declare any.
+TASK_CONTEXT = """
+SELECT t.id, t.task, NULLIF(t.map_index, -1), t.attempts, t.state, t.error, t.spec->'callbacks',
+       r.id, r.logical_date, COALESCE(w.name, '')
+FROM orchestrator_taskrun t
+JOIN orchestrator_run r ON r.id = t.run_id
+LEFT JOIN orchestrator_workflow w ON w.id = r.workflow_id
+WHERE t.id = ANY (%(ids)s) AND t.spec ? 'callbacks'
+"""
+
+# The same for runs, from the graph version each ran.
+RUN_CONTEXT = """
+SELECT r.id, r.logical_date, w.name, v.spec->'callbacks', r.reason
+FROM orchestrator_run r
+JOIN orchestrator_workflow w ON w.id = r.workflow_id
+JOIN orchestrator_workflowversion v ON v.id = r.version_id
+WHERE r.id = ANY (%(ids)s) AND v.spec ? 'callbacks'
+"""
+
+
+def _json(value):
+    return json.loads(value) if isinstance(value, str) else (value or {})
+
+
+def task_ended(changes: Iterable[tuple[int, str]], now=None) -> int:
+    """Enqueue the callbacks of task runs that reached a new state ((task_run_id, state)
+    pairs: succeeded, dead, or scheduled for a retry); returns how many jobs were made."""
+    states = {task_run_id: state for task_run_id, state in changes if state in TASK_EVENTS}
+    if not states:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(TASK_CONTEXT, {"ids": list(states)})
+        rows = cursor.fetchall()
+    calls = []
+    for task_run_id, task, map_index, attempt, state, error, callbacks, run_id, logical_date, workflow in rows:
+        event = TASK_EVENTS[states[task_run_id]]
+        for ref in _json(callbacks).get(event, []):
+            calls.append((ref, {
+                "event": event, "workflow": workflow, "run_id": run_id, "logical_date": logical_date.isoformat(),
+                "task": task, "task_run_id": task_run_id, "map_index": map_index, "attempt": attempt,
+                "state": state, "error": error,
+            }))
+    return enqueue_calls(calls, now)
+
+
+def run_ended(finished: Iterable[tuple[int, str]], now=None) -> int:
+    """Enqueue the callbacks of runs that ended ((run_id, state) pairs)."""
+    states = {run_id: state for run_id, state in finished if state in RUN_EVENTS}
+    if not states:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(RUN_CONTEXT, {"ids": list(states)})
+        rows = cursor.fetchall()
+    calls = []
+    for run_id, logical_date, workflow, callbacks, reason in rows:
+        event = RUN_EVENTS[states[run_id]]
+        for ref in _json(callbacks).get(event, []):
+            calls.append((ref, {
+                "event": event, "workflow": workflow, "run_id": run_id, "logical_date": logical_date.isoformat(),
+                "task": None, "task_run_id": None, "map_index": None, "attempt": None,
+                "state": states[run_id], "error": reason,
+            }))
+    return enqueue_calls(calls, now)
+
+
+def job_spec(ref: str, context: dict) -> dict:
+    return {"kind": "python", "ref": ref, "call": "job", "args": [context], "kwargs": {},
+            "max_attempts": CALLBACK_ATTEMPTS, "retry_delay": RETRY_DELAY, "retry_backoff": 2.0,
+            "retry_max_delay": 600.0, "callback": context["event"]}
+
+
+def enqueue_calls(calls: list[tuple[str, dict]], now=None) -> int:
+    """Insert one job per call in the current transaction (two statements whatever the count)."""
+    if not calls:
+        return 0
+    from orchestrator.models import Run, RunState, TaskRun, TaskState, Trigger
+    from orchestrator.runs import notify_dispatchers
+
+    now = now or clock.now()
+    runs = Run.objects.bulk_create([
+        Run(workflow=None, logical_date=now, trigger=Trigger.JOB, state=RunState.RUNNING) for _ in calls
+    ])
+    TaskRun.objects.bulk_create([
+        TaskRun(run=run, task=ref, spec=job_spec(ref, context), state=TaskState.SCHEDULED, due_at=now,
+                max_attempts=CALLBACK_ATTEMPTS)
+        for run, (ref, context) in zip(runs, calls, strict=True)
+    ])
+    notify_dispatchers()
+    return len(calls)
