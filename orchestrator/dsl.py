@@ -156,6 +156,7 @@ class Task:
         self.branch = branch
         self.produces = [produces] if isinstance(produces, str) else list(produces)
         self.callbacks = {"on_failure": on_failure, "on_success": on_success, "on_retry": on_retry}
+        _register_callbacks(self.callbacks)
         self.sensor = sensor  # {"every": seconds, "timeout": seconds or None}
         self.map_over: Task | None = None
         self.max_parallel: int | None = None
@@ -275,6 +276,15 @@ def callback_ref(fn) -> str:
     return f"{module}:{qualname}" if module and qualname else ""
 
 
+def _register_callbacks(callbacks: dict) -> None:
+    # A callback runs as a job on a worker, which runs registered functions only.
+    for value in callbacks.values():
+        for fn in _callables(value):
+            ref = callback_ref(fn)
+            if ref:
+                registry.register(fn, ref)
+
+
 def callback_refs(callbacks: dict) -> dict[str, list[str]]:
     return {event: [callback_ref(fn) for fn in _callables(value)]
             for event, value in sorted(callbacks.items()) if _callables(value)}
@@ -314,6 +324,7 @@ class Workflow:
         self.triggers = [triggers] if isinstance(triggers, On) else list(triggers)
         # on_failure/on_success: the run ended so; on_retry: any of its tasks will be retried.
         self.callbacks = {"on_failure": on_failure, "on_success": on_success, "on_retry": on_retry}
+        _register_callbacks(self.callbacks)
         self.deadline = deadline  # seconds after the logical date; a later run is recorded as late
         self.run_timeout = run_timeout  # seconds after a run starts; it is then cancelled
         self.tasks: dict[str, Task] = {}

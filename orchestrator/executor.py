@@ -76,12 +76,15 @@ def child_main(conn, parent_pid: int) -> None:
         os._exit(code)
 
 
-def resolve(message: dict, declared: dict | None = None):
+def resolve(message: dict, declared: dict | None = None, functions: dict | None = None):
     """The registered object a Python task run names. A reference nothing registered is refused,
     however its row was written: a worker runs only the project's own code. ``declared``: the
     task's spec as its workflow declares it, when the caller holds the workflow itself (the local
-    runner); otherwise it is read from the run's graph version."""
+    runner); otherwise it is read from the run's graph version. ``functions``: objects the caller
+    holds itself, by reference (the local runner's workflow, possibly defined inside a test)."""
     ref = message["spec"].get("ref", "")
+    if functions and ref in functions:
+        return functions[ref]
     try:
         return registry.load_for_worker(ref, message["id"], declared=declared)
     except registry.NotRegistered as exc:
@@ -133,13 +136,14 @@ def task_context(message: dict) -> TaskContext:
     )
 
 
-def call_python(message: dict, ctx: TaskContext | None = None, declared: dict | None = None):
+def call_python(message: dict, ctx: TaskContext | None = None, declared: dict | None = None,
+                functions: dict | None = None):
     """The calling convention: jobs get their args, workflow tasks their TaskContext (``ctx``,
     made from the message when not given)."""
     from orchestrator.dsl import Task as DslTask
 
     spec = message["spec"]
-    obj = resolve(message, declared)
+    obj = resolve(message, declared, functions)
     lead = []
     try:
         from django.tasks import Task as DjangoTask
@@ -259,12 +263,13 @@ def check_result(message: dict, value) -> None:
                               f"({', '.join(children)})")
 
 
-def run(message: dict, log_stream=None, declared: dict | None = None) -> tuple:
+def run(message: dict, log_stream=None, declared: dict | None = None, functions: dict | None = None) -> tuple:
     """Run one attempt; returns (task_run_id, number, outcome, result, error, traceback, log,
     metadata). The outcome is "rescheduled" when a sensor's check answered "not yet"; metadata
     is the JSON text of ``ctx.metadata`` (for the datasets the task produces) or None.
     ``log_stream``: write the log there instead of the attempt's log in storage; ``declared``:
-    the task's spec as the caller's own workflow object declares it (see ``resolve``)."""
+    the task's spec as the caller's own workflow object declares it, ``functions`` the objects it
+    holds (see ``resolve``)."""
     spec = message["spec"]
     log = log_stream or logs.AttemptLog(logs.name_for(message["run_id"], message["id"], message["number"]))
     handler = logging.StreamHandler(log)
@@ -280,7 +285,7 @@ def run(message: dict, log_stream=None, declared: dict | None = None) -> tuple:
                 call_shell(message, log, declared)
             else:
                 ctx = task_context(message) if spec.get("call") != "job" else None
-                value = call_python(message, ctx, declared)
+                value = call_python(message, ctx, declared, functions)
                 if spec.get("sensor") and not value:
                     outcome = AttemptOutcome.RESCHEDULED  # not yet: checked again after the sensor's interval
                 else:

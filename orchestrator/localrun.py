@@ -132,6 +132,11 @@ class _Runner:
     def __init__(self, wf, spec, params, logical_date, clock, max_attempts_total):
         self.wf, self.spec, self.params, self.clock = wf, spec, params, clock
         self.logical_date = logical_date or clock.now()
+        # The functions of the workflow this process holds, by reference: its tasks and callbacks.
+        self.functions = {task.ref: task for task in wf.tasks.values() if task.fn is not None}
+        for callbacks in [wf.callbacks, *(task.callbacks for task in wf.tasks.values())]:
+            for value in callbacks.values():
+                self.functions.update({executor_ref(fn): fn for fn in _callables(value) if executor_ref(fn)})
         self.budget = max_attempts_total
         self.logs: dict[int, list[str]] = {}
         self.callbacks: list[dict] = []
@@ -188,10 +193,9 @@ class _Runner:
                        "spec": json.loads(spec) if isinstance(spec, str) else spec, "timeout": timeout}
             taskcontext.fill(cursor, [message])
         stream = io.StringIO()
-        # The workflow object this process holds vouches for its own tasks (a job's function,
-        # such as a callback, must be registered, as on a worker).
+        # The workflow object this process holds vouches for its own tasks and callbacks.
         declared = self.spec["tasks"].get(task) if message["spec"].get("call") != "job" else None
-        reply = executor.run(message, log_stream=stream, declared=declared)
+        reply = executor.run(message, log_stream=stream, declared=declared, functions=self.functions)
         self.logs.setdefault(task_run_id, []).append(stream.getvalue())
         ending = Ending(*reply, job=message["spec"].get("call") == "job", run_id=run_id)
         resolver.end_attempts([ending], now=self.clock.now())

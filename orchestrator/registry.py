@@ -5,8 +5,8 @@ reference (``package.module:function``) only when it names something the project
 
 - a function decorated with ``@job`` (``from orchestrator.jobs import job``);
 - a ``django.tasks`` ``@task`` of this backend (registered when the task is defined);
-- a task of a workflow (registered when its module is imported, and stored by sync in the
-  workflow's graph version).
+- a task of a workflow, or a callback of a workflow or task (registered when its module is
+  imported, and stored by sync in the workflow's graph version).
 
 Where registrations come from: at start-up every process imports the modules named in
 ``ORCHESTRATOR_JOB_MODULES`` and the ``jobs`` and ``tasks`` modules of every installed app (as
@@ -103,6 +103,17 @@ SELECT EXISTS (
 )
 """
 
+# The same for a callback (on_failure/on_success/on_retry) of a workflow or of one of its tasks:
+# callbacks run as jobs, and their functions are the project's code that sync stored by reference.
+WORKFLOW_CALLBACK_REF = """
+SELECT EXISTS (
+    SELECT 1 FROM orchestrator_workflow w JOIN orchestrator_workflowversion v ON v.id = w.current_version_id
+    WHERE w.present AND (
+        jsonb_path_exists(v.spec, '$.callbacks.*[*] ? (@ == $ref)', jsonb_build_object('ref', %(ref)s::text))
+        OR jsonb_path_exists(v.spec, '$.tasks.*.callbacks.*[*] ? (@ == $ref)', jsonb_build_object('ref', %(ref)s::text)))
+)
+"""
+
 # What the graph version of a task run's run declares for that task (NULL for a job): a worker
 # runs a workflow task's shell command or imports its module only if sync stored it so.
 DECLARED_TASK = """
@@ -119,6 +130,14 @@ def is_workflow_task(ref: str) -> bool:
 
     with connection.cursor() as cursor:
         cursor.execute(WORKFLOW_TASK_REF, {"ref": ref})
+        return bool(cursor.fetchone()[0])
+
+
+def is_workflow_callback(ref: str) -> bool:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(WORKFLOW_CALLBACK_REF, {"ref": ref})
         return bool(cursor.fetchone()[0])
 
 
@@ -154,7 +173,7 @@ def load_for_worker(ref: str, task_run_id: int, *, declared: dict | None = None)
     if found is not None:
         return found
     declared = declared_task(task_run_id) if declared is None else declared
-    if (declared or {}).get("ref") == ref or is_workflow_task(ref):
+    if (declared or {}).get("ref") == ref or is_workflow_task(ref) or is_workflow_callback(ref):
         importlib.import_module(ref.partition(":")[0])
         found = get(ref)
     if found is None:
