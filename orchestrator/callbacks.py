@@ -36,9 +36,11 @@ RUN_EVENTS = {"succeeded": "on_success", "failed": "on_failure", "timed_out": "o
 
 # --- SQL ---------------------------------------------------------------------------------------
 
-# What a task's callbacks need to know, for the task runs that declare any.
+# What a task's callbacks need to know, for the task runs that declare any. Both reads return
+# the same columns: the key, its callbacks, then the context (task, task run, map index, attempt,
+# error, run, logical date, workflow).
 TASK_CONTEXT = """
-SELECT t.id, t.task, NULLIF(t.map_index, -1), t.attempts, t.state, t.error, t.spec->'callbacks',
+SELECT t.id, t.spec->'callbacks', t.task, t.id, NULLIF(t.map_index, -1), t.attempts, t.error,
        r.id, r.logical_date, COALESCE(w.name, '')
 FROM orchestrator_taskrun t
 JOIN orchestrator_run r ON r.id = t.run_id
@@ -48,7 +50,7 @@ WHERE t.id = ANY (%(ids)s) AND t.spec ? 'callbacks'
 
 # The same for runs, from the graph version each ran.
 RUN_CONTEXT = """
-SELECT r.id, r.logical_date, w.name, v.spec->'callbacks', r.reason
+SELECT r.id, v.spec->'callbacks', NULL, NULL, NULL, NULL, r.reason, r.id, r.logical_date, w.name
 FROM orchestrator_run r
 JOIN orchestrator_workflow w ON w.id = r.workflow_id
 JOIN orchestrator_workflowversion v ON v.id = r.version_id
@@ -60,45 +62,36 @@ def _json(value):
     return json.loads(value) if isinstance(value, str) else (value or {})
 
 
-def task_ended(changes: Iterable[tuple[int, str]], now=None) -> int:
-    """Enqueue the callbacks of task runs that reached a new state ((task_run_id, state)
-    pairs: succeeded, dead, or scheduled for a retry); returns how many jobs were made."""
-    states = {task_run_id: state for task_run_id, state in changes if state in TASK_EVENTS}
+def _enqueue_for(sql: str, states: dict, events: dict, now) -> int:
+    """One job per callback the new states call: ``states`` maps a task run (or run) id to its new
+    state, ``events`` a state to the callback it calls."""
+    states = {key: state for key, state in states.items() if state in events}
     if not states:
         return 0
     with connection.cursor() as cursor:
-        cursor.execute(TASK_CONTEXT, {"ids": list(states)})
+        cursor.execute(sql, {"ids": list(states)})
         rows = cursor.fetchall()
     calls = []
-    for task_run_id, task, map_index, attempt, state, error, callbacks, run_id, logical_date, workflow in rows:
-        event = TASK_EVENTS[states[task_run_id]]
+    for key, callbacks, task, task_run_id, map_index, attempt, error, run_id, logical_date, workflow in rows:
+        event = events[states[key]]
         for ref in _json(callbacks).get(event, []):
             calls.append((ref, {
                 "event": event, "workflow": workflow, "run_id": run_id, "logical_date": logical_date.isoformat(),
                 "task": task, "task_run_id": task_run_id, "map_index": map_index, "attempt": attempt,
-                "state": state, "error": error,
+                "state": states[key], "error": error,
             }))
     return enqueue_calls(calls, now)
+
+
+def task_ended(changes: Iterable[tuple[int, str]], now=None) -> int:
+    """Enqueue the callbacks of task runs that reached a new state ((task_run_id, state)
+    pairs: succeeded, dead, or scheduled for a retry); returns how many jobs were made."""
+    return _enqueue_for(TASK_CONTEXT, dict(changes), TASK_EVENTS, now)
 
 
 def run_ended(finished: Iterable[tuple[int, str]], now=None) -> int:
     """Enqueue the callbacks of runs that ended ((run_id, state) pairs)."""
-    states = {run_id: state for run_id, state in finished if state in RUN_EVENTS}
-    if not states:
-        return 0
-    with connection.cursor() as cursor:
-        cursor.execute(RUN_CONTEXT, {"ids": list(states)})
-        rows = cursor.fetchall()
-    calls = []
-    for run_id, logical_date, workflow, callbacks, reason in rows:
-        event = RUN_EVENTS[states[run_id]]
-        for ref in _json(callbacks).get(event, []):
-            calls.append((ref, {
-                "event": event, "workflow": workflow, "run_id": run_id, "logical_date": logical_date.isoformat(),
-                "task": None, "task_run_id": None, "map_index": None, "attempt": None,
-                "state": states[run_id], "error": reason,
-            }))
-    return enqueue_calls(calls, now)
+    return _enqueue_for(RUN_CONTEXT, dict(finished), RUN_EVENTS, now)
 
 
 def job_spec(ref: str, context: dict) -> dict:
