@@ -131,7 +131,7 @@ def test_a_worker_refuses_a_row_naming_an_unregistered_function(tmp_path, ref, a
     spec = {"kind": "python", "ref": ref, "call": "job", "kwargs": {},
             "args": [a.format(marker=marker) if isinstance(a, str) else [x.format(marker=marker) for x in a]
                      for a in args]}
-    _, _, outcome, _, error, _, _ = executor.run(forged_message(spec))
+    _, _, outcome, _, error, *_ = executor.run(forged_message(spec))
     assert outcome == "failed" and error.startswith(f"refused: unknown job {ref!r}")
     assert not marker.exists() and "this" not in sys.modules
 
@@ -139,17 +139,17 @@ def test_a_worker_refuses_a_row_naming_an_unregistered_function(tmp_path, ref, a
 def test_a_worker_refuses_a_shell_command_no_workflow_declares(tmp_path):
     marker = tmp_path / "ran"
     spec = {"kind": "shell", "command": f"touch {marker}", "env": {}}
-    _, _, outcome, _, error, _, _ = executor.run(forged_message(spec))
+    _, _, outcome, _, error, *_ = executor.run(forged_message(spec))
     assert outcome == "failed" and "is not one its workflow declares" in error and not marker.exists()
 
     # Declared by the run's graph version (as sync stores it), the same command runs; a changed
     # environment is a different command.
     wf = Workflow.objects.create(name="declared")
     version = WorkflowVersion.objects.create(workflow=wf, number=1, hash="h", spec={"tasks": {"t": spec}})
-    _, _, outcome, _, error, _, _ = executor.run(forged_message(spec, version=version))
+    _, _, outcome, _, error, *_ = executor.run(forged_message(spec, version=version))
     assert outcome == "succeeded" and marker.exists(), error
     marker.unlink()
-    _, _, outcome, _, _, _, _ = executor.run(
+    _, _, outcome, _, _, *_ = executor.run(
         forged_message({**spec, "env": {"LD_PRELOAD": "/tmp/evil.so"}}, task="t", version=version))
     assert outcome == "failed" and not marker.exists()
 
@@ -164,11 +164,11 @@ def test_a_workflow_task_declared_by_its_version_is_imported_and_run_by_the_work
     ref = f"{package}.flow:hello"
     spec = {"kind": "python", "ref": ref, "upstream": []}
     # Not declared by any version: refused, and the module is not imported.
-    _, _, outcome, _, error, _, _ = executor.run(forged_message(spec))
+    _, _, outcome, _, error, *_ = executor.run(forged_message(spec))
     assert outcome == "failed" and "unknown job" in error and f"{package}.flow" not in sys.modules
     wf = Workflow.objects.create(name="flow")
     version = WorkflowVersion.objects.create(workflow=wf, number=1, hash="h", spec={"tasks": {"hello": spec}})
-    _, _, outcome, result, error, _, _ = executor.run(forged_message(spec, task="hello", version=version))
+    _, _, outcome, result, error, *_ = executor.run(forged_message(spec, task="hello", version=version))
     assert (outcome, result) == ("succeeded", '"hello"'), error
 
 
