@@ -29,6 +29,8 @@ from datetime import datetime
 
 from django.db import connection, transaction
 
+from orchestrator.states import TaskState
+
 log = logging.getLogger(__name__)
 
 SCHEDULES_CHANNEL = "orchestrator_schedules"  # the scheduler's wake-up channel
@@ -36,29 +38,29 @@ SCHEDULES_CHANNEL = "orchestrator_schedules"  # the scheduler's wake-up channel
 # --- SQL ---------------------------------------------------------------------------------------
 
 # The datasets named by succeeded producers, created on first use.
-ENSURE_DATASETS = """
+ENSURE_DATASETS = f"""
 INSERT INTO orchestrator_dataset (name, created_at)
 SELECT DISTINCT jsonb_array_elements_text(t.spec->'produces'), %(now)s
 FROM orchestrator_taskrun t
-WHERE t.id = ANY (%(ids)s) AND t.state = 'succeeded' AND t.spec ? 'produces'
+WHERE t.id = ANY (%(ids)s) AND t.state = '{TaskState.SUCCEEDED}' AND t.spec ? 'produces'
 ON CONFLICT (name) DO NOTHING
 """
 
 # One event per dataset a succeeded producer declares. UNIQUE (dataset, task_run): the same task
 # run succeeding again (cleared, retried from the dead-letter queue after a mark) adds nothing.
 # The metadata comes from the task (ctx.metadata[dataset]), when it gave any.
-INSERT_EVENTS = """
+INSERT_EVENTS = f"""
 INSERT INTO orchestrator_datasetevent
     (dataset_id, task_run_id, run_id, workflow, task, logical_date, metadata, created_at, handled)
 SELECT d.id, t.id, t.run_id, COALESCE(w.name, ''), t.task, r.logical_date,
-       COALESCE(m.metadata::jsonb -> d.name, '{}'::jsonb), %(now)s, false
+       COALESCE(m.metadata::jsonb -> d.name, '{{}}'::jsonb), %(now)s, false
 FROM orchestrator_taskrun t
 JOIN orchestrator_run r ON r.id = t.run_id
 LEFT JOIN orchestrator_workflow w ON w.id = r.workflow_id
 CROSS JOIN LATERAL jsonb_array_elements_text(t.spec->'produces') AS p(name)
 JOIN orchestrator_dataset d ON d.name = p.name
 LEFT JOIN unnest(%(meta_ids)s::bigint[], %(metas)s::text[]) AS m(id, metadata) ON m.id = t.id
-WHERE t.id = ANY (%(ids)s) AND t.state = 'succeeded' AND t.spec ? 'produces'
+WHERE t.id = ANY (%(ids)s) AND t.state = '{TaskState.SUCCEEDED}' AND t.spec ? 'produces'
 ORDER BY t.id, d.name
 ON CONFLICT (dataset_id, task_run_id) DO NOTHING
 RETURNING id

@@ -19,16 +19,18 @@ from datetime import datetime
 
 from django.db import connection
 
+from orchestrator.states import ACTIVE_RUN_STATES, sql_list
+
 log = logging.getLogger(__name__)
 
 # --- SQL ---------------------------------------------------------------------------------------
 
 # Active runs past their deadline, recorded once: the guard (deadline_missed_at IS NULL) lets
 # a second scheduler's identical update change nothing, so each miss is announced once.
-RECORD_MISSES = """
+RECORD_MISSES = f"""
 UPDATE orchestrator_run SET deadline_missed_at = %(now)s
 WHERE id IN (SELECT id FROM orchestrator_run
-             WHERE state IN ('pending', 'running') AND deadline_missed_at IS NULL AND deadline_at <= %(now)s
+             WHERE state IN ({sql_list(ACTIVE_RUN_STATES)}) AND deadline_missed_at IS NULL AND deadline_at <= %(now)s
              ORDER BY deadline_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
   AND deadline_missed_at IS NULL
 RETURNING id
@@ -42,10 +44,10 @@ RETURNING id
 """
 
 # Active runs past their timeout, oldest first.
-TIMED_OUT = """
+TIMED_OUT = f"""
 SELECT r.id, EXTRACT(EPOCH FROM r.timeout_at - COALESCE(r.started_at, r.created_at)), r.timeout_at
 FROM orchestrator_run r
-WHERE r.state IN ('pending', 'running') AND r.timeout_at <= %(now)s
+WHERE r.state IN ({sql_list(ACTIVE_RUN_STATES)}) AND r.timeout_at <= %(now)s
 ORDER BY r.timeout_at LIMIT %(limit)s
 """
 

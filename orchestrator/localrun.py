@@ -30,31 +30,33 @@ from orchestrator import clock as clocks
 from orchestrator import executor, resolver, taskcontext
 from orchestrator.graph_checks import MODULE_LEVEL
 from orchestrator.resolver import Ending
+from orchestrator.states import AttemptOutcome, TaskState
 
 # --- SQL ---------------------------------------------------------------------------------------
 
 # The due task runs of this run and of the callback jobs it enqueued, in the order a dispatcher
 # would take them.
-DUE = """
+DUE = f"""
 SELECT id FROM orchestrator_taskrun
-WHERE state = 'scheduled' AND due_at <= %(now)s AND (run_id = %(run)s OR id = ANY (%(jobs)s))
+WHERE state = '{TaskState.SCHEDULED}' AND due_at <= %(now)s AND (run_id = %(run)s OR id = ANY (%(jobs)s))
 ORDER BY priority DESC, due_at, id
 """
-NEXT_DUE = """
+NEXT_DUE = f"""
 SELECT min(due_at) FROM orchestrator_taskrun
-WHERE state = 'scheduled' AND (run_id = %(run)s OR id = ANY (%(jobs)s))
+WHERE state = '{TaskState.SCHEDULED}' AND (run_id = %(run)s OR id = ANY (%(jobs)s))
 """
 
 # Queue, then claim, the way the dispatcher and a worker would (attempt number incremented).
-QUEUE = "UPDATE orchestrator_taskrun SET state = 'queued', queued_at = %(now)s WHERE id = %(id)s AND state = 'scheduled'"
-CLAIM = """
+QUEUE = (f"UPDATE orchestrator_taskrun SET state = '{TaskState.QUEUED}', queued_at = %(now)s "
+         f"WHERE id = %(id)s AND state = '{TaskState.SCHEDULED}'")
+CLAIM = f"""
 WITH t AS (
-    UPDATE orchestrator_taskrun SET state = 'running', attempts = attempts + 1, started_at = %(now)s
-    WHERE id = %(id)s AND state = 'queued'
+    UPDATE orchestrator_taskrun SET state = '{TaskState.RUNNING}', attempts = attempts + 1, started_at = %(now)s
+    WHERE id = %(id)s AND state = '{TaskState.QUEUED}'
     RETURNING id, run_id, task, attempts, spec, timeout
 ), a AS (
     INSERT INTO orchestrator_attempt (task_run_id, number, worker_id, outcome, started_at, error, traceback, log_path)
-    SELECT id, attempts, NULL, 'running', %(now)s, '', '', '' FROM t
+    SELECT id, attempts, NULL, '{AttemptOutcome.RUNNING}', %(now)s, '', '', '' FROM t
 )
 SELECT id, run_id, task, attempts, spec, timeout FROM t
 """

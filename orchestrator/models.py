@@ -216,8 +216,8 @@ class Run(models.Model):
             models.Index(fields=["logical_date"], name="run_by_logical_date"),
             # The scheduler's reads of active runs past their deadline or timeout.
             models.Index(fields=["deadline_at"], name="run_deadline_due",
-                         condition=Q(state__in=["pending", "running"], deadline_missed_at__isnull=True)),
-            models.Index(fields=["timeout_at"], name="run_timeout_due", condition=Q(state__in=["pending", "running"])),
+                         condition=Q(state__in=[*ACTIVE_RUN_STATES], deadline_missed_at__isnull=True)),
+            models.Index(fields=["timeout_at"], name="run_timeout_due", condition=Q(state__in=[*ACTIVE_RUN_STATES])),
             # The dashboard's recent deadline misses.
             models.Index(fields=["deadline_missed_at"], name="run_deadline_missed",
                          condition=Q(deadline_missed_at__isnull=False)),

@@ -124,8 +124,6 @@ TASK_RUN_TRANSITIONS = [
       for state in FINISHED_TASK_STATES for after in (T.SCHEDULED, T.WAITING)],
     # Mapping: the mapped task's own row (map_index -1) while its instances run.
     (T.WAITING, T.MAPPED, "resolver: the mapped-over parent succeeded; the instances are created"),
-    (T.WAITING, T.SUCCEEDED, "resolver: mapped over an empty list, nothing to run"),
-    (T.WAITING, T.FAILED, "resolver: the mapped-over parent's result cannot be mapped"),
     (T.MAPPED, T.SUCCEEDED, "resolver: every instance succeeded"),
     (T.MAPPED, T.FAILED, "resolver: every instance ended, some badly"),
     (T.SUCCEEDED, T.MAPPED, "control: an instance is cleared or retried, the mapped task waits for it again"),
