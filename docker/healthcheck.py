@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def _connect():
     import psycopg
 
-    from orchestrator.settings import parse_database_url
+    from orchestrator.database_url import parse_database_url
 
     db = parse_database_url(os.environ["DATABASE_URL"])
     return psycopg.connect(

@@ -312,7 +312,7 @@ class DeadTaskRunAdmin(TaskRunActions, ReadOnly, admin.ModelAdmin):
 
     @admin.display(description="run")
     def run_link(self, obj):
-        return format_html('<a href="{}">#{}</a>', reverse("web:run", args=[obj.run_id]), obj.run_id)
+        return format_html('<a href="{}">#{}</a>', reverse("orchestrator:web:run", args=[obj.run_id]), obj.run_id)
 
     @admin.display(description="error")
     def short_error(self, obj):

@@ -7,7 +7,8 @@ class OrchestratorConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from orchestrator import checks, registry  # noqa: F401 - checks registers the system checks
+        from orchestrator import checks, conf, registry  # noqa: F401 - checks registers the system checks
 
+        conf.connect_signals()
         # The job modules, as the admin discovers admin.py: what may run is known at start-up.
         registry.autodiscover()

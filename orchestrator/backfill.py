@@ -19,11 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone as dj_timezone
 
 from orchestrator import clock, cron
+from orchestrator.conf import app_settings
 from orchestrator.models import Backfill, Lane, Run, Schedule, TaskRun, Trigger, Workflow
 from orchestrator.params import ParamError, clean_params
 from orchestrator.runs import notify_dispatchers, task_runs_for
@@ -135,7 +135,7 @@ def plan(workflow, start, end, *, schedule=None, reprocess: str = "none", expr: 
         cron.validate(expr, tz)
     except cron.CronError as exc:
         raise BackfillError(str(exc), "timezone" if "timezone" in str(exc) else "cron") from None
-    cap = settings.ORCHESTRATOR["MAX_BACKFILL_RUNS"]
+    cap = app_settings.MAX_BACKFILL_RUNS
     # fire_times is exclusive of `after`; a microsecond earlier makes the start itself count.
     fires = list(cron.fire_times(expr, tz, start - timedelta(microseconds=1), until=end, limit=cap + 1))
     if len(fires) > cap:

@@ -29,8 +29,9 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connection, connections
 
+from orchestrator.conf import app_settings
+from orchestrator.database_url import format_database_url
 from orchestrator.jobs import job
-from orchestrator.settings import format_database_url
 
 # Two benchmarks at once on one server would drop each other's database: name another one.
 BENCH_DB = os.environ.get("ORCHESTRATOR_BENCH_DATABASE", "orchestrator_bench")
@@ -63,9 +64,9 @@ def child_env(**extra) -> dict:
     env = dict(os.environ)
     env.update({"DATABASE_URL": format_database_url(connection.settings_dict, BENCH_DB), "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "WARNING", "DEBUG": "0",
                 "SECRET_KEY": settings.SECRET_KEY or "bench-only-secret-key",
-                "ORCHESTRATOR_DATA_DIR": str(settings.DATA_DIR),
+                "ORCHESTRATOR_DATA_DIR": str(app_settings.DATA_DIR),
                 # The workers run this module's registered jobs.
-                "ORCHESTRATOR_JOB_MODULES": ",".join([*settings.ORCHESTRATOR["JOB_MODULES"], __name__])})
+                "ORCHESTRATOR_JOB_MODULES": ",".join([*app_settings.JOB_MODULES, __name__])})
     env.update({key: str(value) for key, value in extra.items()})
     return env
 

@@ -1,64 +1,75 @@
-"""System checks: misconfiguration is reported with what is wrong and how to fix it."""
+"""System checks of the app: what it needs from the project, and its own settings, each reported
+with what is wrong and how to fix it."""
 
+import importlib.util
 import os
 
-from django.conf import settings
+from django.apps import apps
 from django.core.checks import Error, Tags, Warning, register
-from django.core.exceptions import ImproperlyConfigured
+
+from orchestrator import conf
+from orchestrator.conf import app_settings
+
+# The apps the orchestrator's pages, API and admin are built on.
+REQUIRED_APPS = {
+    "django.contrib.admin": "the admin (backfills, limits, schedules)",
+    "django.contrib.auth": "accounts and the Viewers/Operators groups",
+    "django.contrib.contenttypes": "the admin",
+    "django.contrib.sessions": "logging in to the pages",
+    "django.contrib.messages": "the pages' confirmations",
+    "django.contrib.staticfiles": "the pages' CSS and JavaScript",
+    "django_htmx": "the live parts of the pages",
+    "rest_framework": "the API",
+    "rest_framework.authtoken": "API tokens",
+    "drf_spectacular": "the API schema",
+    "drf_spectacular_sidecar": "the API docs page without a CDN",
+}
 
 
-@register(Tags.compatibility, deploy=False)
+@register(Tags.compatibility)
+def check_installed_apps(app_configs=None, **kwargs):
+    missing = [name for name in REQUIRED_APPS if not apps.is_installed(name)]
+    return [Error(
+        f"The orchestrator needs {name!r} in INSTALLED_APPS (for {REQUIRED_APPS[name]}).",
+        hint=f"Add {', '.join(repr(m) for m in missing)} to INSTALLED_APPS.",
+        id="orchestrator.E006",
+    ) for name in missing]
+
+
+@register(Tags.compatibility)
 def check_configuration(app_configs=None, **kwargs):
-    problems = []
-    if settings.DATABASE_CONFIG_ERROR:
-        problems.append(Error(
-            f"DATABASE_URL is invalid: {settings.DATABASE_CONFIG_ERROR}",
-            hint="Use postgres://USER:PASSWORD@HOST:PORT/NAME, or unset it to use the embedded PostgreSQL.",
-            id="orchestrator.E001",
-        ))
-    try:
-        secret_key = settings.SECRET_KEY
-    except ImproperlyConfigured:  # Django refuses to hand out an empty key
-        secret_key = ""
-    if not secret_key:
-        problems.append(Error(
-            "SECRET_KEY is not set and DEBUG is off: refusing to start without a secret key.",
-            hint="Set the SECRET_KEY environment variable to a long random string "
-                 "(python -c 'import secrets; print(secrets.token_urlsafe(50))').",
-            id="orchestrator.E002",
-        ))
-    if not settings.WORKFLOWS_DIR.is_dir():
-        problems.append(Error(
-            f"The workflows folder {settings.WORKFLOWS_DIR} does not exist.",
-            hint="Create it, or point ORCHESTRATOR_WORKFLOWS_DIR at the folder that holds your workflow modules.",
-            id="orchestrator.E003",
-        ))
-    data_dir = settings.DATA_DIR
-    probe = data_dir if data_dir.exists() else data_dir.parent
-    if not os.access(probe, os.W_OK):
-        problems.append(Error(
-            f"The data folder {data_dir} is not writable.",
-            hint="Point ORCHESTRATOR_DATA_DIR at a writable folder; logs are stored there.",
-            id="orchestrator.E004",
-        ))
-    options = settings.ORCHESTRATOR
-    if options["HEARTBEAT_TIMEOUT_SECONDS"] <= 2 * options["HEARTBEAT_SECONDS"]:
+    problems = [Error(message, hint="See the settings table of the README.", id="orchestrator.E007")
+                for message in conf.problems()]
+    if problems:
+        return problems
+    package = app_settings.WORKFLOWS_PACKAGE
+    for name in ([package] if package else []) + app_settings.WORKFLOW_MODULES:
+        try:
+            found = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            problems.append(Error(
+                f"The workflow module {name!r} cannot be found.",
+                hint="Make it importable (on the Python path), or correct ORCHESTRATOR_WORKFLOWS_PACKAGE / "
+                     "ORCHESTRATOR_WORKFLOW_MODULES.",
+                id="orchestrator.E003",
+            ))
+    if app_settings.LOG_STORAGE == conf.FILE_STORAGE:
+        location = app_settings.LOG_STORAGE_OPTIONS.get("location") or str(app_settings.DATA_DIR)
+        probe = os.path.abspath(location)
+        while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+            probe = os.path.dirname(probe)
+        if not os.access(probe, os.W_OK):
+            problems.append(Error(
+                f"The task log folder {location} is not writable.",
+                hint="Point ORCHESTRATOR_DATA_DIR (or ORCHESTRATOR_LOG_STORAGE_OPTIONS) at a writable folder.",
+                id="orchestrator.E004",
+            ))
+    if app_settings.HEARTBEAT_TIMEOUT_SECONDS <= 2 * app_settings.HEARTBEAT_SECONDS:
         problems.append(Warning(
             "ORCHESTRATOR_HEARTBEAT_TIMEOUT_SECONDS is at most twice the heartbeat interval: "
             "healthy workers may be reaped.",
             id="orchestrator.W001",
         ))
     return problems
-
-
-# A deployment check: only the web server answers requests, so the scheduler, dispatcher and
-# workers start with DATABASE_URL and SECRET_KEY alone. wsgi.py runs deployment checks.
-@register(Tags.security, deploy=True)
-def check_web_hosts(app_configs=None, **kwargs):
-    if not settings.DEBUG and not settings.ALLOWED_HOSTS:
-        return [Error(
-            "ALLOWED_HOSTS is empty and DEBUG is off: every request would be refused.",
-            hint="Set ALLOWED_HOSTS to a comma-separated list of the host names the web server answers to.",
-            id="orchestrator.E005",
-        )]
-    return []

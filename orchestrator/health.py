@@ -11,11 +11,11 @@ load balancers and container runtimes probe by IP address over plain HTTP.
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.db import DatabaseError, connection
 from django.http import JsonResponse
 
 from orchestrator import clock
+from orchestrator.conf import app_settings
 from orchestrator.states import LIVE_WORKER_STATES, sql_list
 
 SCHEDULER_LEASE = "scheduler"
@@ -64,7 +64,7 @@ def check_scheduler() -> tuple[bool, str]:
 
 
 def check_workers() -> tuple[bool, str]:
-    timeout = settings.ORCHESTRATOR["HEARTBEAT_TIMEOUT_SECONDS"]
+    timeout = app_settings.HEARTBEAT_TIMEOUT_SECONDS
     with connection.cursor() as cursor:
         cursor.execute(LIVE_WORKERS, [clock.db_now_param(), timeout])
         live = cursor.fetchone()[0]

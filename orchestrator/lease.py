@@ -23,8 +23,9 @@ import time
 import uuid
 from contextlib import contextmanager
 
-from django.conf import settings
 from django.db import connection, transaction
+
+from orchestrator.conf import app_settings
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def default_holder() -> str:
 
 
 def lease_seconds() -> float:
-    return float(settings.ORCHESTRATOR["LEASE_SECONDS"])
+    return float(app_settings.LEASE_SECONDS)
 
 
 # A new acquisition: insert the row, or take it over when it expired (or is ours already, e.g.

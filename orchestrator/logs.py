@@ -1,5 +1,5 @@
-"""Task logs: one log per attempt through Django's storage API (files under DATA_DIR/logs by
-default, S3 and friends through django-storages).
+"""Task logs: one log per attempt through Django's storage API (``ORCHESTRATOR_LOG_STORAGE``: files
+under ``ORCHESTRATOR_DATA_DIR/logs`` by default, S3 and friends through django-storages).
 
 On a storage with local paths the log is appended and flushed as the task writes, so it can be
 read while the task runs. Other storages receive the whole log when the attempt ends. A log is
@@ -12,8 +12,8 @@ import io
 import os
 
 from django.core.files.base import ContentFile
-from django.core.files.storage import default_storage
 
+from orchestrator.conf import log_storage
 from orchestrator.models import Attempt
 
 
@@ -31,7 +31,7 @@ def attempt_log_name(attempt: Attempt) -> str:
 
 def local_path(name: str) -> str | None:
     try:
-        return default_storage.path(name)
+        return log_storage().path(name)
     except NotImplementedError:
         return None
 
@@ -91,7 +91,7 @@ class AttemptLog(io.TextIOBase):
         if self.buffer_ is None:  # already finished
             return self.name
         text, self.buffer_ = self.buffer_.getvalue(), None
-        return default_storage.save(self.name, ContentFile(text.encode()))
+        return log_storage().save(self.name, ContentFile(text.encode()))
 
 
 def read(attempt: Attempt, offset: int = 0, limit: int = 65536) -> tuple[str, int, bool]:
@@ -102,9 +102,9 @@ def read(attempt: Attempt, offset: int = 0, limit: int = 65536) -> tuple[str, in
     limit = max(1, min(int(limit), 4 * 1024 * 1024))
     name = attempt_log_name(attempt)
     finished = attempt.outcome != "running"
-    if not default_storage.exists(name):
+    if not log_storage().exists(name):
         return "", offset, finished
-    with default_storage.open(name, "rb") as handle:
+    with log_storage().open(name, "rb") as handle:
         handle.seek(offset)
         data = handle.read(limit + 3)
     chunk = data[:limit]
@@ -122,6 +122,6 @@ def read(attempt: Attempt, offset: int = 0, limit: int = 65536) -> tuple[str, in
 def open_for_download(attempt: Attempt):
     """The whole log as a binary file object (an empty one when the attempt wrote nothing)."""
     name = attempt_log_name(attempt)
-    if not default_storage.exists(name):
+    if not log_storage().exists(name):
         return io.BytesIO(b"")
-    return default_storage.open(name, "rb")
+    return log_storage().open(name, "rb")

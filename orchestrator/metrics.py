@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hmac
 
-from django.conf import settings
 from django.db import DatabaseError, connection
 from django.http import HttpResponse
 from prometheus_client import CollectorRegistry, generate_latest
@@ -22,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from orchestrator import clock
+from orchestrator.conf import app_settings
 from orchestrator.health import SCHEDULER_LEASE
 from orchestrator.states import LIVE_WORKER_STATES, AttemptOutcome, TaskState, sql_list
 
@@ -111,7 +111,7 @@ class DatabaseCollector:
         yield from families
 
     def _families(self) -> list:
-        heartbeat_timeout = settings.ORCHESTRATOR["HEARTBEAT_TIMEOUT_SECONDS"]
+        heartbeat_timeout = app_settings.HEARTBEAT_TIMEOUT_SECONDS
         now, db_now = clock.now(), clock.db_now_param()
         queue_rows = _fetchall(QUEUE_SQL, {"now": now})
         outcome_rows = _fetchall(OUTCOME_SQL, {"job_label": JOB_LABEL, "now": now, "window": OUTCOME_WINDOW_SECONDS})
@@ -224,7 +224,7 @@ registry.register(DatabaseCollector())
 
 
 def _authorized(request) -> bool:
-    token = settings.ORCHESTRATOR.get("METRICS_TOKEN") or ""
+    token = app_settings.METRICS_TOKEN or ""
     if not token:
         return True
     given = request.headers.get("Authorization", "")

@@ -3,7 +3,7 @@
 Each delivery is a WebhookDelivery row plus a job (``orchestrator.notifier:deliver``) created in
 the same transaction as the run's end, so a delivery is never lost and is retried with the jobs'
 backoff. The body is JSON; the header ``X-Orchestrator-Signature: sha256=<hex>`` is the
-HMAC-SHA256 of the exact body bytes with ``ORCHESTRATOR["WEBHOOK_SECRET"]``. A receiver checks
+HMAC-SHA256 of the exact body bytes with ``ORCHESTRATOR_WEBHOOK_SECRET``. A receiver checks
 it with ``hmac.compare_digest``. A delivery can arrive more than once (jobs run at least once).
 """
 
@@ -16,9 +16,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 
-from django.conf import settings
-
 from orchestrator import clock
+from orchestrator.conf import app_settings
 from orchestrator.models import Run, WebhookDelivery
 from orchestrator.registry import job
 
@@ -33,7 +32,7 @@ class DeliveryFailed(Exception):
 
 
 def sign(body: bytes, secret: str | None = None) -> str:
-    secret = settings.ORCHESTRATOR["WEBHOOK_SECRET"] if secret is None else secret
+    secret = app_settings.WEBHOOK_SECRET if secret is None else secret
     return "sha256=" + hmac.new((secret or "").encode(), body, hashlib.sha256).hexdigest()
 
 
@@ -63,7 +62,7 @@ def deadline_missed(run_ids: Sequence[int]) -> int:
 
 
 def _enqueue(delivery: WebhookDelivery) -> None:
-    options = {"retry_delay": settings.ORCHESTRATOR.get("WEBHOOK_RETRY_SECONDS", 5.0), "retry_backoff": 2.0, "retry_max_delay": 600.0, "timeout": 60}
+    options = {"retry_delay": app_settings.WEBHOOK_RETRY_SECONDS, "retry_backoff": 2.0, "retry_max_delay": 600.0, "timeout": 60}
     try:
         from orchestrator.jobs import enqueue
     except ImportError:

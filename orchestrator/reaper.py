@@ -7,11 +7,11 @@ for these attempts change nothing, and its next heartbeat tells it to kill them.
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.db import connection, transaction
 
 from orchestrator import clock as clocks
 from orchestrator import resolver
+from orchestrator.conf import app_settings
 from orchestrator.resolver import Ending
 from orchestrator.states import LIVE_WORKER_STATES, AttemptOutcome, TaskState, WorkerState, sql_list
 
@@ -47,8 +47,7 @@ WHERE a.outcome = '{AttemptOutcome.RUNNING}' AND t.timeout IS NOT NULL
 def reap_once(clock=None) -> int:
     """One pass; returns how many attempts were ended."""
     clock = clock or clocks.system
-    conf = settings.ORCHESTRATOR
-    timeout = conf["HEARTBEAT_TIMEOUT_SECONDS"]
+    timeout = app_settings.HEARTBEAT_TIMEOUT_SECONDS
     with transaction.atomic(), connection.cursor() as cursor:
         db_now = clock.db_now()
         now = clock.now()

@@ -185,13 +185,14 @@ def autodiscover() -> None:
     """Import the job modules: the built-in ones, ORCHESTRATOR_JOB_MODULES, and each installed
     app's ``jobs`` and ``tasks`` modules. A module named in the setting that cannot be imported
     is a configuration error and stops the process, as a broken ``admin.py`` does."""
-    from django.conf import settings
     from django.core.exceptions import ImproperlyConfigured
     from django.utils.module_loading import autodiscover_modules
 
+    from orchestrator.conf import app_settings
+
     for name in BUILTIN_MODULES:
         importlib.import_module(name)
-    for name in settings.ORCHESTRATOR.get("JOB_MODULES", ()):
+    for name in app_settings.JOB_MODULES:
         try:
             importlib.import_module(name)
         except ImportError as exc:

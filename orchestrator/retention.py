@@ -18,11 +18,11 @@ import re
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.core.files.storage import default_storage
 from django.db import OperationalError, connection, transaction
 from django.db.models import CASCADE, DO_NOTHING, SET_NULL
 
 from orchestrator.clock import system
+from orchestrator.conf import log_storage
 from orchestrator.models import ACTIVE_TASK_STATES, FINISHED_RUN_STATES, Attempt, Run, TaskRun, TaskState
 
 log = logging.getLogger(__name__)
@@ -160,7 +160,7 @@ def prune(older_than: timedelta, *, batch_size: int = 1000, clock=None, max_batc
         report.attempts += attempts
         for path in log_paths:
             try:
-                default_storage.delete(path)
+                log_storage().delete(path)
             except Exception as exc:  # noqa: BLE001 - a storage backend may raise anything; keep pruning
                 report.log_errors.append(f"{path}: {exc}")
             else:

@@ -25,12 +25,12 @@ from collections import Counter, defaultdict, deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Min
 
 from orchestrator import cron
 from orchestrator.clock import system
+from orchestrator.conf import app_settings
 from orchestrator.lease import LeaderLease, LeaseLost, NoLease
 from orchestrator.models import Run, Schedule, TaskRun, Trigger, Workflow, WorkflowVersion
 from orchestrator.params import ParamError, clean_params
@@ -95,7 +95,7 @@ def _prune(clock):
 
     # Bounded (at most 5,000 runs a call, about a second) so that the loop gets back to renewing the
     # lease in time; every five minutes that still removes well over a million runs a day.
-    return prune(timedelta(days=settings.ORCHESTRATOR["RETENTION_DAYS"]), clock=clock, max_batches=5)
+    return prune(timedelta(days=app_settings.RETENTION_DAYS), clock=clock, max_batches=5)
 
 
 MAINTENANCE: list[tuple[str, float, object]] = [
@@ -334,7 +334,7 @@ class Scheduler:
             return len(schedules)
 
     def _due(self, schedule: Schedule, now: datetime) -> _Due:
-        cap = schedule.max_catchup or settings.ORCHESTRATOR["MAX_CATCHUP_RUNS"]
+        cap = schedule.max_catchup or app_settings.MAX_CATCHUP_RUNS
         keep = cap + MAX_SKIPPED_RECORDS if schedule.catchup == Schedule.Catchup.ALL else 1
         begin = schedule.next_fire_at
         window = LOOKBACK
@@ -371,7 +371,7 @@ class Scheduler:
                        trigger=Trigger.SCHEDULE, params=params or {}, tenant=workflow.tenant,
                        state=state, reason=reason)
 
-        cap = schedule.max_catchup or settings.ORCHESTRATOR["MAX_CATCHUP_RUNS"]
+        cap = schedule.max_catchup or app_settings.MAX_CATCHUP_RUNS
         planned = [NewRun(run(at, RunState.SKIPPED, f"over the catchup limit of {cap} missed runs"), {})
                    for at in due.skipped]
         if due.unrecorded:

@@ -14,8 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from django.conf import settings
-
 MAX_RESTARTS = 5
 
 
@@ -31,7 +29,12 @@ class Child:
 
 
 def role_argv(role: str, *extra: str) -> list[str]:
-    return [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), role, *extra]
+    """The command line of a role: the project's manage.py that started this process, else
+    ``python -m django`` (the same DJANGO_SETTINGS_MODULE, inherited)."""
+    script = Path(sys.argv[0])
+    if script.name == "manage.py" and script.is_file():
+        return [sys.executable, str(script.resolve()), role, *extra]
+    return [sys.executable, "-m", "django", role, *extra]
 
 
 class Supervisor:

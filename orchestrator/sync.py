@@ -1,5 +1,6 @@
-"""Discovery and sync: import every module in the workflows folder, validate each workflow,
-store it, and record a new graph version only when the graph changed.
+"""Discovery and sync: import every workflow module (each installed app's ``workflows`` module or
+package, and the modules the settings name), validate each workflow, store it, and record a new
+graph version only when the graph changed.
 
 A module that fails to import is reported and does not stop the others; a workflow that was
 valid before and is broken now keeps its last good version and is marked broken.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import pkgutil
 import re
 import sys
 import traceback
@@ -17,10 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import networkx
-from django.conf import settings
+from django.apps import apps
 from django.db import transaction
+from django.utils.module_loading import module_has_submodule
 
 from orchestrator import clock, cron, dsl, graph_checks
+from orchestrator.conf import app_settings
 from orchestrator.models import Schedule, Workflow, WorkflowVersion
 from orchestrator.params import clean_param
 
@@ -166,21 +170,81 @@ def _import(module_name: str):
     return importlib.import_module(module_name)
 
 
+def _import_error(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc)[-3:])
+
+
+def _submodules(package) -> list[str]:
+    """A package's own modules, not starting with ``_``, in name order."""
+    return sorted(f"{package.__name__}.{info.name}" for info in pkgutil.iter_modules(package.__path__)
+                  if not info.name.startswith("_"))
+
+
+def workflow_modules() -> list[str]:
+    """The ``workflows`` module of every installed app, found the way the admin finds
+    ``admin.py`` (when it is a package, discover() also imports each of its modules)."""
+    names = []
+    for app_config in apps.get_app_configs():
+        if module_has_submodule(app_config.module, "workflows"):
+            names.append(f"{app_config.name}.workflows")
+    return names
+
+
+def _configured_packages() -> list[str]:
+    return [app_settings.WORKFLOWS_PACKAGE] if app_settings.WORKFLOWS_PACKAGE else []
+
+
 def discover(directory: Path | None = None, package: str | None = None):
-    """Import the workflow modules; returns ({module: [workflows]}, {module: import error})."""
-    directory = Path(directory or settings.WORKFLOWS_DIR)
-    package = package or settings.WORKFLOWS_PACKAGE
-    parent = str(directory.parent)
-    if parent not in sys.path:
-        sys.path.insert(0, parent)
+    """Import the workflow modules; returns ({module: [workflows]}, {module: import error}).
+
+    With ``directory`` and ``package`` (tools and tests), only the modules of that folder, imported
+    as that package; otherwise the modules of workflow_modules() and the settings."""
     importlib.invalidate_caches()
     found, failed = {}, {}
-    for module_name in _module_names(directory, package):
+
+    def load(module_name: str):
+        imported = []
         try:
-            found[module_name] = dsl.collect(lambda name=module_name: _import(name))
+            found[module_name] = dsl.collect(lambda: imported.append(_import(module_name)))
         except Exception as exc:  # noqa: BLE001 - any error in user code is reported, not raised
-            tb = traceback.format_exception(exc)
-            failed[module_name] = f"{type(exc).__name__}: {exc}\n" + "".join(tb[-3:])
+            failed[module_name] = _import_error(exc)
+            return None
+        return imported[0]
+
+    if directory is not None and package is not None:
+        directory = Path(directory)
+        parent = str(directory.parent)
+        if parent not in sys.path:
+            sys.path.insert(0, parent)
+        for module_name in _module_names(directory, package):
+            load(module_name)
+        return found, failed
+
+    queue = [(name, True) for name in workflow_modules()]
+    for name in _configured_packages():
+        try:
+            package_module = importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - reported like a module that fails to import
+            failed[name] = _import_error(exc)
+            continue
+        queue += [(sub, False) for sub in _submodules(package_module)] if hasattr(package_module, "__path__") \
+            else [(name, False)]
+    queue += [(name, False) for name in app_settings.WORKFLOW_MODULES]
+    seen = set()
+    for name, expand in queue:
+        if name in seen:
+            continue
+        seen.add(name)
+        module = load(name)
+        if expand and module is not None and hasattr(module, "__path__"):
+            for sub in _submodules(module):
+                if sub not in seen:
+                    seen.add(sub)
+                    load(sub)
+    # A package that imports its own modules created their workflows too: each belongs to the
+    # module that defines it, which was imported on its own.
+    for name, workflows in found.items():
+        found[name] = [wf for wf in workflows if wf.module == name or wf.module not in found]
     return found, failed
 
 

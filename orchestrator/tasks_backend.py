@@ -91,6 +91,12 @@ class OrchestratorBackend(BaseTaskBackend):
     supports_get_result = True
     supports_priority = True
 
+    def __init__(self, alias, params):
+        super().__init__(alias, params)
+        if "QUEUES" not in params:
+            # Workers choose their queues by name, so any name is valid unless QUEUES lists some.
+            self.queues = set()
+
     def validate_task(self, task: Task) -> None:
         super().validate_task(task)
         # Defining a task registers it: workers and the API run only registered references.

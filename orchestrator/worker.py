@@ -25,10 +25,10 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Pipe
 
-from django.conf import settings
 from django.db import DatabaseError, connection, connections, transaction
 
 from orchestrator import clock, executor, resolver, taskcontext
+from orchestrator.conf import app_settings
 from orchestrator.control import CANCEL_CHANNEL
 from orchestrator.dispatcher import drain_notifies, listen_connection
 from orchestrator.resolver import Ending
@@ -147,12 +147,11 @@ class Worker:
             raise ValueError("a worker needs at least one queue (--queues default,batch)")
         if concurrency < 1:
             raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
-        conf = settings.ORCHESTRATOR
         self.queues = queues
         self.concurrency = concurrency
         self.grace = grace
-        self.poll = poll if poll is not None else conf["POLL_SECONDS"]
-        self.heartbeat_every = conf["HEARTBEAT_SECONDS"]
+        self.poll = poll if poll is not None else app_settings.POLL_SECONDS
+        self.heartbeat_every = app_settings.HEARTBEAT_SECONDS
         self.host = socket.gethostname()
         # Unique per process even with --name: a restarted worker must not collide with its
         # previous row (kept as history).
@@ -481,8 +480,7 @@ class Worker:
     def limited(self) -> bool:
         """Whether any concurrency limit exists (checked at most once per poll interval)."""
         if time.monotonic() - self.limits_checked > self.poll:
-            conf = settings.ORCHESTRATOR
-            if conf.get("DEFAULT_QUEUE_LIMIT") or conf.get("DEFAULT_TENANT_LIMIT"):
+            if app_settings.DEFAULT_QUEUE_LIMIT or app_settings.DEFAULT_TENANT_LIMIT:
                 self.limits_exist = True
             else:
                 with connection.cursor() as cursor:

@@ -21,7 +21,7 @@ import pytest
 import tests.tasks_for_tests  # noqa: F401 - registers the test jobs in this process
 from orchestrator import clock as process_clock
 from orchestrator.clock import FakeClock
-from orchestrator.settings import format_database_url
+from orchestrator.database_url import format_database_url
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -176,7 +176,25 @@ def clock():
 
 
 @pytest.fixture(scope="session")
-def django_db_setup(django_db_setup, django_db_blocker):
+def embedded_database():
+    """Without DATABASE_URL the tests use the standalone project's embedded PostgreSQL, started
+    when the first test needs a database (never by collecting) and stopped at the end if this
+    session started it (``./dev test`` starts it itself)."""
+    from project import database
+
+    started_here = database.prepare()
+    yield
+    if started_here:
+        from django.db import connections
+
+        from orchestrator import embedded
+
+        connections.close_all()
+        embedded.stop(database.pgdata())
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(embedded_database, django_db_setup, django_db_blocker):
     """The test database, dropped at the end even if a process the tests stopped is still
     closing its session (PostgreSQL refuses to drop a database with sessions).
 

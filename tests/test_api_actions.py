@@ -103,8 +103,7 @@ def test_an_operator_retries_the_failed_tasks_of_a_run(api, viewer_api, workflow
 
 @pytest.fixture
 def log_storage(settings, tmp_path):
-    settings.STORAGES = {**settings.STORAGES, "default": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "logs")}}}
+    settings.ORCHESTRATOR_LOG_STORAGE_OPTIONS = {"location": str(tmp_path / "logs")}
 
 
 def test_it_shows_attempts_and_pages_through_a_log(api, viewer_api, workflow, log_storage):

@@ -173,7 +173,7 @@ def test_a_backfill_can_follow_its_own_cron_expression(api, workflow):
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_bad_backfill_input_is_a_400_naming_the_field_and_stores_nothing(api, workflow, settings, change, field,
                                                                          message, dry_run):
-    settings.ORCHESTRATOR = {**settings.ORCHESTRATOR, "MAX_BACKFILL_RUNS": 100}
+    settings.ORCHESTRATOR_MAX_BACKFILL_RUNS = 100
     before = stored()
     response = api.post("/api/backfills/", {**MARCH, **change, "dry_run": dry_run}, format="json")
     assert response.status_code == 400, response.json()

@@ -47,17 +47,17 @@ def test_each_action_in_the_web_ui_is_recorded_with_who_what_and_from_where(clie
     client.force_login(operator)
     at = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
     with clock.pinned(FakeClock(at)):
-        client.post(reverse("web:workflow_trigger", args=["reports"]), {"param.day": "2026-03-01"},
+        client.post(reverse("orchestrator:web:workflow_trigger", args=["reports"]), {"param.day": "2026-03-01"},
                     REMOTE_ADDR="203.0.113.7")
     run = Run.objects.get()
-    client.post(reverse("web:workflow_pause", args=["reports"]))
-    client.post(reverse("web:workflow_resume", args=["reports"]))
-    client.post(reverse("web:run_cancel", args=[run.pk]))
-    client.post(reverse("web:run_retry", args=[run.pk]))
+    client.post(reverse("orchestrator:web:workflow_pause", args=["reports"]))
+    client.post(reverse("orchestrator:web:workflow_resume", args=["reports"]))
+    client.post(reverse("orchestrator:web:run_cancel", args=[run.pk]))
+    client.post(reverse("orchestrator:web:run_retry", args=[run.pk]))
     task_run = dead(workflow)
-    client.post(reverse("web:dead_letter"), {"action": "retry", "ids": [task_run.pk], "confirmed": "on"})
+    client.post(reverse("orchestrator:web:dead_letter"), {"action": "retry", "ids": [task_run.pk], "confirmed": "on"})
     TaskRun.objects.filter(pk=task_run.pk).update(state=TaskState.DEAD)
-    client.post(reverse("web:dead_letter"), {"action": "discard", "ids": [task_run.pk], "confirmed": "on"})
+    client.post(reverse("orchestrator:web:dead_letter"), {"action": "discard", "ids": [task_run.pk], "confirmed": "on"})
     assert events() == [
         ("olga", "trigger", "ui", "run", str(run.pk)),
         ("olga", "pause", "ui", "workflow", str(workflow.pk)),
@@ -151,15 +151,15 @@ def test_operators_read_the_audit_log_on_a_page_and_viewers_do_not(client, opera
     audit.record("pause", user=operator, source="api", target=workflow)
     audit.record("trigger", user=operator, source="ui", target_type="run", target_id=41, workflow="reports")
     client.force_login(viewer)
-    assert client.get(reverse("web:audit")).status_code == 403
-    assert "Audit log" not in client.get(reverse("web:runs")).content.decode()
+    assert client.get(reverse("orchestrator:web:audit")).status_code == 403
+    assert "Audit log" not in client.get(reverse("orchestrator:web:runs")).content.decode()
     client.force_login(operator)
-    page = client.get(reverse("web:audit")).content.decode()
-    assert "Audit log" in client.get(reverse("web:runs")).content.decode()
+    page = client.get(reverse("orchestrator:web:audit")).content.decode()
+    assert "Audit log" in client.get(reverse("orchestrator:web:runs")).content.decode()
     assert page.count("<tr><td>") == 2 and 'href="/runs/41/"' in page and 'workflow=&quot;reports&quot;' in page
-    filtered = client.get(reverse("web:audit"), {"action": "pause"}).content.decode()
+    filtered = client.get(reverse("orchestrator:web:audit"), {"action": "pause"}).content.decode()
     assert filtered.count("<tr><td>") == 1 and "reports" in filtered
-    assert client.get(reverse("web:audit"), {"target_id": "a\x00b"}).status_code == 200
+    assert client.get(reverse("orchestrator:web:audit"), {"target_id": "a\x00b"}).status_code == 200
 
 
 def test_the_audit_api_is_for_operators_paginated_and_filtered(api, viewer_api, operator, workflow):

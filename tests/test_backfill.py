@@ -142,7 +142,7 @@ def test_a_workflow_without_schedule_is_backfilled_from_a_given_cron_expression(
     (dict(workflow="nope"), "workflow", "unknown workflow 'nope'"),
 ])
 def test_bad_requests_are_refused_with_a_clear_error_and_nothing_written(workflow, settings, call, field, message):
-    settings.ORCHESTRATOR = {**settings.ORCHESTRATOR, "MAX_BACKFILL_RUNS": 20}
+    settings.ORCHESTRATOR_MAX_BACKFILL_RUNS = 20
     arguments = {"workflow": workflow, "start": day(1), "end": day(3), **call}
     with pytest.raises(BackfillError) as caught:
         backfill.start(arguments.pop("workflow"), arguments.pop("start"), arguments.pop("end"), **arguments)

@@ -10,11 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from django.conf import settings
-from django.core.files.storage import default_storage
 from django.test.utils import override_settings
 
-from orchestrator import control, logs
+from orchestrator import conf, control, logs
 from orchestrator.models import (
     Attempt,
     QueueLimit,
@@ -41,12 +39,7 @@ FAST = {
 @pytest.fixture
 def data_dir(tmp_path):
     """Logs of the worker processes and of this process in one temporary storage."""
-    location = tmp_path / "data" / "logs"
-    storages = {
-        "default": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(location)}},
-        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
-    }
-    with override_settings(STORAGES=storages):
+    with override_settings(ORCHESTRATOR_DATA_DIR=tmp_path / "data"):
         yield tmp_path / "data"
 
 
@@ -268,7 +261,7 @@ def test_logs_are_captured_and_readable_while_the_task_runs(processes, env, tmp_
     gate.write_text("open")
     assert wait_finished(run) and run_state(run) == "succeeded"
     attempt.refresh_from_db()
-    assert attempt.log_path and default_storage.exists(attempt.log_path)
+    assert attempt.log_path and conf.log_storage().exists(attempt.log_path)
     first, offset, eof = logs.read(attempt, 0, 12)
     rest, _, eof = logs.read(attempt, offset)
     assert eof and "after the gate" in first + rest and "WARNING tests.tasks: through logging" in first + rest
@@ -325,7 +318,7 @@ def test_a_worker_declared_lost_kills_the_tasks_it_no_longer_owns(processes, env
     pid = int(marker.read_text())
     # As if its heartbeats had stopped for a while: the reaper ends the attempt.
     Worker.objects.filter(pid=proc.pid).update(heartbeat_at="2000-01-01T00:00:00Z")
-    with override_settings(ORCHESTRATOR={**settings.ORCHESTRATOR, "HEARTBEAT_TIMEOUT_SECONDS": 3}):
+    with override_settings(ORCHESTRATOR_HEARTBEAT_TIMEOUT_SECONDS=3):
         assert reaper.reap_once() == 1
     wait_for(lambda: not _alive(pid), 5, message="the worker to kill the task it lost")
     assert Attempt.objects.get(task_run__run=run).outcome == "lost"

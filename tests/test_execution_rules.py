@@ -7,7 +7,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.conf import settings
 from django.test.utils import override_settings
 
 from orchestrator import control, dispatcher, executor, logs, reaper, resolver
@@ -113,7 +112,7 @@ def test_work_of_a_full_queue_does_not_hold_back_other_queues(clock):
     assert TaskRun.objects.filter(queue="batch", state="queued").count() == 1
 
 
-@override_settings(ORCHESTRATOR={**settings.ORCHESTRATOR, "DEFAULT_QUEUE_LIMIT": 2})
+@override_settings(ORCHESTRATOR_DEFAULT_QUEUE_LIMIT=2)
 def test_the_default_queue_limit_applies_without_a_limit_row(clock):
     for _ in range(4):
         make_run({"a": job_spec()}, clock)
@@ -360,8 +359,7 @@ def test_a_long_queue_name_gets_a_valid_notify_channel(clock):
 # --- logs -----------------------------------------------------------------------------------
 
 def test_logs_are_paged_without_splitting_a_character(clock, tmp_path, settings):
-    settings.STORAGES = {**settings.STORAGES, "default": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path)}}}
+    settings.ORCHESTRATOR_LOG_STORAGE_OPTIONS = {"location": str(tmp_path)}
     run = make_run({"a": job_spec()}, clock)
     task_run = TaskRun.objects.get(run=run)
     attempt = Attempt.objects.create(task_run=task_run, number=1, started_at=clock.now())

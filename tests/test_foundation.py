@@ -7,10 +7,11 @@ from django.core.management import call_command
 from django.db import IntegrityError, connection, transaction
 
 from orchestrator import checks
+from orchestrator.database_url import parse_database_url
 from orchestrator.models import Attempt, Run, Schedule, TaskRun, TaskState, Workflow, WorkflowVersion
 from orchestrator.params import ParamError, clean_params
 from orchestrator.runs import IdempotencyConflict, create_run
-from orchestrator.settings import parse_database_url
+from project import checks as project_checks
 
 pytestmark = pytest.mark.django_db
 
@@ -132,14 +133,14 @@ def test_a_missing_secret_key_is_reported_by_a_system_check(settings):
     settings.DEBUG = False
     settings.SECRET_KEY = ""
     settings.ALLOWED_HOSTS = []
-    ids = {problem.id for problem in [*checks.check_configuration(), *checks.check_web_hosts()]}
+    ids = {problem.id for problem in [*project_checks.check_environment(), *project_checks.check_web_hosts()]}
     assert {"orchestrator.E002", "orchestrator.E005"} <= ids
 
 
-def test_a_missing_workflows_folder_is_reported_by_a_system_check(settings, tmp_path):
-    settings.WORKFLOWS_DIR = tmp_path / "nowhere"
+def test_a_missing_workflows_package_is_reported_by_a_system_check(settings):
+    settings.ORCHESTRATOR_WORKFLOWS_PACKAGE = "nowhere_to_be_found"
     problems = checks.check_configuration()
-    assert any(p.id == "orchestrator.E003" and "nowhere" in p.msg for p in problems)
+    assert any(p.id == "orchestrator.E003" and "nowhere_to_be_found" in p.msg for p in problems)
 
 
 def test_migrations_are_complete():

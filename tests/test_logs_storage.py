@@ -5,9 +5,10 @@ from datetime import UTC, datetime
 
 import pytest
 from django.core.files.base import ContentFile
-from django.core.files.storage import Storage, default_storage, storages
+from django.core.files.storage import Storage
 
 from orchestrator import logs
+from orchestrator.conf import log_storage
 from orchestrator.models import Attempt
 from orchestrator.runs import create_run
 
@@ -38,11 +39,11 @@ class RemoteStorage(Storage):
 
 @pytest.fixture
 def remote_storage(settings):
-    # Changing STORAGES makes Django drop its storage instances (the setting_changed signal).
+    # Changing the setting makes the app drop its storage instance (the setting_changed signal).
     RemoteStorage.files = {}
-    settings.STORAGES = {**settings.STORAGES, "default": {"BACKEND": f"{__name__}.RemoteStorage"}}
-    assert isinstance(storages["default"], RemoteStorage)
-    return default_storage
+    settings.ORCHESTRATOR_LOG_STORAGE = f"{__name__}.RemoteStorage"
+    assert isinstance(log_storage(), RemoteStorage)
+    return log_storage()
 
 
 def make_attempt():

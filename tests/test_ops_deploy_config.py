@@ -34,7 +34,7 @@ def test_compose_runs_every_role_from_one_image_configured_by_the_environment():
 
     commands = {name: " ".join(map(str, services[name]["command"])) for name in ("migrate", *ROLE_SERVICES)}
     assert commands["migrate"] == "sh -c python manage.py migrate --noinput && python manage.py sync_workflows"
-    assert commands["web"].startswith("gunicorn orchestrator.wsgi --bind 0.0.0.0:8000 --workers ")
+    assert commands["web"].startswith("gunicorn project.wsgi --bind 0.0.0.0:8000 --workers ")
     assert commands["scheduler"] == "python manage.py scheduler"
     assert commands["dispatcher"] == "python manage.py dispatcher"
     assert commands["worker"].startswith("python manage.py worker --queues default --concurrency ")
@@ -128,7 +128,7 @@ def test_check_deploy_passes_with_the_documented_production_environment():
     probe = ("import django; django.setup(); from django.conf import settings as s; print(s.DEBUG, s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE,"
              " s.STORAGES['staticfiles']['BACKEND'], 'whitenoise.middleware.WhiteNoiseMiddleware' in s.MIDDLEWARE)")
     result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                            env={**env, "DJANGO_SETTINGS_MODULE": "orchestrator.settings"})
+                            env={**env, "DJANGO_SETTINGS_MODULE": "project.settings"})
     assert result.stdout.split() == [
         "False", "True", "True", "whitenoise.storage.CompressedManifestStaticFilesStorage", "True"
     ], result.stderr
@@ -178,7 +178,7 @@ def test_roles_other_than_web_start_with_the_database_url_and_the_secret_key_alo
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     # The web server, though, refuses to start without the host names it answers to.
-    result = subprocess.run([sys.executable, "-c", "import orchestrator.wsgi"], cwd=ROOT, env=env,
+    result = subprocess.run([sys.executable, "-c", "import project.wsgi"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "orchestrator.E005: ALLOWED_HOSTS is empty" in result.stderr

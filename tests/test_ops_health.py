@@ -48,7 +48,7 @@ def test_readyz_passes_when_a_lease_is_held_and_a_worker_is_alive(client):
 
 
 def test_readyz_fails_naming_the_workers_when_every_heartbeat_is_stale(client, settings):
-    settings.ORCHESTRATOR = {**settings.ORCHESTRATOR, "HEARTBEAT_TIMEOUT_SECONDS": 30.0}
+    settings.ORCHESTRATOR_HEARTBEAT_TIMEOUT_SECONDS = 30.0
     hold_lease()
     add_worker("stale", heartbeat_age=45)
     # A stopped worker's recent heartbeat does not count: it will not take work.

@@ -93,7 +93,7 @@ def test_log_format_json_makes_every_process_log_json_lines():
         "log.info('worker started');"
         "exec('with logformat.bind(run_id=9, task=\"x\", attempt=1):\\n    log.info(\"running\")')"
     )
-    env = {"DJANGO_SETTINGS_MODULE": "orchestrator.settings", "LOG_FORMAT": "json", "PATH": "/usr/bin:/bin",
+    env = {"DJANGO_SETTINGS_MODULE": "project.settings", "LOG_FORMAT": "json", "PATH": "/usr/bin:/bin",
            "DATABASE_URL": "postgres://nobody@127.0.0.1:1/none", "SECRET_KEY": "x" * 50}
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=60)

@@ -158,7 +158,7 @@ def test_a_scrape_costs_five_queries_however_much_history_there_is(client, deplo
 
 
 def test_metrics_need_the_bearer_token_when_one_is_configured(client, settings):
-    settings.ORCHESTRATOR = {**settings.ORCHESTRATOR, "METRICS_TOKEN": "s3cret-token"}
+    settings.ORCHESTRATOR_METRICS_TOKEN = "s3cret-token"
     assert client.get("/metrics").status_code == 401
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
     families, _ = scrape(client, HTTP_AUTHORIZATION="Bearer s3cret-token")

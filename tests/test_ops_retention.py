@@ -5,21 +5,18 @@ from datetime import timedelta
 import psycopg
 import pytest
 from django.core.files.base import ContentFile
-from django.core.files.storage import default_storage
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from orchestrator import retention
+from orchestrator import conf, retention
 from orchestrator.models import Attempt, Run, TaskRun, WebhookDelivery, Workflow
 
 
 @pytest.fixture(autouse=True)
 def log_storage(settings, tmp_path):
-    settings.STORAGES = {**settings.STORAGES, "default": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "logs")},
-    }}
+    settings.ORCHESTRATOR_LOG_STORAGE_OPTIONS = {"location": str(tmp_path / "logs")}
     return tmp_path / "logs"
 
 
@@ -30,7 +27,7 @@ def make_run(name, state, finished_ago, now, *, tasks=(("a", "succeeded"),), wor
                              state=state, finished_at=finished_at, reason=name)
     for task, task_state in tasks:
         task_run = TaskRun.objects.create(run=run, task=task, state=task_state, finished_at=finished_at)
-        path = default_storage.save(f"runs/{run.pk}/{task}/1.log", ContentFile(f"log of {name}/{task}\n"))
+        path = conf.log_storage().save(f"runs/{run.pk}/{task}/1.log", ContentFile(f"log of {name}/{task}\n"))
         Attempt.objects.create(task_run=task_run, number=1, started_at=now - timedelta(days=90),
                                finished_at=finished_at, outcome="succeeded", log_path=path)
     return run
@@ -66,7 +63,7 @@ def test_prune_deletes_only_old_finished_runs_with_their_children_and_logs(clock
     ]
     doomed_logs = list(Attempt.objects.filter(task_run__run__in=doomed).values_list("log_path", flat=True))
     kept_logs = list(Attempt.objects.filter(task_run__run__in=kept).values_list("log_path", flat=True))
-    assert len(doomed_logs) == 5 and all(default_storage.exists(path) for path in doomed_logs)
+    assert len(doomed_logs) == 5 and all(conf.log_storage().exists(path) for path in doomed_logs)
 
     report = retention.prune(timedelta(days=30), clock=clock)
 
@@ -76,8 +73,8 @@ def test_prune_deletes_only_old_finished_runs_with_their_children_and_logs(clock
     assert not TaskRun.objects.filter(run_id__in=[r.pk for r in doomed]).exists()
     assert not Attempt.objects.filter(task_run__run_id__in=[r.pk for r in doomed]).exists()
     assert not WebhookDelivery.objects.exists()
-    assert not any(default_storage.exists(path) for path in doomed_logs)
-    assert all(default_storage.exists(path) for path in kept_logs)
+    assert not any(conf.log_storage().exists(path) for path in doomed_logs)
+    assert all(conf.log_storage().exists(path) for path in kept_logs)
     assert TaskRun.objects.filter(run__in=kept).count() == 7
     # Nothing left to do: a second call deletes nothing.
     assert retention.prune(timedelta(days=30), clock=clock).runs == 0

@@ -194,7 +194,7 @@ def test_catchup_all_runs_every_missed_fire_time_up_to_the_cap_and_records_the_r
 
 
 def test_catchup_all_uses_the_configured_default_cap(clock, workflow, settings):
-    settings.ORCHESTRATOR = {**settings.ORCHESTRATOR, "MAX_CATCHUP_RUNS": 3}
+    settings.ORCHESTRATOR_MAX_CATCHUP_RUNS = 3
     schedule = make_schedule(workflow, "*/10 * * * *", now=clock.now(), catchup="all")
     clock.set(at(10, 0))  # 09:10 ... 10:00: six fire times
     scheduler(clock).tick()

@@ -9,12 +9,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.contrib.auth.models import User
 from django.core.files.base import ContentFile
-from django.core.files.storage import default_storage
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from orchestrator import access, clock
+from orchestrator import access, clock, conf
 from orchestrator.models import (
     Attempt,
     Lease,
@@ -34,9 +33,7 @@ pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
 
 @pytest.fixture(autouse=True)
 def log_storage(settings, tmp_path):
-    settings.STORAGES = {**settings.STORAGES, "default": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "logs")},
-    }}
+    settings.ORCHESTRATOR_LOG_STORAGE_OPTIONS = {"location": str(tmp_path / "logs")}
 
 
 @pytest.fixture
@@ -107,15 +104,15 @@ def dead_task_run(wf, error="ValueError: the upstream API said no"):
 
 def page_urls(run, task_run, attempt, wf):
     return [
-        reverse("web:dashboard"),
-        reverse("web:workflows"),
-        reverse("web:workflow", args=[wf.name]),
-        reverse("web:runs"),
-        reverse("web:run", args=[run.pk]),
-        reverse("web:task_run", args=[task_run.pk]),
-        reverse("web:attempt_log", args=[attempt.pk]),
-        reverse("web:attempt_log_download", args=[attempt.pk]),
-        reverse("web:dead_letter"),
+        reverse("orchestrator:web:dashboard"),
+        reverse("orchestrator:web:workflows"),
+        reverse("orchestrator:web:workflow", args=[wf.name]),
+        reverse("orchestrator:web:runs"),
+        reverse("orchestrator:web:run", args=[run.pk]),
+        reverse("orchestrator:web:task_run", args=[task_run.pk]),
+        reverse("orchestrator:web:attempt_log", args=[attempt.pk]),
+        reverse("orchestrator:web:attempt_log_download", args=[attempt.pk]),
+        reverse("orchestrator:web:dead_letter"),
     ]
 
 
@@ -128,8 +125,8 @@ def test_every_page_sends_anonymous_visitors_to_the_login_page(client, etl):
     for url in page_urls(run, tr, tr.attempt_set.first(), etl):
         response = client.get(url)
         assert response.status_code == 302, url
-        assert response["Location"].startswith(reverse("web:login") + "?next="), url
-    response = client.post(reverse("web:workflow_trigger", args=[etl.name]), {})
+        assert response["Location"].startswith(reverse("orchestrator:web:login") + "?next="), url
+    response = client.post(reverse("orchestrator:web:workflow_trigger", args=[etl.name]), {})
     assert response.status_code == 302
     assert not Run.objects.exclude(pk=run.pk).exists()
 
@@ -148,10 +145,10 @@ def test_a_viewer_reads_every_page_without_action_buttons(as_viewer, etl):
     dead_task_run(etl)
     for url in page_urls(run, tr, tr.attempt_set.first(), etl):
         assert as_viewer.get(url).status_code == 200, url
-    workflow_page = as_viewer.get(reverse("web:workflow", args=[etl.name])).content.decode()
+    workflow_page = as_viewer.get(reverse("orchestrator:web:workflow", args=[etl.name])).content.decode()
     assert "Only operators can trigger runs." in workflow_page
     assert 'action="/workflows/nightly_etl/trigger/"' not in workflow_page
-    assert 'name="action" value="retry"' not in as_viewer.get(reverse("web:dead_letter")).content.decode()
+    assert 'name="action" value="retry"' not in as_viewer.get(reverse("orchestrator:web:dead_letter")).content.decode()
 
 
 def test_every_post_of_a_viewer_is_refused_and_changes_nothing(as_viewer, etl):
@@ -159,12 +156,12 @@ def test_every_post_of_a_viewer_is_refused_and_changes_nothing(as_viewer, etl):
     dead = dead_task_run(etl)
     runs_before = Run.objects.count()
     posts = [
-        (reverse("web:workflow_trigger", args=[etl.name]), {"param.orders": "3"}),
-        (reverse("web:workflow_pause", args=[etl.name]), {}),
-        (reverse("web:run_cancel", args=[run.pk]), {}),
-        (reverse("web:run_retry", args=[dead.run_id]), {}),
-        (reverse("web:dead_letter"), {"action": "retry", "ids": [dead.pk], "confirmed": "on"}),
-        (reverse("web:dead_letter"), {"action": "discard", "ids": [dead.pk], "confirmed": "on"}),
+        (reverse("orchestrator:web:workflow_trigger", args=[etl.name]), {"param.orders": "3"}),
+        (reverse("orchestrator:web:workflow_pause", args=[etl.name]), {}),
+        (reverse("orchestrator:web:run_cancel", args=[run.pk]), {}),
+        (reverse("orchestrator:web:run_retry", args=[dead.run_id]), {}),
+        (reverse("orchestrator:web:dead_letter"), {"action": "retry", "ids": [dead.pk], "confirmed": "on"}),
+        (reverse("orchestrator:web:dead_letter"), {"action": "discard", "ids": [dead.pk], "confirmed": "on"}),
     ]
     for url, data in posts:
         assert as_viewer.post(url, data).status_code == 403, url
@@ -178,21 +175,21 @@ def test_every_post_of_a_viewer_is_refused_and_changes_nothing(as_viewer, etl):
 def test_posts_without_a_csrf_token_are_refused(client, operator, etl):
     client = type(client)(enforce_csrf_checks=True)
     client.force_login(operator)
-    response = client.post(reverse("web:workflow_trigger", args=[etl.name]), {})
+    response = client.post(reverse("orchestrator:web:workflow_trigger", args=[etl.name]), {})
     assert response.status_code == 403
     assert not Run.objects.exists()
 
 
 def test_logging_in_and_out(client, operator, etl):
-    page = client.get(reverse("web:login"))
+    page = client.get(reverse("orchestrator:web:login"))
     assert page.status_code == 200 and b'name="password"' in page.content
-    wrong = client.post(reverse("web:login"), {"username": "olivia", "password": "nope"})
+    wrong = client.post(reverse("orchestrator:web:login"), {"username": "olivia", "password": "nope"})
     assert wrong.status_code == 200 and b"Please enter a correct username and password" in wrong.content
-    right = client.post(reverse("web:login"), {"username": "olivia", "password": "pw-olivia",
+    right = client.post(reverse("orchestrator:web:login"), {"username": "olivia", "password": "pw-olivia",
                                                "next": "/workflows/"})
     assert right.status_code == 302 and right["Location"] == "/workflows/"
     assert client.get("/workflows/").status_code == 200
-    client.post(reverse("web:logout"))
+    client.post(reverse("orchestrator:web:logout"))
     assert client.get("/workflows/").status_code == 302
 
 
@@ -211,13 +208,13 @@ def test_the_dashboard_shows_run_states_queues_workers_leader_and_dead_letters(a
     Lease.objects.create(name="scheduler", holder="host-b:77", epoch=5, acquired_at=now,
                          expires_at=now + timedelta(seconds=15))
     Run.objects.filter(pk=run.pk).update(schedule_delay=1.5, started_at=now)
-    html = as_viewer.get(reverse("web:dashboard")).content.decode()
+    html = as_viewer.get(reverse("orchestrator:web:dashboard")).content.decode()
     assert "host-a:4242" in html and "host-b:77" in html and "epoch 5" in html
     assert re.search(r'<b>1</b><span>in the dead-letter queue', html)
     assert re.search(r'<b>1</b><span>failed, last 24 h', html)
     assert re.search(r"<code>batch</code></td><td class=\"num\">0</td><td class=\"num\">1</td>", html)
     assert "1.50 s" in html  # the p50 schedule delay of the one scheduled run of the last hour
-    partial = as_viewer.get(reverse("web:dashboard"), headers={"HX-Request": "true"}).content.decode()
+    partial = as_viewer.get(reverse("orchestrator:web:dashboard"), headers={"HX-Request": "true"}).content.decode()
     assert partial.lstrip().startswith('<div id="stats"') and "<html" not in partial
 
 
@@ -226,12 +223,12 @@ def test_the_workflows_list_shows_schedules_in_words_next_fire_times_and_recent_
     finished_run(etl)
     finished_run(etl, state=RunState.FAILED, task_state=TaskState.FAILED)
     broken = Workflow.objects.create(name="half_done", broken=True, sync_error="tasks.load: unknown upstream 'nope'")
-    html = as_viewer.get(reverse("web:workflows")).content.decode()
+    html = as_viewer.get(reverse("orchestrator:web:workflows")).content.decode()
     assert "every day at 02:30" in html and "30 2 * * *" in html and "Europe/Berlin" in html
     assert html.count('class="sq st-succeeded"') == 1 and html.count('class="sq st-failed"') == 1
     assert broken.name in html and "unknown upstream &#x27;nope&#x27;" in html
     # the next three fire times of the nightly ETL, from the (pinned) clock: 02:30 in Berlin
-    row = next(part for part in html.split("<tr") if f'href="{reverse("web:workflow", args=[etl.name])}"' in part)
+    row = next(part for part in html.split("<tr") if f'href="{reverse("orchestrator:web:workflow", args=[etl.name])}"' in part)
     shown = re.findall(r'<time datetime="([^"]+)"', row)
     assert shown == [at.isoformat().replace("+00:00", "Z") for at in daily_fire_times(2, 30, "Europe/Berlin", clock.now(), 3)]
 
@@ -239,7 +236,7 @@ def test_the_workflows_list_shows_schedules_in_words_next_fire_times_and_recent_
 
 def test_the_workflow_page_draws_the_graph_the_grid_the_history_and_the_trigger_form(as_viewer, etl):
     runs = [finished_run(etl), finished_run(etl, state=RunState.FAILED, task_state=TaskState.FAILED)]
-    html = as_viewer.get(reverse("web:workflow", args=[etl.name])).content.decode()
+    html = as_viewer.get(reverse("orchestrator:web:workflow", args=[etl.name])).content.decode()
     # the graph: one node per task, coloured by the latest run's states, in topological layers
     assert html.count('<g class="node st-failed">') == 6
     xs = {name: int(x) for x, name in re.findall(r'<rect x="(\d+)" y="\d+" width="168"[^>]*/><circle[^>]*/>'
@@ -254,25 +251,25 @@ def test_the_workflow_page_draws_the_graph_the_grid_the_history_and_the_trigger_
     assert html.count('<rect class="bar st-') == 2
     assert html.count("<li><time datetime=") == 5  # the next five fire times
     assert 'name="param.currency"' not in html  # a viewer gets no form
-    selected = as_viewer.get(reverse("web:workflow", args=[etl.name]) + f"?run={runs[0].pk}").content.decode()
+    selected = as_viewer.get(reverse("orchestrator:web:workflow", args=[etl.name]) + f"?run={runs[0].pk}").content.decode()
     assert selected.count('<g class="node st-succeeded">') == 6
 
 
 def test_an_operator_triggers_a_run_with_params_from_the_form(as_operator, operator, etl):
-    page = as_operator.get(reverse("web:workflow", args=[etl.name])).content.decode()
+    page = as_operator.get(reverse("orchestrator:web:workflow", args=[etl.name])).content.decode()
     assert 'name="param.orders"' in page and 'name="param.currency"' in page and 'name="param.dry_run"' in page
-    response = as_operator.post(reverse("web:workflow_trigger", args=[etl.name]), {
+    response = as_operator.post(reverse("orchestrator:web:workflow_trigger", args=[etl.name]), {
         "param.orders": "25", "param.currency": "USD", "param.dry_run": "true", "param.dry_run.present": "1",
     })
     run = Run.objects.get()
-    assert response.status_code == 302 and response["Location"] == reverse("web:run", args=[run.pk])
+    assert response.status_code == 302 and response["Location"] == reverse("orchestrator:web:run", args=[run.pk])
     assert run.params == {"orders": 25, "currency": "USD", "dry_run": True}
     assert (run.trigger, run.created_by) == ("manual", operator)
     assert run.task_runs.count() == 6
 
 
 def test_a_trigger_with_a_wrong_type_or_an_unknown_param_shows_the_error_and_creates_nothing(as_operator, etl):
-    url = reverse("web:workflow_trigger", args=[etl.name])
+    url = reverse("orchestrator:web:workflow_trigger", args=[etl.name])
     response = as_operator.post(url, {"param.orders": "many", "param.currency": "GBP", "param.dry_run.present": "1"})
     html = response.content.decode()
     assert response.status_code == 400
@@ -288,7 +285,7 @@ def test_a_trigger_with_a_wrong_type_or_an_unknown_param_shows_the_error_and_cre
 
 
 def test_an_unchecked_box_sends_false_and_empty_fields_use_their_defaults(as_operator, etl):
-    as_operator.post(reverse("web:workflow_trigger", args=[etl.name]), {
+    as_operator.post(reverse("orchestrator:web:workflow_trigger", args=[etl.name]), {
         "param.orders": "", "param.currency": "EUR", "param.dry_run.present": "1",
     })
     assert Run.objects.get().params == {"orders": 500, "currency": "EUR", "dry_run": False}
@@ -296,14 +293,14 @@ def test_an_unchecked_box_sends_false_and_empty_fields_use_their_defaults(as_ope
 
 def test_the_run_page_polls_while_the_run_is_active_and_stops_when_it_ends(as_viewer, etl):
     run, _ = create_run(etl, trigger="manual")
-    url = reverse("web:run", args=[run.pk])
+    url = reverse("orchestrator:web:run", args=[run.pk])
     html = as_viewer.get(url).content.decode()
     assert f'hx-get="{url}" hx-trigger="every 2s"' in html
     assert html.count('<td><span class="st st-scheduled">') == 1 and html.count('<td><span class="st st-waiting">') == 5
     partial = as_viewer.get(url, headers={"HX-Request": "true"}).content.decode()
     assert partial.lstrip().startswith('<div id="live"') and "<html" not in partial
     done = finished_run(etl)
-    html = as_viewer.get(reverse("web:run", args=[done.pk])).content.decode()
+    html = as_viewer.get(reverse("orchestrator:web:run", args=[done.pk])).content.decode()
     assert "hx-trigger" not in html.split('<div id="live"')[1].split(">")[0]
     assert html.count('class="bar out-succeeded"') == 6  # the timeline: one bar per attempt
     assert "12.0 s" in html
@@ -311,19 +308,19 @@ def test_the_run_page_polls_while_the_run_is_active_and_stops_when_it_ends(as_vi
 
 def test_an_operator_cancels_an_active_run_and_retries_a_failed_one(as_operator, etl):
     run, _ = create_run(etl, trigger="manual")
-    page = as_operator.get(reverse("web:run", args=[run.pk])).content.decode()
+    page = as_operator.get(reverse("orchestrator:web:run", args=[run.pk])).content.decode()
     assert "Cancel run" in page
-    response = as_operator.post(reverse("web:run_cancel", args=[run.pk]), headers={"HX-Request": "true"})
-    assert response.status_code == 204 and response["HX-Redirect"] == reverse("web:run", args=[run.pk])
+    response = as_operator.post(reverse("orchestrator:web:run_cancel", args=[run.pk]), headers={"HX-Request": "true"})
+    assert response.status_code == 204 and response["HX-Redirect"] == reverse("orchestrator:web:run", args=[run.pk])
     run.refresh_from_db()
     assert run.state == RunState.CANCELLED
     assert set(run.task_runs.values_list("state", flat=True)) == {TaskState.CANCELLED}
 
     dead = dead_task_run(etl)
     Run.objects.filter(pk=dead.run_id).update(state=RunState.FAILED, finished_at=clock.now())
-    page = as_operator.get(reverse("web:run", args=[dead.run_id])).content.decode()
+    page = as_operator.get(reverse("orchestrator:web:run", args=[dead.run_id])).content.decode()
     assert "Retry failed tasks" in page
-    response = as_operator.post(reverse("web:run_retry", args=[dead.run_id]))
+    response = as_operator.post(reverse("orchestrator:web:run_retry", args=[dead.run_id]))
     assert response.status_code == 302
     dead.refresh_from_db()
     assert dead.state in (TaskState.SCHEDULED, TaskState.QUEUED)
@@ -339,8 +336,8 @@ def test_the_task_run_page_escapes_what_a_task_printed_and_pages_a_long_log(as_v
     attempt = tr.attempt_set.get()
     line = "row <script>alert('x')</script> done\n"
     body = line * (views.LOG_PAGE // len(line) + 50)
-    default_storage.save(logs.attempt_log_name(attempt), ContentFile(body.encode()))
-    html = as_viewer.get(reverse("web:task_run", args=[tr.pk])).content.decode()
+    conf.log_storage().save(logs.attempt_log_name(attempt), ContentFile(body.encode()))
+    html = as_viewer.get(reverse("orchestrator:web:task_run", args=[tr.pk])).content.decode()
     assert "<script>alert" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "row &lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; done" in html
@@ -348,14 +345,14 @@ def test_the_task_run_page_escapes_what_a_task_printed_and_pages_a_long_log(as_v
     first_page = html.count("done\n")
     assert first_page < body.count("\n")
     next_offset = int(re.search(r"\?offset=(\d+)", html).group(1))
-    chunk = as_viewer.get(reverse("web:attempt_log", args=[attempt.pk]) + f"?offset={next_offset}",
+    chunk = as_viewer.get(reverse("orchestrator:web:attempt_log", args=[attempt.pk]) + f"?offset={next_offset}",
                           headers={"HX-Request": "true"}).content.decode()
     assert first_page + chunk.count("done\n") == body.count("\n")
     assert "load the next" not in chunk and "<script>alert" not in chunk
-    download = as_viewer.get(reverse("web:attempt_log_download", args=[attempt.pk]))
+    download = as_viewer.get(reverse("orchestrator:web:attempt_log_download", args=[attempt.pk]))
     assert download["Content-Disposition"].startswith("attachment")
     assert b"".join(download.streaming_content).decode() == body
-    bad = as_viewer.get(reverse("web:attempt_log", args=[attempt.pk]) + "?offset=-5")
+    bad = as_viewer.get(reverse("orchestrator:web:attempt_log", args=[attempt.pk]) + "?offset=-5")
     assert bad.status_code == 400
 
 
@@ -366,8 +363,8 @@ def test_the_log_of_a_running_attempt_follows_its_tail(as_viewer, etl):
     tr = run.task_runs.get(task="extract")
     TaskRun.objects.filter(pk=tr.pk).update(state=TaskState.RUNNING, attempts=1)
     attempt = Attempt.objects.create(task_run=tr, number=1, started_at=clock.now())
-    default_storage.save(logs.attempt_log_name(attempt), ContentFile(b"starting\n"))
-    html = as_viewer.get(reverse("web:task_run", args=[tr.pk])).content.decode()
+    conf.log_storage().save(logs.attempt_log_name(attempt), ContentFile(b"starting\n"))
+    html = as_viewer.get(reverse("orchestrator:web:task_run", args=[tr.pk])).content.decode()
     assert "starting" in html
     assert (f'<span class="log-follow" hx-get="/attempts/{attempt.pk}/log/?offset=9" hx-trigger="every 2s"'
             in html)
@@ -380,25 +377,25 @@ def test_the_dead_letter_queue_filters_and_retries_only_after_confirmation(as_op
     etl, maintenance = workflows["nightly_etl"], workflows["maintenance"]
     timeout = dead_task_run(etl, error="TimeoutError: the warehouse did not answer")
     refused = dead_task_run(maintenance, error="PermissionError: /scratch is read-only")
-    html = as_operator.get(reverse("web:dead_letter")).content.decode()
+    html = as_operator.get(reverse("orchestrator:web:dead_letter")).content.decode()
     assert "the warehouse did not answer" in html and "/scratch is read-only" in html
-    only = as_operator.get(reverse("web:dead_letter") + "?error=warehouse").content.decode()
+    only = as_operator.get(reverse("orchestrator:web:dead_letter") + "?error=warehouse").content.decode()
     assert "warehouse" in only and "read-only" not in only
-    only = as_operator.get(reverse("web:dead_letter") + "?workflow=maintenance").content.decode()
+    only = as_operator.get(reverse("orchestrator:web:dead_letter") + "?workflow=maintenance").content.decode()
     assert "warehouse" not in only and "read-only" in only
-    bad = as_operator.get(reverse("web:dead_letter") + "?since=yesterday")
+    bad = as_operator.get(reverse("orchestrator:web:dead_letter") + "?since=yesterday")
     assert bad.status_code == 200 and b"Enter a valid date." in bad.content
 
-    ask = as_operator.post(reverse("web:dead_letter"), {"action": "retry", "ids": [timeout.pk, refused.pk]})
+    ask = as_operator.post(reverse("orchestrator:web:dead_letter"), {"action": "retry", "ids": [timeout.pk, refused.pk]})
     assert ask.status_code == 200 and b"Retry 2 dead task runs?" in ask.content
     assert TaskRun.objects.filter(state=TaskState.DEAD).count() == 2  # nothing happened yet
-    done = as_operator.post(reverse("web:dead_letter"), {"action": "retry", "ids": [timeout.pk], "confirmed": "on"})
+    done = as_operator.post(reverse("orchestrator:web:dead_letter"), {"action": "retry", "ids": [timeout.pk], "confirmed": "on"})
     assert done.status_code == 302
     assert TaskRun.objects.get(pk=timeout.pk).state in (TaskState.SCHEDULED, TaskState.QUEUED)
 
-    as_operator.post(reverse("web:dead_letter"), {"action": "discard", "ids": [refused.pk], "confirmed": "on"})
+    as_operator.post(reverse("orchestrator:web:dead_letter"), {"action": "discard", "ids": [refused.pk], "confirmed": "on"})
     assert TaskRun.objects.get(pk=refused.pk).state == TaskState.FAILED
-    empty = as_operator.post(reverse("web:dead_letter"), {"action": "retry"}, follow=True)
+    empty = as_operator.post(reverse("orchestrator:web:dead_letter"), {"action": "retry"}, follow=True)
     assert b"Select at least one task run." in empty.content
 
 
@@ -407,7 +404,7 @@ def test_the_runs_list_filters_and_pages_by_id_without_offset(as_viewer, workflo
     ids = [create_run(etl, trigger="manual", logical_date=datetime(2026, 3, 1, 2, 30, tzinfo=UTC)
                       + timedelta(days=i))[0].pk for i in range(60)]
     other, _ = create_run(maintenance, trigger="api", logical_date=datetime(2026, 1, 1, tzinfo=UTC))
-    url = reverse("web:runs")
+    url = reverse("orchestrator:web:runs")
     with CaptureQueriesContext(connection) as queries:
         first = as_viewer.get(url).content.decode()
     assert not any("OFFSET" in q["sql"].upper() for q in queries.captured_queries)
@@ -433,13 +430,13 @@ def test_the_runs_list_filters_and_pages_by_id_without_offset(as_viewer, workflo
 
 
 def test_pausing_and_resuming_a_workflow_from_the_list(as_operator, etl):
-    response = as_operator.post(reverse("web:workflow_pause", args=[etl.name]), {"next": "/workflows/"})
+    response = as_operator.post(reverse("orchestrator:web:workflow_pause", args=[etl.name]), {"next": "/workflows/"})
     assert response.status_code == 302 and response["Location"] == "/workflows/"
     etl.refresh_from_db()
     assert etl.paused
     assert b'<span class="tag paused">paused</span>' in as_operator.get("/workflows/").content
-    response = as_operator.post(reverse("web:workflow_resume", args=[etl.name]), {"next": "https://evil.example/"})
-    assert response["Location"] == reverse("web:workflow", args=[etl.name])  # no open redirect
+    response = as_operator.post(reverse("orchestrator:web:workflow_resume", args=[etl.name]), {"next": "https://evil.example/"})
+    assert response["Location"] == reverse("orchestrator:web:workflow", args=[etl.name])  # no open redirect
     etl.refresh_from_db()
     assert not etl.paused
 
@@ -463,12 +460,12 @@ def test_the_page_benchmark_fills_a_history_and_times_every_page():
 def test_a_workflow_without_a_valid_version_shows_why_and_refuses_a_trigger(as_operator, workflows):
     broken = Workflow.objects.create(name="half_done", broken=True,
                                      sync_error="workflow 'half_done': tasks.load: unknown upstream 'nope'")
-    html = as_operator.get(reverse("web:workflow", args=[broken.name])).content.decode()
+    html = as_operator.get(reverse("orchestrator:web:workflow", args=[broken.name])).content.decode()
     assert "The last sync found errors" in html and "unknown upstream &#x27;nope&#x27;" in html
     assert "This workflow has no tasks." in html
-    response = as_operator.post(reverse("web:workflow_trigger", args=[broken.name]), {})
+    response = as_operator.post(reverse("orchestrator:web:workflow_trigger", args=[broken.name]), {})
     assert response.status_code == 400
     assert b"cannot run: workflow &#x27;half_done&#x27;: tasks.load" in response.content
     assert not Run.objects.exists()
-    assert as_operator.get(reverse("web:workflow", args=["no_such_workflow"])).status_code == 404
-    assert as_operator.get(reverse("web:run", args=[987654])).status_code == 404
+    assert as_operator.get(reverse("orchestrator:web:workflow", args=["no_such_workflow"])).status_code == 404
+    assert as_operator.get(reverse("orchestrator:web:run", args=[987654])).status_code == 404

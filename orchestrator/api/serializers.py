@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC
 
+from django.urls import reverse
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
@@ -236,7 +237,7 @@ class AttemptSerializer(serializers.ModelSerializer):
                   "log_url"]
 
     def get_log_url(self, attempt) -> str:
-        return f"/api/task-runs/{attempt.task_run_id}/attempts/{attempt.number}/log/"
+        return reverse("orchestrator:api:attempt-log", args=[attempt.task_run_id, attempt.number])
 
 
 class TaskRunDetailSerializer(TaskRunSerializer):

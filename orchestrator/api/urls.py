@@ -1,7 +1,6 @@
 from django.urls import path, re_path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from orchestrator.api import views
+from orchestrator.api import schema, views
 from orchestrator.api.errors import not_found
 
 app_name = "api"
@@ -26,7 +25,7 @@ urlpatterns = [
     path("backfills/", views.BackfillListView.as_view(), name="backfills"),
     path("backfills/<int:pk>/", views.BackfillDetailView.as_view(), name="backfill"),
     path("audit/", views.AuditListView.as_view(), name="audit"),
-    path("schema/", SpectacularAPIView.as_view(permission_classes=[]), name="schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema", permission_classes=[]), name="docs"),
+    path("schema/", schema.SchemaView.as_view(), name="schema"),
+    path("docs/", schema.DocsView.as_view(), name="docs"),
     re_path(r"^.*$", not_found),
 ]

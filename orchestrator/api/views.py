@@ -8,18 +8,22 @@ from __future__ import annotations
 from functools import cache
 
 from django.db.models import Prefetch
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from django.urls import reverse
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers, status
+from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import CursorPagination
 from rest_framework.parsers import JSONParser
+from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from orchestrator import audit, clock
 from orchestrator.api import serializers as s
-from orchestrator.api.errors import field_errors
+from orchestrator.api.errors import exception_handler, field_errors
 from orchestrator.api.permissions import OperatorsOnly, ViewerReadsOperatorWrites
+from orchestrator.api.schema import Schema, extend_schema
 from orchestrator.models import Attempt, Backfill, Run, Schedule, TaskRun, TaskState, Trigger, Workflow
 from orchestrator.runs import trigger_workflow
 
@@ -117,8 +121,19 @@ def body(request) -> dict:
 
 
 class APIBase(APIView):
+    """Every view of the API. Its authentication, permissions, parsers, renderers, schema and error
+    handling are set here, so the project's REST_FRAMEWORK defaults (made for its own API) change
+    nothing in this one."""
+
+    authentication_classes = [TokenAuthentication, SessionAuthentication]
     permission_classes = [ViewerReadsOperatorWrites]
     parser_classes = [JSONParser]  # the API speaks JSON only; forms belong to the web UI
+    renderer_classes = [JSONRenderer, BrowsableAPIRenderer]
+    schema = Schema()
+    versioning_class = None
+
+    def get_exception_handler(self):
+        return exception_handler
 
     def page(self, queryset, serializer_class, pagination_class=IdCursorPagination, context=None):
         paginator = pagination_class()
@@ -238,7 +253,7 @@ class WorkflowRunsView(APIBase):
         if created:
             audit.record("trigger", request=request, target=run, workflow=workflow.name, params=data["params"])
         run = get_run(run.pk)
-        headers = {"Location": f"/api/runs/{run.pk}/"}
+        headers = {"Location": reverse("orchestrator:api:run", args=[run.pk])}
         return Response(run_detail(run), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
                         headers=headers)
 
@@ -350,7 +365,7 @@ class JobListView(APIBase):
             audit.record("enqueue", request=request, target=run, ref=data["ref"], queue=data["queue"])
         run = jobs_queryset().get(pk=run.pk)
         return Response(job_data(run), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
-                        headers={"Location": f"/api/jobs/{run.pk}/"})
+                        headers={"Location": reverse("orchestrator:api:job", args=[run.pk])})
 
 
 class JobDetailView(APIBase):
@@ -461,7 +476,7 @@ class BackfillListView(APIBase):
                      start=data["start"].isoformat(), end=data["end"].isoformat(), runs=backfill.total)
         backfill = backfills_queryset().get(pk=backfill.pk)
         return Response(s.BackfillSerializer(backfill).data, status=status.HTTP_201_CREATED,
-                        headers={"Location": f"/api/backfills/{backfill.pk}/"})
+                        headers={"Location": reverse("orchestrator:api:backfill", args=[backfill.pk])})
 
 
 class BackfillDetailView(APIBase):

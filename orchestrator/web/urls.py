@@ -7,8 +7,9 @@ app_name = "web"
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
-    path("login/", auth_views.LoginView.as_view(template_name="orchestrator/login.html", redirect_authenticated_user=True), name="login"),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("login/", auth_views.LoginView.as_view(template_name="orchestrator/login.html", redirect_authenticated_user=True,
+                                                next_page="orchestrator:web:dashboard"), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(next_page="orchestrator:web:login"), name="logout"),
     path("workflows/", views.workflow_list, name="workflows"),
     path("workflows/<str:name>/", views.workflow_detail, name="workflow"),
     path("workflows/<str:name>/trigger/", views.workflow_trigger, name="workflow_trigger"),

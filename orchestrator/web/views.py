@@ -13,7 +13,6 @@ import logging
 from datetime import UTC, datetime, time, timedelta
 from functools import wraps
 
-from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
@@ -26,6 +25,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from orchestrator import access, audit, clock, cron
+from orchestrator.conf import app_settings
 from orchestrator.models import (
     ACTIVE_RUN_STATES,
     Attempt,
@@ -69,7 +69,7 @@ def viewer_required(view):
     @wraps(view)
     def wrapper(request, *args, **kwargs):
         if not request.user.is_authenticated:
-            return redirect_to_login(request.get_full_path())
+            return redirect_to_login(request.get_full_path(), login_url=app_settings.LOGIN_URL)
         if not access.is_viewer(request.user):
             raise PermissionDenied("You need to be in the Viewers or Operators group to see these pages.")
         if request.method not in ("GET", "HEAD", "OPTIONS") and not access.is_operator(request.user):
@@ -83,11 +83,16 @@ def operator_action(view):
     return viewer_required(require_POST(view))
 
 
+def is_htmx(request) -> bool:
+    # The header itself rather than django-htmx's middleware, which a project may leave out.
+    return request.headers.get("HX-Request") == "true"
+
+
 def page(request, template: str, context: dict, status: int = 200, partial: str | None = None):
     """Render a page, or only its partial when htmx asks for it."""
     context.setdefault("can_operate", access.is_operator(request.user))
     context.setdefault("now", clock.now())
-    if partial and getattr(request, "htmx", False):
+    if partial and is_htmx(request):
         template = f"{template}#{partial}"
     return render(request, template, context, status=status)
 
@@ -103,7 +108,7 @@ def safe_next(request, default: str) -> str:
 def back(request, default: str) -> HttpResponse:
     """Redirect to ``next`` when it is a local URL; htmx gets an HX-Redirect instead."""
     target = safe_next(request, default)
-    if getattr(request, "htmx", False):
+    if is_htmx(request):
         response = HttpResponse(status=204)
         response["HX-Redirect"] = target
         return response
@@ -151,7 +156,7 @@ def dashboard(request):
     due = TaskRun.objects.filter(state=TaskState.SCHEDULED, due_at__lte=now)
     for row in due.values("queue").annotate(n=Count("id")):
         queues.setdefault(row["queue"], {"queued": 0, "running": 0, "due": 0})["due"] = row["n"]
-    timeout = settings.ORCHESTRATOR["HEARTBEAT_TIMEOUT_SECONDS"]
+    timeout = app_settings.HEARTBEAT_TIMEOUT_SECONDS
     workers = list(Worker.objects.filter(state__in=[Worker.State.RUNNING, Worker.State.DRAINING])
                    .order_by("-heartbeat_at")[:50])
     for worker in workers:
@@ -259,14 +264,14 @@ def _workflow_context(request, wf: Workflow, *, submitted=None, errors=None, for
             graph_upstream = _upstream_of(selected.version.spec)
         for tr in TaskRun.objects.filter(run=selected).only("id", "task", "state"):
             states[tr.task] = tr.state
-            links[tr.task] = reverse("web:task_run", args=[tr.pk])
+            links[tr.task] = reverse("orchestrator:web:task_run", args=[tr.pk])
 
     finished = list(Run.objects.filter(workflow=wf, finished_at__isnull=False)
                     .exclude(state__in=[RunState.SKIPPED, RunState.MISSED])
                     .order_by("-id").only("id", "state", "started_at", "created_at", "finished_at")[:CHART_RUNS])
     finished.reverse()
     bars = [svg.Bar(r.pk, r.state, _dur(r.started_at or r.created_at, r.finished_at, now) or 0.0,
-                    reverse("web:run", args=[r.pk])) for r in finished]
+                    reverse("orchestrator:web:run", args=[r.pk])) for r in finished]
     succeeded = sum(1 for r in finished if r.state == RunState.SUCCEEDED)
 
     schedules = []
@@ -320,7 +325,7 @@ def workflow_trigger(request, name):
         return page(request, "orchestrator/web/workflow.html", context, status=400)
     audit.record("trigger", request=request, target=run, workflow=wf.name, params=values)
     messages.success(request, f"Triggered run #{run.pk} of {wf.name}.")
-    return HttpResponseRedirect(reverse("web:run", args=[run.pk]))
+    return HttpResponseRedirect(reverse("orchestrator:web:run", args=[run.pk]))
 
 
 @operator_action
@@ -331,7 +336,7 @@ def workflow_pause(request, name):
     scheduler.pause_workflow(wf)
     audit.record("pause", request=request, target=wf)
     messages.success(request, f"Paused {wf.name}: its schedules fire no new runs until resumed.")
-    return back(request, reverse("web:workflow", args=[wf.name]))
+    return back(request, reverse("orchestrator:web:workflow", args=[wf.name]))
 
 
 @operator_action
@@ -342,7 +347,7 @@ def workflow_resume(request, name):
     scheduler.resume_workflow(wf)
     audit.record("resume", request=request, target=wf)
     messages.success(request, f"Resumed {wf.name}.")
-    return back(request, reverse("web:workflow", args=[wf.name]))
+    return back(request, reverse("orchestrator:web:workflow", args=[wf.name]))
 
 
 # ---------------------------------------------------------------- runs
@@ -442,7 +447,7 @@ def _run_context(run: Run) -> dict:
                 "seconds": length,
             })
     states = {tr.task: tr.state for tr in task_runs}
-    links = {tr.task: reverse("web:task_run", args=[tr.pk]) for tr in task_runs}
+    links = {tr.task: reverse("orchestrator:web:task_run", args=[tr.pk]) for tr in task_runs}
     counts: dict[str, int] = {}
     for tr in task_runs:
         counts[tr.state] = counts.get(tr.state, 0) + 1
@@ -478,7 +483,7 @@ def run_cancel(request, run_id):
         messages.success(request, f"Cancelled run #{run.pk}.")
     else:
         messages.warning(request, f"Run #{run.pk} had already ended; nothing was cancelled.")
-    return back(request, reverse("web:run", args=[run.pk]))
+    return back(request, reverse("orchestrator:web:run", args=[run.pk]))
 
 
 @operator_action
@@ -492,7 +497,7 @@ def run_retry(request, run_id):
         messages.success(request, f"Retrying {count} task run{'s' if count != 1 else ''} of run #{run.pk}.")
     else:
         messages.warning(request, f"Run #{run.pk} has no dead, failed or upstream-failed task to retry.")
-    return back(request, reverse("web:run", args=[run.pk]))
+    return back(request, reverse("orchestrator:web:run", args=[run.pk]))
 
 
 # ---------------------------------------------------------------- task runs and logs
@@ -618,15 +623,15 @@ def _dead_letter_action(request):
         for field, errors in form.errors.items():
             for error in errors:
                 messages.error(request, error if field in ("ids", "__all__") else f"{field}: {error}")
-        return back(request, reverse("web:dead_letter"))
+        return back(request, reverse("orchestrator:web:dead_letter"))
     action, ids = form.cleaned_data["action"], sorted(set(form.cleaned_data["ids"]))
     rows = list(TaskRun.objects.filter(pk__in=ids, state=TaskState.DEAD).select_related("run__workflow"))
     if not rows:
         messages.warning(request, "None of the selected task runs is in the dead-letter queue any more.")
-        return back(request, reverse("web:dead_letter"))
+        return back(request, reverse("orchestrator:web:dead_letter"))
     if not form.cleaned_data["confirmed"]:
         return page(request, "orchestrator/web/dead_letter_confirm.html", {
-            "action": action, "rows": rows, "next": safe_next(request, reverse("web:dead_letter")),
+            "action": action, "rows": rows, "next": safe_next(request, reverse("orchestrator:web:dead_letter")),
             "gone": len(ids) - len(rows),
         })
     ids = [tr.pk for tr in rows]
@@ -637,4 +642,4 @@ def _dead_letter_action(request):
         count = control.discard_task_runs(ids)
         messages.success(request, f"Discarded {count} task run{'s' if count != 1 else ''} (now failed).")
     audit.record_each(action, "taskrun", ids, request=request, changed=count)
-    return back(request, reverse("web:dead_letter"))
+    return back(request, reverse("orchestrator:web:dead_letter"))

@@ -15,10 +15,17 @@ import os
 import sys
 from pathlib import Path
 
+from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from orchestrator.supervisor import Child, Supervisor, role_argv
+
+
+def wsgi_target() -> str:
+    """The project's WSGI application (settings.WSGI_APPLICATION) as gunicorn names it."""
+    module, _, name = settings.WSGI_APPLICATION.rpartition(".")
+    return f"{module}:{name}"
 
 
 def plan(*, bind: str, web_workers: int, schedulers: int, dispatchers: int, workers: list[str],
@@ -26,7 +33,7 @@ def plan(*, bind: str, web_workers: int, schedulers: int, dispatchers: int, work
     children = []
     if web_workers:
         children.append(Child("web", [
-            sys.executable, "-m", "gunicorn", "orchestrator.wsgi", "--workers", str(web_workers), "--bind", bind,
+            sys.executable, "-m", "gunicorn", wsgi_target(), "--workers", str(web_workers), "--bind", bind,
             "--graceful-timeout", str(int(grace)), "--access-logfile", "-",
             # No control socket: its default path is per user, shared by every gunicorn on the machine.
             "--no-control-socket",

@@ -1,9 +1,9 @@
 """Delete finished history older than a given age (see orchestrator/retention.py)."""
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from orchestrator import audit, retention
+from orchestrator.conf import app_settings
 
 
 class Command(BaseCommand):
@@ -12,7 +12,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument(
-            "--older-than", default=f"{settings.ORCHESTRATOR['RETENTION_DAYS']}d",
+            "--older-than", default=f"{app_settings.RETENTION_DAYS}d",
             help="Age of the runs to delete: 30d, 12h or 90m (default: ORCHESTRATOR_RETENTION_DAYS, %(default)s).",
         )
         parser.add_argument("--batch-size", type=int, default=1000, help="Runs per transaction (default %(default)s).")

@@ -1,9 +1,9 @@
 import signal
 import time
 
-from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from orchestrator.conf import app_settings
 from orchestrator.reaper import reap_once
 
 
@@ -19,7 +19,7 @@ class Command(BaseCommand):
         stopping = []
         signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
         signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
-        interval = interval or settings.ORCHESTRATOR["HEARTBEAT_SECONDS"]
+        interval = interval or app_settings.HEARTBEAT_SECONDS
         while not stopping:
             reaped = reap_once()
             if reaped:

@@ -2,7 +2,10 @@ import os
 
 from django.core.wsgi import get_wsgi_application
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "orchestrator.settings")
+from project import database
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+database.prepare()
 application = get_wsgi_application()
 
 # gunicorn does not run system checks; refuse to serve with a configuration they reject.

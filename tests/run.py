@@ -1,7 +1,9 @@
-"""The test command (``./dev test``): the linter, then the whole pytest suite.
+"""The test command (``./dev test``, i.e. ``python -m tests.run``): the linter, then the whole
+pytest suite.
 
-Without DATABASE_URL the tests use the embedded PostgreSQL; if this command had to start it,
-it stops it again at the end, so a developer's running ``./dev run`` is never disturbed.
+Without DATABASE_URL the tests use the standalone project's embedded PostgreSQL; if this command
+had to start it, it stops it again at the end, so a developer's running ``./dev run`` is never
+disturbed.
 """
 
 import os
@@ -27,14 +29,9 @@ def main(argv: list[str]) -> int:
               file=sys.stderr, flush=True)
         argv = [*argv, "-m", "not e2e"] if "-m" not in argv else argv
 
-    started_here = False
-    pgdata = None
-    if not os.environ.get("DATABASE_URL"):
-        from orchestrator import embedded
+    from project import database
 
-        pgdata = embedded.default_pgdata()
-        started_here = not embedded.is_running(pgdata)
-        embedded.ensure_running(pgdata)
+    started_here = database.prepare()
     try:
         print("== pytest", flush=True)
         return subprocess.run([python, "-m", "pytest", *argv], cwd=ROOT).returncode
@@ -42,7 +39,7 @@ def main(argv: list[str]) -> int:
         if started_here:
             from orchestrator import embedded
 
-            embedded.stop(pgdata)
+            embedded.stop(database.pgdata())
 
 
 def ensure_chromium() -> bool:

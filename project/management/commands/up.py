@@ -81,7 +81,8 @@ class Command(BaseCommand):
         from django.db import connections
 
         from orchestrator import embedded
+        from project import database
 
         connections.close_all()
-        embedded.stop(Path(settings.DATA_DIR) / "pgdata")
+        embedded.stop(database.pgdata())
         self.stdout.write("embedded PostgreSQL stopped")

@@ -1,0 +1,98 @@
+"""The API's OpenAPI schema and docs page, independent of the project's DRF and drf-spectacular
+settings: a project that mounts the app (under any prefix) gets this API's schema at the app's
+``api/schema/``, and a project with an API of its own keeps its schema to itself (the two never
+mix, so their component names cannot collide)."""
+
+import inspect
+from contextvars import ContextVar
+
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.settings import patched_settings
+from drf_spectacular.utils import extend_schema as spectacular_extend_schema
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+SETTINGS = {
+    "TITLE": "Orchestrator API",
+    "DESCRIPTION": "Trigger workflow runs, enqueue jobs, and manage the dead-letter queue.",
+    "VERSION": "0.1.0",
+    # The docs page loads Swagger UI from this installation's static files, never from a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {"RunStateEnum": "orchestrator.models.RunState",
+                            "TaskStateEnum": "orchestrator.models.TaskState"},
+    "PREPROCESSING_HOOKS": ["orchestrator.api.schema.only_this_api"],
+}
+
+# True while this API's own schema is generated.
+_generating = ContextVar("orchestrator_api_schema", default=False)
+
+
+class Schema(AutoSchema):
+    """drf-spectacular's inspector for this API's views, whatever DEFAULT_SCHEMA_CLASS says; the
+    views appear only in this API's own schema."""
+
+    def is_excluded(self) -> bool:
+        return not _generating.get() or super().is_excluded()
+
+
+def extend_schema(**kwargs):
+    """drf-spectacular's ``extend_schema``, built on this API's Schema class. The original
+    subclasses the project's DEFAULT_SCHEMA_CLASS at import, which may be DRF's own inspector
+    (or none at all); a function's ``schema`` attribute is what it takes as its base instead."""
+    decorate = spectacular_extend_schema(**kwargs)
+
+    def decorator(f):
+        if inspect.isclass(f):
+            return decorate(f)
+        f.schema = getattr(f, "kwargs", {}).get("schema") or Schema
+        try:
+            return decorate(f)
+        finally:
+            del f.schema
+
+    return decorator
+
+
+def only_this_api(endpoints):
+    """The project's URLconf may hold other APIs: describe this one's views only."""
+    from orchestrator.api.views import APIBase
+
+    return [endpoint for endpoint in endpoints
+            if isinstance(getattr(endpoint[3], "cls", None), type) and issubclass(endpoint[3].cls, APIBase)]
+
+
+class SchemaView(SpectacularAPIView):
+    custom_settings = SETTINGS
+    permission_classes = []
+    schema = None  # not an endpoint of any schema
+
+    def get(self, request, *args, **kwargs):
+        token = _generating.set(True)
+        try:
+            return super().get(request, *args, **kwargs)
+        finally:
+            _generating.reset(token)
+
+
+class DocsView(SpectacularSwaggerView):
+    permission_classes = []
+    schema = None
+    title = SETTINGS["TITLE"]
+    url_name = "orchestrator:api:schema"
+
+    def get(self, request, *args, **kwargs):
+        with patched_settings(SETTINGS):
+            return super().get(request, *args, **kwargs)
+
+
+def generate(request=None) -> dict:
+    """This API's schema as a dict (for tests and tools)."""
+    from drf_spectacular.generators import SchemaGenerator
+
+    token = _generating.set(True)
+    try:
+        with patched_settings(SETTINGS):
+            return SchemaGenerator().get_schema(request=request, public=True)
+    finally:
+        _generating.reset(token)

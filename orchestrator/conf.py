@@ -1,0 +1,256 @@
+"""The app's settings: every one optional, each with a default, documented here and nowhere else.
+
+A value comes from the project's Django settings (``ORCHESTRATOR_LEASE_SECONDS = 20`` in
+settings.py) or, when the settings do not name it, from the environment variable of the same
+name (``ORCHESTRATOR_LEASE_SECONDS=20``), else from the default below. Settings win over the
+environment, as everywhere in Django: what settings.py says is what runs.
+
+    from orchestrator.conf import app_settings
+    app_settings.LEASE_SECONDS
+
+Values are read on each access (overrides in tests apply at once); a bad value raises
+ImproperlyConfigured naming the setting, and the system checks report every bad value at start.
+The README's settings table is generated from ``OPTIONS`` (``python -m orchestrator.conf``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
+
+PREFIX = "ORCHESTRATOR_"
+
+
+def _data_dir_default() -> Path:
+    base = getattr(django_settings, "BASE_DIR", None)
+    return Path(base or os.getcwd()) / ".data"
+
+
+def _log_storage_options_default() -> dict:
+    if app_settings.LOG_STORAGE == FILE_STORAGE:
+        return {"location": str(app_settings.DATA_DIR / "logs")}
+    return {}
+
+
+def _webhook_secret_default() -> str:
+    return getattr(django_settings, "SECRET_KEY", "") or ""
+
+
+FILE_STORAGE = "django.core.files.storage.FileSystemStorage"
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # without the ORCHESTRATOR_ prefix
+    kind: str  # how a value is read: seconds, count, limit, text, list, path, json
+    default: object  # a value, or a function of no argument for defaults derived from others
+    shown_default: str  # the default as the README shows it
+    help: str
+
+    @property
+    def setting(self) -> str:
+        return PREFIX + self.name
+
+
+OPTIONS = [
+    Option("WORKFLOWS_PACKAGE", "text", "", "unset",
+           "A package of workflow modules: each of its modules not starting with `_` is imported at sync "
+           "(the standalone project sets `workflows`). Workflows are also found in every installed app's "
+           "`workflows` module or package, as the admin finds `admin.py`."),
+    Option("WORKFLOW_MODULES", "list", [], "none",
+           "More workflow modules to import at sync, by dotted name (a list in settings, comma-separated in "
+           "the environment)."),
+    Option("JOB_MODULES", "list", [], "none",
+           "Modules of `@job` functions, imported by every process at start-up besides each installed "
+           "app's `jobs` and `tasks` modules: only registered functions can be enqueued or run."),
+    Option("DATA_DIR", "path", _data_dir_default, "`BASE_DIR/.data`",
+           "The folder for task logs (with the default log storage); the standalone project also keeps "
+           "its embedded PostgreSQL there."),
+    Option("LOG_STORAGE", "text", FILE_STORAGE, "files in `DATA_DIR/logs`",
+           "Where task logs go: an alias of `STORAGES` (e.g. one your project already uses for S3) or a "
+           "storage class by dotted path, e.g. `storages.backends.s3.S3Storage` (install the `[s3]` extra)."),
+    Option("LOG_STORAGE_OPTIONS", "json", _log_storage_options_default, "`{\"location\": DATA_DIR/logs}`",
+           "Options of the `LOG_STORAGE` class (a dict in settings, JSON in the environment), e.g. "
+           "`{\"bucket_name\": \"logs\"}`."),
+    Option("LEASE_SECONDS", "seconds", 15.0, "15",
+           "The scheduler lease: a standby takes over at most this long after the leader died."),
+    Option("HEARTBEAT_SECONDS", "seconds", 5.0, "5", "How often each worker writes its heartbeat."),
+    Option("HEARTBEAT_TIMEOUT_SECONDS", "seconds", 30.0, "30",
+           "A worker silent this long is presumed dead: its attempts are reaped and retried."),
+    Option("POLL_SECONDS", "seconds", 1.0, "1",
+           "How often dispatchers and workers look for work when no notification woke them."),
+    Option("MAX_CATCHUP_RUNS", "count", 100, "100",
+           "At most this many missed fire times are run by a `catchup=\"all\"` schedule (its `max_catchup` "
+           "overrides it)."),
+    Option("MAX_BACKFILL_RUNS", "count", 10000, "10000", "A backfill of more fire times is refused."),
+    Option("MAX_RESULT_BYTES", "count", 256 * 1024, "262144 (256 KiB)",
+           "The largest return value a task may store, as JSON; more fails the attempt."),
+    Option("MAX_MAP_ITEMS", "count", 10000, "10000",
+           "A mapped task fans out over at most this many items; a longer list fails the task returning it."),
+    Option("DEFAULT_QUEUE_LIMIT", "limit", None, "unlimited",
+           "Queued plus running task runs per queue, where the admin sets no `QueueLimit` (0: unlimited)."),
+    Option("DEFAULT_TENANT_LIMIT", "limit", None, "unlimited",
+           "Queued plus running task runs per tenant, where the admin sets no `TenantLimit` (0: unlimited)."),
+    Option("RETENTION_DAYS", "count", 30, "30",
+           "Finished runs older than this are deleted with their task runs, attempts and logs."),
+    Option("WEBHOOK_SECRET", "text", _webhook_secret_default, "`SECRET_KEY`",
+           "The HMAC-SHA256 key of the `X-Orchestrator-Signature` header of webhook calls."),
+    Option("WEBHOOK_RETRY_SECONDS", "seconds", 5.0, "5",
+           "The first retry delay of a failed webhook delivery (doubling, at most 10 minutes)."),
+    Option("METRICS_TOKEN", "text", "", "unset",
+           "When set, the `metrics` endpoint answers only requests with `Authorization: Bearer <token>`."),
+    Option("LOGIN_URL", "text", "orchestrator:web:login", "the app's own login page",
+           "Where the app's pages send anonymous users: a URL or a URL name, e.g. your project's "
+           "`LOGIN_URL`."),
+]
+OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
+
+_KIND_RULES = {
+    "seconds": "a positive number of seconds",
+    "count": "a whole number, 0 or more",
+    "limit": "a whole number, 0 or more (0 or empty: unlimited)",
+    "text": "a string",
+    "list": "a list of strings (comma-separated in the environment)",
+    "path": "a folder path",
+    "json": "a dict (a JSON object in the environment)",
+}
+
+
+def _convert(option: Option, value, from_env: bool):
+    """The value in the type the app uses, or ValueError saying what is expected."""
+    kind = option.kind
+    if kind == "seconds":
+        number = float(value) if from_env or isinstance(value, int | float) and not isinstance(value, bool) else None
+        if number is None or not number > 0 or number != number or number == float("inf"):
+            raise ValueError
+        return number
+    if kind in ("count", "limit"):
+        if from_env:
+            value = value.strip()
+            if kind == "limit" and value == "":
+                return None
+            value = int(value)
+        if kind == "limit" and value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError
+        return None if kind == "limit" and value == 0 else value
+    if kind == "text":
+        if not isinstance(value, str):
+            raise ValueError
+        return value
+    if kind == "list":
+        if from_env:
+            return [item.strip() for item in value.split(",") if item.strip()]
+        if isinstance(value, str) or not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise ValueError
+        return list(value)
+    if kind == "path":
+        if not isinstance(value, str | os.PathLike) or not str(value):
+            raise ValueError
+        return Path(value).resolve()
+    if kind == "json":
+        if from_env:
+            value = json.loads(value)
+        if not isinstance(value, dict):
+            raise ValueError
+        return value
+    raise AssertionError(f"unknown kind {kind!r}")
+
+
+def value_of(option: Option):
+    """The option's value: the project's setting, else the environment, else the default."""
+    if hasattr(django_settings, option.setting):
+        raw, from_env, source = getattr(django_settings, option.setting), False, f"settings.{option.setting}"
+    else:
+        raw = os.environ.get(option.setting)
+        if raw is None or (raw.strip() == "" and option.kind != "limit"):
+            default = option.default
+            return default() if callable(default) else default
+        from_env, source = True, f"the environment variable {option.setting}"
+    try:
+        return _convert(option, raw, from_env)
+    except (TypeError, ValueError):
+        raise ImproperlyConfigured(
+            f"{source} is {raw!r}: it must be {_KIND_RULES[option.kind]}") from None
+
+
+class AppSettings:
+    """Attribute access to the options: ``app_settings.LEASE_SECONDS``."""
+
+    def __getattr__(self, name: str):
+        option = OPTIONS_BY_NAME.get(name)
+        if option is None:
+            raise AttributeError(f"no orchestrator setting {name!r} (known: {', '.join(OPTIONS_BY_NAME)})")
+        return value_of(option)
+
+    def __dir__(self):
+        return list(OPTIONS_BY_NAME)
+
+
+app_settings = AppSettings()
+
+
+def problems() -> list[str]:
+    """Every bad value, for the system checks."""
+    found = []
+    for option in OPTIONS:
+        try:
+            value_of(option)
+        except ImproperlyConfigured as exc:
+            found.append(str(exc))
+    return found
+
+
+_log_storage = None
+
+
+def log_storage():
+    """The storage of task logs, built once per configuration."""
+    global _log_storage
+    if _log_storage is None:
+        name = app_settings.LOG_STORAGE
+        configured = getattr(django_settings, "STORAGES", {}) or {}
+        if name in configured:
+            from django.core.files.storage import storages
+
+            _log_storage = storages[name]
+        else:
+            from django.core.files.storage.handler import StorageHandler
+
+            # One backend built the way Django builds the STORAGES entries (import, then options).
+            handler = StorageHandler({"orchestrator_logs": {"BACKEND": name, "OPTIONS": app_settings.LOG_STORAGE_OPTIONS}})
+            try:
+                _log_storage = handler["orchestrator_logs"]
+            except Exception as exc:  # noqa: BLE001 - a bad class path or option is a configuration error
+                raise ImproperlyConfigured(
+                    f"{PREFIX}LOG_STORAGE {name!r} cannot be built: {type(exc).__name__}: {exc}") from None
+    return _log_storage
+
+
+def _reset(*, setting, **kwargs):
+    global _log_storage
+    if setting.startswith(PREFIX) or setting in ("STORAGES", "BASE_DIR"):
+        _log_storage = None
+
+
+def connect_signals() -> None:
+    from django.core.signals import setting_changed
+
+    setting_changed.connect(_reset, dispatch_uid="orchestrator.conf.reset")
+
+
+def markdown_table() -> str:
+    """The README's settings table, from OPTIONS."""
+    rows = ["| setting | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{option.setting}` | {option.shown_default} | {option.help} |" for option in OPTIONS]
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

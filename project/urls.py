@@ -1,0 +1,9 @@
+"""The standalone project's URLs: the admin, and the app at the root."""
+
+from django.contrib import admin
+from django.urls import include, path
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("", include("orchestrator.urls")),
+]
