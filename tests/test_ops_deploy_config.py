@@ -95,7 +95,7 @@ def test_the_image_runs_as_a_non_root_user_with_static_files_and_a_health_check(
     assert dockerfile.index("collectstatic --noinput") < user_line
     assert "pip install" in dockerfile
     assert re.search(r"^HEALTHCHECK .*docker/healthcheck\.py", dockerfile, re.M | re.S)
-    assert re.search(r'^CMD \["gunicorn", "orchestrator\.wsgi"', dockerfile, re.M)
+    assert re.search(r'^CMD \["gunicorn", "project\.wsgi"', dockerfile, re.M)
     ignored = (DOCKER / "Dockerfile.dockerignore").read_text().split()
     assert {".venv", ".data", ".git", "docker/.env"} <= set(ignored)
 
