@@ -70,4 +70,4 @@ def test_a_finished_run_posts_a_signed_webhook_and_retries_after_a_500(processes
     # is written by the job's task, which the worker records as succeeded a moment later.
     job = wait_for(lambda: Run.objects.filter(trigger="job", state="succeeded").first(), 20,
                    message="the delivery job to succeed")
-    assert Run.objects.filter(trigger="job").count() == 1
+    assert job.workflow_id is None and Run.objects.filter(trigger="job").count() == 1
