@@ -19,8 +19,10 @@ def started_pids(output: str, name: str) -> list[int]:
 def test_it_restarts_a_killed_role_and_stops_everything_on_sigterm(processes):
     supervisor = processes.start("deploy_local", "--web-workers", "0", "--schedulers", "0", "--dispatchers", "1",
                                  "--worker", "default", "--concurrency", "1", "--grace", "5")
+    # Killed once it has started, so that the second "dispatcher started" below is the new one's.
     wait_for(lambda: Worker.objects.filter(state="running").exists() and started_pids(
-        processes.output(supervisor), "dispatcher-1"), timeout=30, message="the worker and the dispatcher")
+        processes.output(supervisor), "dispatcher-1") and "dispatcher started" in processes.output(supervisor),
+        timeout=30, message="the worker and the dispatcher")
     (first,) = started_pids(processes.output(supervisor), "dispatcher-1")
 
     os.kill(first, signal.SIGKILL)  # the OOM killer, say
