@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from django.db import OperationalError, connection, transaction
 from psycopg.errors import DeadlockDetected
 
-from orchestrator import clock, resolver
+from orchestrator import clock, mapping, resolver
 from orchestrator.models import Run
 from orchestrator.states import (
     ACTIVE_RUN_STATES,
@@ -45,10 +45,12 @@ WHERE task_run_id = ANY (%(ids)s) AND outcome = '{AttemptOutcome.RUNNING}'
 
 # Dead (or discarded) task runs get a fresh set of attempts: as many as the task allows,
 # counted from now.
+# A mapped task's own row is never run: retrying it is retrying its instances (see retry_run).
 RETRY_TASK_RUNS = f"""
 UPDATE orchestrator_taskrun SET state = '{TaskState.SCHEDULED}', due_at = %(now)s, finished_at = NULL, error = '',
     max_attempts = attempts + GREATEST(1, COALESCE((spec->>'max_attempts')::int, 1))
 WHERE id = ANY (%(ids)s) AND state IN ({sql_list(RETRYABLE_TASK_STATES)})
+  AND NOT (map_index = -1 AND spec ? 'map_over')
 RETURNING id, run_id, task
 """
 
@@ -131,6 +133,7 @@ def retry_task_runs(ids: Iterable[int], *, now=None) -> int:
         if not retried:
             return 0
         runs = sorted({run_id for _, run_id, _ in retried})
+        mapping.reopen(cursor, [task_run_id for task_run_id, _, _ in retried])
         downstream = _descendants(cursor, runs, {(run_id, task) for _, run_id, task in retried})
         if downstream:
             cursor.execute(REWAIT_DOWNSTREAM, {"ids": downstream})
@@ -167,7 +170,8 @@ def retry_run(run: Run | int, *, now=None) -> int:
 
 def _descendants(cursor, runs: list[int], roots: set[tuple[int, str]]) -> list[int]:
     """Ids of the task runs downstream of ``roots`` ((run_id, task) pairs), transitively."""
-    cursor.execute("SELECT id, run_id, task, upstream FROM orchestrator_taskrun WHERE run_id = ANY (%s)", [runs])
+    cursor.execute("SELECT id, run_id, task, upstream FROM orchestrator_taskrun WHERE run_id = ANY (%s) AND map_index = -1",
+                   [runs])
     children: dict[tuple[int, str], list[tuple[int, str]]] = {}
     ids: dict[tuple[int, str], int] = {}
     for task_run_id, run_id, task, upstream in cursor.fetchall():

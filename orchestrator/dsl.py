@@ -270,7 +270,7 @@ def _callables(value) -> list:
 
 def callback_ref(fn) -> str:
     """A callback's "module:qualname" (what a job names), or "" when it has none."""
-    if isinstance(fn, Task) or not callable(fn):
+    if not inspect.isfunction(fn):  # a plain function (not a task, a builtin or a bound method)
         return ""
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     return f"{module}:{qualname}" if module and qualname else ""

@@ -8,6 +8,7 @@ names the workflow, the field and the value, like the rest of sync's messages.
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import networkx
@@ -27,7 +28,7 @@ def _positive(value, allow_none=True) -> bool:
 def _check_callbacks(error, where: str, callbacks: dict) -> None:
     for event, value in callbacks.items():
         for fn in dsl._callables(value):
-            if isinstance(fn, dsl.Task) or not callable(fn) or not dsl.callback_ref(fn):
+            if not inspect.isfunction(fn) or not dsl.callback_ref(fn):
                 error(f"{where}{event}", fn, "a callback must be a plain function (it is called as a job)")
             elif "<locals>" in getattr(fn, "__qualname__", "<locals>") or fn.__name__ == "<lambda>":
                 error(f"{where}{event}", getattr(fn, "__qualname__", fn), f"a callback must be a function {MODULE_LEVEL}")

@@ -145,11 +145,10 @@ class _Runner:
 
     def run(self) -> LocalRun:
         from orchestrator.models import Run, Trigger
-        from orchestrator.runs import apply_run_limits, create_run
+        from orchestrator.runs import create_run
 
         run, _ = create_run(None, trigger=Trigger.TEST, tasks=self.spec["tasks"], params=self.params,
                             logical_date=self.logical_date, now=self.clock.now())
-        apply_run_limits(run, self.spec, self.clock.now())
         self.run_id = run.pk
         while self.step():
             pass

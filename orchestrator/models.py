@@ -195,6 +195,8 @@ class Run(models.Model):
     deadline_missed_at = models.DateTimeField(null=True, blank=True)
     # The workflow's run timeout (start + run_timeout): a run still active then is cancelled.
     timeout_at = models.DateTimeField(null=True, blank=True)
+    # The graph maps or branches: the resolver's mapping and branch steps apply to this run.
+    dynamic = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         ordering = ["-id"]

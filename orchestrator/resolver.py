@@ -18,12 +18,12 @@ every parent is done (one failed parent settles ``all_success`` as ``upstream_fa
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from django.db import connection
 
-from orchestrator import callbacks, clock, datasets, deadlines
+from orchestrator import callbacks, clock, datasets, deadlines, mapping
 from orchestrator.runs import DISPATCH_CHANNEL
 from orchestrator.states import (
     DEFAULT_TRIGGER_RULE,
@@ -63,31 +63,40 @@ class Ending:
 # other parent still running (neither commit visible yet) and neither would release the join.
 # Taken first, in id order, by every writer (workers, reaper, control), so writers queue rather
 # than deadlock. NO KEY UPDATE: it does not block inserts that reference the run.
-LOCK_RUNS = "SELECT id FROM orchestrator_run WHERE id = ANY (%s) ORDER BY id FOR NO KEY UPDATE"
+# It also says which runs map or branch (Run.dynamic), for the steps of mapping.py.
+LOCK_RUNS = "SELECT id, dynamic FROM orchestrator_run WHERE id = ANY (%s) ORDER BY id FOR NO KEY UPDATE"
 RUNS_OF = "SELECT DISTINCT run_id FROM orchestrator_taskrun WHERE id = ANY (%s)"
 
 # End many attempts at once. The guard (state running, same attempt number and, for a worker's
 # own writes, the same worker) makes a late write from a reaped worker or a cancelled task change
-# nothing. Failures follow the retry rule above, computed from each row's spec.
+# nothing. Failures follow the retry rule above, computed from each row's spec. A sensor's "not
+# yet" (outcome rescheduled) is due again after its interval and costs no attempt of its allowance
+# (max_attempts grows by one, so attempt numbers stay unique and every check stays in the history).
 END_TASK_RUNS = f"""
 WITH d AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(numbers)s::int[], %(outcomes)s::text[], %(results)s::text[],
-                         %(errors)s::text[], %(tracebacks)s::text[], %(log_paths)s::text[])
+    SELECT *, outcome = '{AttemptOutcome.RESCHEDULED}' AS not_yet
+    FROM unnest(%(ids)s::bigint[], %(numbers)s::int[], %(outcomes)s::text[], %(results)s::text[],
+                %(errors)s::text[], %(tracebacks)s::text[], %(log_paths)s::text[])
         AS d(id, number, outcome, result, error, traceback, log_path)
 ), t AS (
 UPDATE orchestrator_taskrun t SET
     state = CASE WHEN d.outcome = '{AttemptOutcome.SUCCEEDED}' THEN '{TaskState.SUCCEEDED}'
+                 WHEN d.not_yet THEN '{TaskState.SCHEDULED}'
                  WHEN t.attempts < t.max_attempts THEN '{TaskState.SCHEDULED}' ELSE '{TaskState.DEAD}' END,
+    max_attempts = t.max_attempts + CASE WHEN d.not_yet THEN 1 ELSE 0 END,
     result = CASE WHEN d.outcome = '{AttemptOutcome.SUCCEEDED}' THEN d.result::jsonb ELSE t.result END,
     error = CASE WHEN d.outcome = '{AttemptOutcome.SUCCEEDED}' THEN '' ELSE d.error END,
-    due_at = CASE WHEN d.outcome <> '{AttemptOutcome.SUCCEEDED}' AND t.attempts < t.max_attempts
+    due_at = CASE WHEN d.not_yet
+        THEN %(now)s + make_interval(secs => (t.spec->'sensor'->>'every')::float8)
+        WHEN d.outcome <> '{AttemptOutcome.SUCCEEDED}' AND t.attempts < t.max_attempts
         THEN %(now)s + make_interval(secs => LEAST(
                  COALESCE((t.spec->>'retry_max_delay')::float8, 3600),
                  COALESCE((t.spec->>'retry_delay')::float8, 10)
                    * power(COALESCE((t.spec->>'retry_backoff')::float8, 2), t.attempts - 1))
              * (0.5 + random() * 0.5))
         ELSE t.due_at END,
-    finished_at = CASE WHEN d.outcome <> '{AttemptOutcome.SUCCEEDED}' AND t.attempts < t.max_attempts THEN NULL
+    finished_at = CASE WHEN d.not_yet
+                         OR (d.outcome <> '{AttemptOutcome.SUCCEEDED}' AND t.attempts < t.max_attempts) THEN NULL
                        ELSE %(now)s END
 FROM d
 WHERE t.id = d.id AND t.state = '{TaskState.RUNNING}' AND t.attempts = d.number
@@ -117,17 +126,24 @@ RULE_CASE = "\n        ".join(
     + [f"ELSE {_rule_case(TRIGGER_RULE_DECISIONS[DEFAULT_TRIGGER_RULE])}  -- {DEFAULT_TRIGGER_RULE}"]
 )
 
-RELEASE_CHILDREN = f"""
-WITH c AS (
+def _waiting_counts(which: str) -> str:
+    """Waiting task runs of the given runs (``which``: the mapped ones or the others) with the
+    counts their rules read: parents in all (n), succeeded (ok), failed (bad), skipped (skip). A
+    mapped parent counts once, by its own row (map_index -1); instances never wait for parents."""
+    return f"""
     SELECT c.id, COALESCE(c.spec->>'trigger_rule', '{DEFAULT_TRIGGER_RULE}') AS rule,
            cardinality(c.upstream) AS n,
            count(*) FILTER (WHERE p.state IN ({sql_list(PARENT_OK)})) AS ok,
            count(*) FILTER (WHERE p.state IN ({sql_list(PARENT_BAD)})) AS bad,
            count(*) FILTER (WHERE p.state IN ({sql_list(PARENT_SKIPPED)})) AS skip
     FROM orchestrator_taskrun c
-    JOIN orchestrator_taskrun p ON p.run_id = c.run_id AND p.task = ANY (c.upstream)
-    WHERE c.run_id = ANY (%(runs)s) AND c.state = '{TaskState.WAITING}'
-    GROUP BY c.id
+    JOIN orchestrator_taskrun p ON p.run_id = c.run_id AND p.task = ANY (c.upstream) AND p.map_index = -1
+    WHERE c.run_id = ANY (%(runs)s) AND c.state = '{TaskState.WAITING}' AND c.map_index = -1 AND {which}
+    GROUP BY c.id"""
+
+
+RELEASE_CHILDREN = f"""
+WITH c AS ({_waiting_counts("NOT c.spec ? 'map_over'")}
 ), d AS (
     SELECT id, CASE rule
         {RULE_CASE}
@@ -140,6 +156,51 @@ UPDATE orchestrator_taskrun t SET state = d.next,
 FROM d
 WHERE t.id = d.id AND d.next IS NOT NULL AND t.state = '{TaskState.WAITING}'
 RETURNING t.state
+"""
+
+# The same rules for mapped tasks (see mapping.py). Released, such a task is "mapped" (its
+# instances are then created) when the parent it maps over succeeded with a list; skipped when
+# that parent was skipped; upstream_failed otherwise, saying why.
+RELEASE_MAPPED = f"""
+WITH c AS ({_waiting_counts("c.spec ? 'map_over'")}
+), d AS (
+    SELECT id, CASE rule
+        {RULE_CASE}
+    END AS next
+    FROM c
+), e AS (
+    SELECT d.id,
+           CASE WHEN d.next <> '{TaskState.SCHEDULED}' THEN d.next
+                WHEN p.state = '{TaskState.SUCCEEDED}' AND jsonb_typeof(p.result) = 'array' THEN '{TaskState.MAPPED}'
+                WHEN p.state = '{TaskState.SKIPPED}' THEN '{TaskState.SKIPPED}'
+                ELSE '{TaskState.UPSTREAM_FAILED}' END AS next,
+           CASE WHEN d.next <> '{TaskState.SCHEDULED}' OR p.state = '{TaskState.SKIPPED}'
+                  OR (p.state = '{TaskState.SUCCEEDED}' AND jsonb_typeof(p.result) = 'array') THEN ''
+                WHEN p.state = '{TaskState.SUCCEEDED}' THEN 'cannot map over ' || p.task || ': its result is not a list'
+                ELSE 'cannot map over ' || p.task || ': it did not succeed' END AS error
+    FROM d
+    JOIN orchestrator_taskrun t ON t.id = d.id
+    JOIN orchestrator_taskrun p ON p.run_id = t.run_id AND p.task = t.spec->>'map_over' AND p.map_index = -1
+    WHERE d.next IS NOT NULL
+)
+UPDATE orchestrator_taskrun t SET state = e.next, error = e.error,
+    started_at = CASE WHEN e.next = '{TaskState.MAPPED}' THEN %(now)s END,
+    finished_at = CASE WHEN e.next <> '{TaskState.MAPPED}' THEN %(now)s END
+FROM e
+WHERE t.id = e.id AND t.state = '{TaskState.WAITING}'
+RETURNING t.id, t.state
+"""
+
+# The start of a sensor's current try (its first check since its last failure, or ever): its
+# timeout counts from there.
+SENSING_SINCE = f"""
+SELECT t.id, (t.spec->'sensor'->>'timeout')::float8, (
+    SELECT min(a.started_at) FROM orchestrator_attempt a
+    WHERE a.task_run_id = t.id AND a.number > COALESCE((
+        SELECT max(b.number) FROM orchestrator_attempt b
+        WHERE b.task_run_id = t.id AND b.outcome NOT IN ('{AttemptOutcome.RESCHEDULED}', '{AttemptOutcome.RUNNING}')), 0))
+FROM orchestrator_taskrun t
+WHERE t.id = ANY (%(ids)s) AND t.spec->'sensor'->>'timeout' IS NOT NULL
 """
 
 # A running run whose task runs have all ended: succeeded when each one ended well.
@@ -172,6 +233,7 @@ def end_attempts(endings: Sequence[Ending], *, worker_id: int | None = None,
             cursor.execute(RUNS_OF, [[e.task_run_id for e in endings]])
             runs = {row[0] for row in cursor.fetchall()}
         lock_runs(cursor, runs)
+        endings = _sensor_timeouts(cursor, endings, now)
         cursor.execute(END_TASK_RUNS, {
             "ids": [e.task_run_id for e in endings], "numbers": [e.number for e in endings],
             "outcomes": [e.outcome for e in endings], "results": [e.result for e in endings],
@@ -188,7 +250,9 @@ def end_attempts(endings: Sequence[Ending], *, worker_id: int | None = None,
     producers = [task_run_id for task_run_id, _, state, produces, _ in rows if produces and state == TaskState.SUCCEEDED]
     if producers:
         datasets.record_events(producers, {e.task_run_id: e.metadata for e in mine if e.metadata}, now=now)
-    calling = [(task_run_id, state) for task_run_id, _, state, _, calls in rows if calls]
+    # A sensor's "not yet" is no retry: it calls no on_retry.
+    checks = {e.task_run_id for e in mine if e.outcome == AttemptOutcome.RESCHEDULED}
+    calling = [(task_run_id, state) for task_run_id, _, state, _, calls in rows if calls and task_run_id not in checks]
     if calling:
         callbacks.task_ended(calling, now=now)
     ended_runs = {run_id for _, run_id, state in accepted if state != TaskState.SCHEDULED}
@@ -202,8 +266,26 @@ def end_attempts(endings: Sequence[Ending], *, worker_id: int | None = None,
     return accepted
 
 
-def lock_runs(cursor, run_ids) -> None:
+def lock_runs(cursor, run_ids) -> set[int]:
+    """Lock the run rows (see LOCK_RUNS); returns the ids of those that map or branch."""
     cursor.execute(LOCK_RUNS, [sorted(run_ids)])
+    return {run_id for run_id, dynamic in cursor.fetchall() if dynamic}
+
+
+def _sensor_timeouts(cursor, endings: Sequence[Ending], now: datetime) -> list[Ending]:
+    """A sensor's "not yet" past its timeout ends its try as timed out (then the retry rule)."""
+    checks = [e for e in endings if e.outcome == AttemptOutcome.RESCHEDULED]
+    if not checks:
+        return list(endings)
+    cursor.execute(SENSING_SINCE, {"ids": [e.task_run_id for e in checks]})
+    over = {}
+    for task_run_id, timeout, since in cursor.fetchall():
+        if since is not None and (now - since).total_seconds() >= timeout:
+            over[task_run_id] = timeout
+    return [replace(e, outcome=AttemptOutcome.TIMED_OUT,
+                    error=f"sensor timed out: no true answer in {over[e.task_run_id]:g}s")
+            if e.outcome == AttemptOutcome.RESCHEDULED and e.task_run_id in over else e
+            for e in endings]
 
 
 def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release: Iterable[int] | None = None) -> int:
@@ -217,15 +299,28 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
     now = now or clock.now()
     released = 0
     with connection.cursor() as cursor:
-        lock_runs(cursor, runs)  # already held when called from end_attempts: a no-op then
-        # A child that ends (upstream_failed/skipped) can settle its own children: repeat until
-        # nothing more is decided. Each pass goes one level deeper, so the loop is bounded by the
-        # depth of the graph.
+        # Already held when called from end_attempts (then it only reads the dynamic flags).
+        dynamic = sorted(lock_runs(cursor, runs) & set(release))
+        # A child that ends (upstream_failed/skipped) can settle its own children, and so can a
+        # branch's choice or a mapped task's end: repeat until nothing more is decided. Each pass
+        # goes one level deeper, so the loop is bounded by the depth of the graph.
         while release:
+            settled = 0
+            if dynamic:
+                settled += mapping.skip_unchosen(cursor, dynamic, now)
+                freed, ended = mapping.settle(cursor, dynamic, now)
+                released += freed
+                settled += ended
             cursor.execute(RELEASE_CHILDREN, {"runs": release, "now": now})
             states = [row[0] for row in cursor.fetchall()]
             released += states.count(TaskState.SCHEDULED)
-            if not any(state != TaskState.SCHEDULED for state in states):
+            settled += sum(1 for state in states if state != TaskState.SCHEDULED)
+            if dynamic:
+                cursor.execute(RELEASE_MAPPED, {"runs": dynamic, "now": now})
+                decided = cursor.fetchall()
+                released += mapping.expand(cursor, [i for i, state in decided if state == TaskState.MAPPED], now)
+                settled += len(decided)
+            if not settled:
                 break
         cursor.execute(FINISH_RUNS, {"runs": runs, "now": now})
         finished = cursor.fetchall()

@@ -57,10 +57,12 @@ def insert_ignoring_conflicts(obj) -> int | None:
     return row[0]
 
 
-def apply_run_limits(run: Run, spec: dict, now: datetime) -> None:
-    """Set a new run's deadline (logical date + the workflow's ``deadline``) and, when it starts
-    now, its timeout (now + ``run_timeout``). Backfills have no deadline: their logical dates are
-    in the past by design."""
+def apply_graph_options(run: Run, spec: dict, now: datetime) -> None:
+    """Set what a new run takes from its graph (``spec``, a version's spec): its deadline
+    (logical date + the workflow's ``deadline``), its timeout when it starts now (now +
+    ``run_timeout``), and whether the resolver's mapping and branch steps apply. Backfills have no
+    deadline: their logical dates are in the past by design."""
+    run.dynamic = any(task.get("map_over") or task.get("branch") for task in spec.get("tasks", {}).values())
     if spec.get("deadline") and run.lane != Lane.BACKFILL and run.trigger != "backfill":
         run.deadline_at = run.logical_date + timedelta(seconds=float(spec["deadline"]))
     if spec.get("run_timeout") and run.state == RunState.RUNNING:
@@ -130,8 +132,7 @@ def create_run(
         state=state, reason=reason, idempotency_key=idempotency_key or None, payload_hash=digest,
         created_by=created_by,
     )
-    if version is not None:
-        apply_run_limits(run, version.spec, now)
+    apply_graph_options(run, version.spec if version is not None else {"tasks": tasks}, now)
     finished = state in (RunState.SKIPPED, RunState.MISSED, RunState.CANCELLED)
     if finished:
         run.finished_at = now

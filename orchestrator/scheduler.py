@@ -34,7 +34,7 @@ from orchestrator.conf import app_settings
 from orchestrator.lease import LeaderLease, LeaseLost, NoLease
 from orchestrator.models import Run, Schedule, TaskRun, Trigger, Workflow, WorkflowVersion
 from orchestrator.params import ParamError, clean_params
-from orchestrator.runs import apply_run_limits, notify_dispatchers, task_runs_for
+from orchestrator.runs import apply_graph_options, notify_dispatchers, task_runs_for
 from orchestrator.states import ACTIVE_RUN_STATES, RunState, TaskState, sql_list
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ def insert_runs(new_runs: list[NewRun], now: datetime) -> list[NewRun]:
             if run.state in (RunState.SKIPPED, RunState.MISSED, RunState.CANCELLED) and run.finished_at is None:
                 run.finished_at = now
             if run.version is not None:
-                apply_run_limits(run, run.version.spec, now)
+                apply_graph_options(run, run.version.spec, now)
             for column, f in zip(values, run_fields, strict=True):
                 column.append(f.get_db_prep_save(f.pre_save(run, add=True), connection))
             by_key[(run.schedule_id, run.logical_date)] = entry

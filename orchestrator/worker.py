@@ -471,7 +471,7 @@ class Worker:
             return []
         self.completed += len(endings)
         for ending in endings:
-            if ending.outcome != AttemptOutcome.SUCCEEDED:
+            if ending.outcome not in (AttemptOutcome.SUCCEEDED, AttemptOutcome.RESCHEDULED):
                 log.warning("task run %s attempt %s %s: %s", ending.task_run_id, ending.number, ending.outcome,
                             ending.error.splitlines()[0] if ending.error else "",
                             extra={"action": "attempt_" + ending.outcome, "task_run_id": ending.task_run_id})

@@ -123,3 +123,56 @@ def test_run_task_names_what_is_wrong_with_its_input():
         call_command("run_task", "ghost", "x")
     with pytest.raises(CommandError, match="add a timezone"):
         call_command("run_task", "nightly_etl", "extract", "--logical-date", "2026-03-01T00:00:00")
+
+
+def test_a_local_run_maps_branches_and_waits_for_a_sensor_without_sleeping():
+    wf = Workflow("local_dynamic")
+    checks = []
+
+    @wf.task
+    def listing(ctx):
+        return ["a", "bb", "ccc"]
+
+    @wf.task
+    def measure(ctx):
+        return {"item": ctx.item, "index": ctx.map_index, "length": len(ctx.item)}
+
+    measure.map(over=listing, max_parallel=2)
+
+    @wf.branch
+    def route(ctx):
+        return "long" if sum(part["length"] for part in ctx.upstream["measure"]) > 5 else "short"
+
+    @wf.task
+    def long(ctx):
+        return "long"
+
+    @wf.task
+    def short(ctx):
+        return "short"
+
+    @wf.sensor(every=600, timeout=7200)
+    def ready(ctx):
+        checks.append(ctx.attempt)
+        return len(checks) >= 3 and "ready"
+
+    measure >> route >> [long, short]
+    result = wf.test()
+    assert result.state == "succeeded"
+    assert result["measure"].result == [{"item": "a", "index": 0, "length": 1}, {"item": "bb", "index": 1, "length": 2},
+                                        {"item": "ccc", "index": 2, "length": 3}]
+    assert [i.state for i in result["measure"].instances] == ["succeeded"] * 3
+    assert (result["long"].state, result["short"].state) == ("succeeded", "skipped")
+    # Two "not yet" answers, an hour and twenty minutes of the runner's clock, no real waiting.
+    assert result["ready"].result == "ready" and checks == [1, 2, 3]
+
+
+def test_a_local_run_of_a_sensor_without_timeout_that_never_answers_gives_up_with_a_message():
+    wf = Workflow("local_forever")
+
+    @wf.sensor(every=1, timeout=None)
+    def never(ctx):
+        return False
+
+    with pytest.raises(LocalRunError, match="gave up after too many attempts"):
+        wf.test(max_attempts_total=50)

@@ -1,0 +1,174 @@
+"""Dynamic task mapping and branches, as steps of the resolver (called inside its transaction,
+with the run rows locked, only for runs whose graph maps or branches: ``Run.dynamic``).
+
+A mapped task (``transform.map(over=extract)``) is one row with map_index -1, plus one instance
+per item of ``extract``'s list result (map_index 0, 1, ...). Its own row is what the rest of the
+graph sees: ``waiting`` until its trigger rule settles, then ``mapped`` while the instances run,
+then ``succeeded`` (every instance succeeded or was skipped; its result is the list of their
+results, in order) or ``failed``. Children wait for that row like for any parent. Each instance
+is an ordinary task run: it is queued, claimed, retried, reaped, sent to the dead-letter queue
+and retried from it on its own; its item is read from the mapped-over result at claim time
+(``taskcontext.ITEMS``), not copied.
+
+The instances are created in the transaction that settles the mapped task (the one recording
+its parent's success): with ``max_parallel`` the first ones are due now and the rest wait, and
+each instance that ends releases the next (``RELEASE_INSTANCES``), under the run lock, so the cap
+holds exactly whatever the number of workers. A list longer than ``ORCHESTRATOR_MAX_MAP_ITEMS``
+never gets here: the worker fails the parent that returned it (``executor.check_result``).
+
+A branch task returns the name(s) of the children to follow; the other direct children become
+``skipped`` (``SKIP_UNCHOSEN``) and their descendants follow their trigger rules.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from orchestrator.states import (
+    ACTIVE_TASK_STATES,
+    BUSY_TASK_STATES,
+    FINISHED_TASK_STATES,
+    SUCCESSFUL_TASK_STATES,
+    TaskState,
+    sql_list,
+)
+
+# --- SQL ---------------------------------------------------------------------------------------
+
+# Direct children of succeeded branch tasks that the branch did not choose are skipped. Only
+# waiting children: a child already decided keeps its state. Idempotent, so it runs on every
+# pass of the resolver for the runs that branch.
+SKIP_UNCHOSEN = f"""
+WITH unchosen AS (
+    SELECT c.id, b.task AS branch
+    FROM orchestrator_taskrun b
+    JOIN orchestrator_taskrun c ON c.run_id = b.run_id AND b.task = ANY (c.upstream) AND c.map_index = -1
+    WHERE b.run_id = ANY (%(runs)s) AND b.map_index = -1 AND b.state = '{TaskState.SUCCEEDED}' AND b.spec ? 'branch'
+      AND NOT c.task = ANY (ARRAY(SELECT jsonb_array_elements_text(CASE jsonb_typeof(b.result)
+            WHEN 'array' THEN b.result WHEN 'string' THEN jsonb_build_array(b.result) ELSE '[]'::jsonb END)))
+)
+UPDATE orchestrator_taskrun t SET state = '{TaskState.SKIPPED}', finished_at = %(now)s,
+    error = 'not chosen by the branch ' || u.branch
+FROM unchosen u
+WHERE t.id = u.id AND t.state = '{TaskState.WAITING}'
+RETURNING t.id
+"""
+
+# The instances of mapped tasks that were just settled (state mapped), one per item of the
+# mapped-over parent's list: the first max_parallel due now, the others waiting. A task mapped
+# again (its parent ran again after a clear) resets the instances it had, keeping their attempt
+# history (attempt numbers go on; each gets a fresh allowance of attempts).
+EXPAND = f"""
+WITH m AS (
+    SELECT t.id, t.run_id, t.task, t.spec, t.upstream, t.queue, t.priority, t.tenant, t.lane, t.timeout,
+           GREATEST(1, COALESCE((t.spec->>'max_attempts')::int, 1)) AS allowance,
+           jsonb_array_length(p.result) AS n,
+           COALESCE((t.spec->>'max_parallel')::int, 2147483647) AS cap
+    FROM orchestrator_taskrun t
+    JOIN orchestrator_taskrun p ON p.run_id = t.run_id AND p.task = t.spec->>'map_over' AND p.map_index = -1
+    WHERE t.id = ANY (%(ids)s) AND t.state = '{TaskState.MAPPED}' AND jsonb_typeof(p.result) = 'array'
+)
+INSERT INTO orchestrator_taskrun AS t (run_id, task, map_index, state, spec, upstream, queue, priority, tenant, lane,
+    attempts, max_attempts, due_at, timeout, result, error, created_at)
+SELECT m.run_id, m.task, i,
+       CASE WHEN i < m.cap THEN '{TaskState.SCHEDULED}' ELSE '{TaskState.WAITING}' END,
+       m.spec, m.upstream, m.queue, m.priority, m.tenant, m.lane, 0, m.allowance,
+       CASE WHEN i < m.cap THEN %(now)s::timestamptz END, m.timeout, NULL, '', %(now)s
+FROM m CROSS JOIN generate_series(0, m.n - 1) AS i
+ON CONFLICT (run_id, task, map_index) DO UPDATE SET
+    state = EXCLUDED.state, due_at = EXCLUDED.due_at, max_attempts = t.attempts + EXCLUDED.max_attempts,
+    result = NULL, error = '', worker_id = NULL, queued_at = NULL, started_at = NULL, finished_at = NULL
+WHERE t.state IN ({sql_list(FINISHED_TASK_STATES)})
+"""
+
+# Instances beyond the new list's length, left from an earlier, longer expansion.
+DROP_EXTRA = """
+DELETE FROM orchestrator_taskrun i
+USING orchestrator_taskrun t
+JOIN orchestrator_taskrun p ON p.run_id = t.run_id AND p.task = t.spec->>'map_over' AND p.map_index = -1
+WHERE t.id = ANY (%(ids)s) AND i.run_id = t.run_id AND i.task = t.task
+  AND i.map_index >= jsonb_array_length(p.result)
+"""
+
+# With max_parallel: release waiting instances, lowest index first, as far as the cap allows.
+RELEASE_INSTANCES = f"""
+WITH m AS (
+    SELECT m.run_id, m.task, (m.spec->>'max_parallel')::int - (
+        SELECT count(*) FROM orchestrator_taskrun i
+        WHERE i.run_id = m.run_id AND i.task = m.task AND i.map_index >= 0
+          AND i.state IN ('{TaskState.SCHEDULED}', {sql_list(BUSY_TASK_STATES)})) AS room
+    FROM orchestrator_taskrun m
+    WHERE m.run_id = ANY (%(runs)s) AND m.map_index = -1 AND m.state = '{TaskState.MAPPED}'
+      AND m.spec ? 'max_parallel'
+), r AS (
+    SELECT x.id FROM m CROSS JOIN LATERAL (
+        SELECT i.id FROM orchestrator_taskrun i
+        WHERE i.run_id = m.run_id AND i.task = m.task AND i.map_index >= 0 AND i.state = '{TaskState.WAITING}'
+        ORDER BY i.map_index LIMIT GREATEST(m.room, 0)
+    ) x
+)
+UPDATE orchestrator_taskrun t SET state = '{TaskState.SCHEDULED}', due_at = %(now)s
+FROM r WHERE t.id = r.id AND t.state = '{TaskState.WAITING}'
+RETURNING t.id
+"""
+
+# A mapped task whose instances have all ended: succeeded when each ended well, with the list of
+# their results in order; failed otherwise, saying how many did not.
+FINISH_MAPPED = f"""
+WITH m AS (
+    SELECT m.id, count(i.id) AS n,
+           count(i.id) FILTER (WHERE i.state IN ({sql_list(SUCCESSFUL_TASK_STATES)})) AS ok,
+           COALESCE(jsonb_agg(i.result ORDER BY i.map_index) FILTER (WHERE i.id IS NOT NULL), '[]'::jsonb) AS results
+    FROM orchestrator_taskrun m
+    LEFT JOIN orchestrator_taskrun i ON i.run_id = m.run_id AND i.task = m.task AND i.map_index >= 0
+    WHERE m.run_id = ANY (%(runs)s) AND m.map_index = -1 AND m.state = '{TaskState.MAPPED}'
+    GROUP BY m.id
+    HAVING NOT bool_or(COALESCE(i.state IN ({sql_list(ACTIVE_TASK_STATES)}), false))
+)
+UPDATE orchestrator_taskrun t SET
+    state = CASE WHEN m.ok = m.n THEN '{TaskState.SUCCEEDED}' ELSE '{TaskState.FAILED}' END,
+    result = m.results, finished_at = %(now)s,
+    error = CASE WHEN m.ok = m.n THEN '' ELSE (m.n - m.ok) || ' of ' || m.n || ' mapped instances did not succeed' END
+FROM m WHERE t.id = m.id AND t.state = '{TaskState.MAPPED}'
+RETURNING t.id
+"""
+
+# An instance retried or cleared: its mapped task waits for it again (and so do the children,
+# which control re-waits like those of any retried task).
+REOPEN = f"""
+UPDATE orchestrator_taskrun m SET state = '{TaskState.MAPPED}', finished_at = NULL, result = NULL, error = ''
+FROM (SELECT DISTINCT run_id, task FROM orchestrator_taskrun WHERE id = ANY (%(ids)s) AND map_index >= 0) i
+WHERE m.run_id = i.run_id AND m.task = i.task AND m.map_index = -1
+  AND m.state IN ('{TaskState.SUCCEEDED}', '{TaskState.FAILED}')
+"""
+
+
+def skip_unchosen(cursor, runs: list[int], now: datetime) -> int:
+    cursor.execute(SKIP_UNCHOSEN, {"runs": runs, "now": now})
+    return len(cursor.fetchall())
+
+
+def expand(cursor, ids: list[int], now: datetime) -> int:
+    """Create the instances of mapped tasks that were just settled (state mapped); returns how
+    many instances were written."""
+    if not ids:
+        return 0
+    cursor.execute(EXPAND, {"ids": ids, "now": now})
+    written = cursor.rowcount
+    cursor.execute(DROP_EXTRA, {"ids": ids})
+    return written
+
+
+def settle(cursor, runs: list[int], now: datetime) -> tuple[int, int]:
+    """Release waiting instances up to max_parallel and end the mapped tasks whose instances have
+    all ended; returns (instances released, mapped tasks ended)."""
+    cursor.execute(RELEASE_INSTANCES, {"runs": runs, "now": now})
+    released = len(cursor.fetchall())
+    cursor.execute(FINISH_MAPPED, {"runs": runs, "now": now})
+    return released, len(cursor.fetchall())
+
+
+def reopen(cursor, instance_ids: list[int]) -> None:
+    """Mapped tasks whose instances (among these task runs) run again wait for them again."""
+    if instance_ids:
+        cursor.execute(REOPEN, {"ids": instance_ids})

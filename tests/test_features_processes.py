@@ -1,0 +1,197 @@
+"""Mapping, sensors and data triggers with real worker, reaper and scheduler processes, crashes by
+real signals; what ran is recorded by the tasks themselves (tests/feature_tasks.py)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from django.db import transaction
+
+from orchestrator.models import Attempt, ConsumerRun, DatasetEvent, Run, TaskRun, Workflow, WorkflowVersion
+from orchestrator.runs import create_run, trigger_workflow
+from tests.conftest import process_env, wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+REF = "tests.feature_tasks"
+FAST = {
+    "ORCHESTRATOR_HEARTBEAT_SECONDS": "0.5",
+    "ORCHESTRATOR_HEARTBEAT_TIMEOUT_SECONDS": "3",
+    "ORCHESTRATOR_POLL_SECONDS": "0.5",
+    "ORCHESTRATOR_JOB_MODULES": f"workflows.jobs,tests.tasks_for_tests,{REF}",
+}
+
+
+@pytest.fixture
+def env(tmp_path):
+    return process_env(ORCHESTRATOR_DATA_DIR=str(tmp_path / "data"), **FAST)
+
+
+def task(fn, upstream=(), **extra):
+    return {"kind": "python", "ref": f"{REF}:{fn}", "upstream": list(upstream), **extra}
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def start_worker(processes, env, concurrency, name):
+    from orchestrator.models import Worker
+
+    proc = processes.start("worker", "--queues", "default", "--concurrency", str(concurrency), env=env, name=name)
+    wait_for(lambda: Worker.objects.filter(pid=proc.pid, state="running").exists(), 30, message=f"{name} to register")
+    return proc
+
+
+def run_state(run):
+    return Run.objects.values_list("state", flat=True).get(pk=run.pk)
+
+
+def test_a_map_survives_a_worker_killed_in_the_middle_each_item_done_and_the_results_in_order(processes, env, tmp_path):
+    record = tmp_path / "work.jsonl"
+    items = 40
+    run, _ = create_run(None, trigger="job", params={"items": items, "sleep": 0.3, "record": str(record)}, tasks={
+        "listing": task("listing", mapped_by=["work"]),
+        "work": task("work", ["listing"], map_over="listing", max_attempts=3, retry_delay=0),
+        "collect": task("collect", ["work"]),
+    })
+    assert run.dynamic
+    processes.start("dispatcher", env=env)
+    doomed = start_worker(processes, env, 4, "doomed")
+    # Kill it while instances run: some started, not all ended.
+    wait_for(lambda: sum(1 for r in records(record) if r["event"] == "end") >= 8, 60, message="some instances to end")
+    processes.stop(doomed, signal.SIGKILL)
+    killed_at = time.time()
+    start_worker(processes, env, 4, "rescuer")
+    processes.start("reaper", "--interval", "0.5", env=env)
+    wait_for(lambda: run_state(run) not in ("pending", "running"), 120, message="the run to end")
+    assert run_state(run) == "succeeded"
+    own = TaskRun.objects.get(run=run, task="work", map_index=-1)
+    assert own.result == [i * 10 for i in range(items)]
+    assert TaskRun.objects.get(run=run, task="collect").result == sum(i * 10 for i in range(items))
+    instances = TaskRun.objects.filter(run=run, task="work", map_index__gte=0)
+    assert instances.count() == items and set(instances.values_list("state", flat=True)) == {"succeeded"}
+    # The killed worker's instances were lost and ran again elsewhere; no instance ran twice at once.
+    lost = Attempt.objects.filter(task_run__in=instances, outcome="lost")
+    assert lost.exists()
+    events = records(record)
+    for attempt in lost:
+        index = attempt.task_run.map_index
+        again = [e for e in events if e["index"] == index and e["event"] == "start" and e["attempt"] > attempt.number]
+        assert again and min(e["at"] for e in again) > killed_at
+    ended = {e["index"] for e in events if e["event"] == "end"}
+    assert ended == set(range(items))
+
+
+def test_a_thousand_waiting_sensors_hold_no_worker_slot_while_other_jobs_run(processes, env, tmp_path):
+    flag, record, jobs_record = tmp_path / "flag", tmp_path / "checks.jsonl", tmp_path / "jobs.jsonl"
+    every = 40  # 1,000 checks every 40 s: about 25 a second, within what two slots can do
+    spec = task("wait_for_flag", sensor={"every": every, "timeout": 600}, timeout=30)
+    with transaction.atomic():
+        sensors = [create_run(None, trigger="job", params={"flag": str(flag), "record": str(record)},
+                              tasks={"sensor": spec})[0] for _ in range(1000)]
+    processes.start("dispatcher", env=env)
+    worker = start_worker(processes, env, 2, "two-slots")
+    # The first round of checks: every sensor says "not yet" and goes back to waiting, due later.
+    waiting = TaskRun.objects.filter(run__in=sensors, state="scheduled", attempts__gte=1)
+    wait_for(lambda: waiting.count() == 1000, 120, message="every sensor's first check")
+    first_round_done = time.time()
+    # Other work now starts at once: no slot is held by a waiting sensor.
+    with transaction.atomic():
+        jobs = [create_run(None, trigger="job", tasks={"job": {
+            "kind": "python", "ref": "tests.tasks_for_tests:record_job", "call": "job",
+            "args": [str(jobs_record)], "kwargs": {"tag": f"job-{i}"}}})[0] for i in range(20)]
+    submitted = time.time()
+    wait_for(lambda: Run.objects.filter(pk__in=[j.pk for j in jobs], state="succeeded").count() == 20, 60,
+             message="the other jobs")
+    starts = [e["at"] for e in records(jobs_record) if e["event"] == "start"]
+    assert len(starts) == 20 and max(starts) - submitted < every / 2  # before the sensors' next checks
+    # Waiting costs rows, not slots: at most the two slots run anything, and no busy loop.
+    assert TaskRun.objects.filter(state="running").count() <= 2
+    flag.touch()
+    wait_for(lambda: TaskRun.objects.filter(run__in=sensors, state="succeeded").count() == 1000, 180,
+             message="every sensor to see the flag")
+    elapsed = time.time() - first_round_done
+    checks = records(record)
+    per_sensor = {}
+    for check in checks:
+        per_sensor[check["task_run"]] = per_sensor.get(check["task_run"], 0) + 1
+    # One check at the start, then one per interval: never more than the elapsed time allows.
+    assert max(per_sensor.values()) <= 2 + elapsed / every
+    assert Attempt.objects.filter(task_run__run__in=sensors, outcome="rescheduled").count() == len(checks) - 1000
+    processes.stop(worker)
+
+
+def _data_workflows(record: Path):
+    params = {"record": {"type": "str", "required": False, "default": str(record), "description": ""}}
+    producer = Workflow.objects.create(name="producer")
+    producer.current_version = WorkflowVersion.objects.create(workflow=producer, number=1, hash="p", spec={
+        "params": params, "tasks": {"publish": task("publish_once", produces=["sales"], max_attempts=3,
+                                                    retry_delay=0)}})
+    producer.save()
+    consumer = Workflow.objects.create(name="consumer")
+    consumer.current_version = WorkflowVersion.objects.create(workflow=consumer, number=1, hash="c", spec={
+        "params": params, "triggers": [{"datasets": ["sales"], "mode": "any"}],
+        "tasks": {"consume": task("consume")}})
+    consumer.save()
+    return producer, consumer
+
+
+def test_a_producer_retried_after_doing_its_work_starts_its_consumer_once(processes, env, tmp_path):
+    record = tmp_path / "data.jsonl"
+    producer, consumer = _data_workflows(record)
+    processes.start("dispatcher", env=env)
+    processes.start("scheduler", env=env)
+    doomed = start_worker(processes, env, 1, "doomed")
+    run, _ = trigger_workflow(producer)
+    # Attempt 1 published, then its worker dies before the success is recorded.
+    wait_for(lambda: any(r["event"] == "publish" for r in records(record)), 60, message="the first publish")
+    processes.stop(doomed, signal.SIGKILL)
+    start_worker(processes, env, 1, "rescuer")
+    processes.start("reaper", "--interval", "0.5", env=env)
+    wait_for(lambda: run_state(run) == "succeeded", 90, message="the producer to succeed")
+    wait_for(lambda: Run.objects.filter(workflow=consumer, state="succeeded").exists(), 60,
+             message="the consumer run")
+    # The work ran twice (at least once), the event and the consumer run exist once.
+    assert [r["attempt"] for r in records(record) if r["event"] == "publish"] == [1, 2]
+    [event] = DatasetEvent.objects.filter(dataset__name="sales")
+    assert event.metadata == {"attempt": 2}
+    time.sleep(2)  # a few more scheduler ticks: nothing more is started
+    assert Run.objects.filter(workflow=consumer).count() == 1
+    assert [r["event"] for r in records(record)].count("consume") == 1
+
+
+def test_two_schedulers_racing_on_the_same_events_start_one_consumer_run_per_event(processes, env, tmp_path):
+    record = tmp_path / "data.jsonl"
+    producer, consumer = _data_workflows(record)
+    env = {**env, "LOG_LEVEL": "INFO"}
+    for name in ("scheduler-a", "scheduler-b"):
+        processes.start("scheduler", "--no-lease", env=env, name=name)
+    # Producer successes written the way the resolver writes them, in bursts the two schedulers
+    # see at the same moment.
+    from orchestrator import datasets
+
+    events = 0
+    for burst in range(10):
+        with transaction.atomic():
+            produced = []
+            for _ in range(15):
+                run, _ = trigger_workflow(producer)
+                produced.append(TaskRun.objects.get(run=run).pk)
+            TaskRun.objects.filter(pk__in=produced).update(state="succeeded")
+            events += datasets.record_events(produced, now=run.created_at)
+        time.sleep(0.2 * (burst % 3))
+    wait_for(lambda: ConsumerRun.objects.filter(workflow=consumer, run__isnull=False).count() == events, 60,
+             message="a consumer run for every event")
+    time.sleep(2)
+    assert events == 150
+    assert Run.objects.filter(workflow=consumer).count() == 150
+    assert ConsumerRun.objects.filter(workflow=consumer).count() == 150
+    assert not DatasetEvent.objects.filter(handled=False).exists()
+    # Both schedulers did some of the work (they really raced).
+    outputs = [processes.output(proc) for proc in processes.started]
+    assert all("dataset_run" in out or "started run" in out for out in outputs), outputs
