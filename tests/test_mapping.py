@@ -7,7 +7,6 @@ slot until its next check."""
 from datetime import timedelta
 
 import pytest
-from django.conf import settings
 from django.test.utils import override_settings
 
 from orchestrator import control, dispatcher
@@ -190,7 +189,7 @@ def test_an_instance_retries_dies_and_is_retried_from_the_dead_letter_queue_on_i
     assert not Attempt.objects.filter(task_run=own).exists()
 
 
-@override_settings(ORCHESTRATOR={**settings.ORCHESTRATOR, "MAX_MAP_ITEMS": 3})
+@override_settings(ORCHESTRATOR_MAX_MAP_ITEMS=3)
 def test_a_list_over_the_item_limit_fails_the_parent_with_a_clear_error(workflows, clock, loop):
     wfs = workflows()
     run, _ = trigger_workflow(wfs["mapped"], {"items": [1, 2, 3, 4]}, now=clock.now())
