@@ -18,6 +18,7 @@ REQUIRED_APPS = {
     "django.contrib.sessions": "logging in to the pages",
     "django.contrib.messages": "the pages' confirmations",
     "django.contrib.staticfiles": "the pages' CSS and JavaScript",
+    "django.contrib.postgres": "the models' array fields",
     "django_htmx": "the live parts of the pages",
     "rest_framework": "the API",
     "rest_framework.authtoken": "API tokens",
