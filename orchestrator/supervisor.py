@@ -1,6 +1,17 @@
-"""Supervising a set of role processes on one machine: start each, restart one that dies (with
-back-off), and on SIGTERM or Ctrl-C pass SIGTERM on to each so it drains, then report how each
-ended. Used by ``manage.py up`` (development) and ``manage.py deploy_local`` (servers).
+"""Supervising a set of role processes on one machine: start each, restart one that dies, and on
+SIGTERM or Ctrl-C pass SIGTERM on to each so it drains, then report how each ended. Used by
+``manage.py up`` (development) and ``manage.py deploy_local`` (servers).
+
+The restart policy (the README's "Running in production" says the same):
+
+* a child that exits is restarted after a back-off: 1 s, then 2, 4, 8, 16, up to 30 s for each
+  further exit in a row;
+* a child that ran healthily for 60 s before it exited gets its budget back: it is restarted
+  after 1 s again, however often it exited before;
+* a child crash-loops when it exits 10 times within 10 minutes; only then, as the last resort,
+  the supervisor stops everything (logging which child, how often and how it last ended) and
+  exits non-zero, so the machine's own service manager (systemd, a container runtime) sees the
+  failure. A database restart is not a reason: the roles ride it out without exiting.
 """
 
 from __future__ import annotations
@@ -10,11 +21,19 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-MAX_RESTARTS = 5
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    first_delay: float = 1.0
+    max_delay: float = 30.0
+    healthy_seconds: float = 60.0
+    crash_loop_exits: int = 10
+    crash_loop_window: float = 600.0
 
 
 @dataclass
@@ -23,9 +42,12 @@ class Child:
     argv: list[str]
     log_path: Path | None = None
     proc: subprocess.Popen | None = None
-    restarts: int = 0
+    restarts: int = 0  # exits in a row since the child last ran healthily
     restart_at: float | None = None
+    started_at: float = 0.0
+    exits: deque = field(default_factory=deque)  # time.monotonic() of each exit within the window
     pids: list[int] = field(default_factory=list)
+    stop_sent: bool = False
 
 
 def role_argv(role: str, *extra: str) -> list[str]:
@@ -37,12 +59,31 @@ def role_argv(role: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "django", role, *extra]
 
 
+def describe_exit(code: int, stop_sent: bool = False) -> str:
+    """How a child ended, in words: a signal is named, and a stop we asked for is not a crash."""
+    if code == 0:
+        return "exited cleanly (code 0)"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        if stop_sent and -code in (signal.SIGTERM, signal.SIGINT):
+            return f"stopped by the {name} the supervisor sent"
+        return f"was killed by {name}"
+    return f"exited with code {code}"
+
+
 class Supervisor:
-    def __init__(self, children: list[Child], say: Callable[[str], None], grace: float = 30.0):
+    def __init__(self, children: list[Child], say: Callable[[str], None], grace: float = 30.0,
+                 policy: RestartPolicy | None = None, clock: Callable[[], float] = time.monotonic):
         self.children = children
         self.say = say
         self.grace = grace
+        self.policy = policy or RestartPolicy()
+        self.clock = clock
         self.stopping = False
+        self.gave_up: str | None = None  # why everything was stopped, if the supervisor gave up
 
     def run(self, on_started: Callable[[], None] | None = None) -> bool:
         """Start every child and watch them until SIGTERM/SIGINT; returns whether all stopped cleanly."""
@@ -62,27 +103,40 @@ class Supervisor:
                 time.sleep(0.2)
         finally:
             clean = self.shutdown(deadline=self.grace + 15)
-        return clean
+        return clean and self.gave_up is None
 
     def watch(self) -> None:
         for child in self.children:
-            if self.stopping or child.proc.poll() is None:
-                continue
-            if child.restart_at is None:
-                if child.restarts >= MAX_RESTARTS:
-                    self.say(f"{child.name} keeps exiting (code {child.proc.returncode}); stopping everything")
-                    self.stopping = True
-                    return
-                # Backing off: a role that cannot start (database down, bad config) must not
-                # spin the machine.
-                delay = min(2.0 ** child.restarts, 30.0)
-                child.restart_at = time.monotonic() + delay
-                self.say(f"{child.name} (pid {child.proc.pid}) exited with {child.proc.returncode}; "
-                         f"restarting in {delay:g}s")
-            elif time.monotonic() >= child.restart_at:
-                child.restarts += 1
-                child.restart_at = None
-                self.start(child)
+            if self.stopping:
+                return
+            if child.restart_at is not None:
+                if self.clock() >= child.restart_at:
+                    child.restart_at = None
+                    self.start(child)
+            elif child.proc.poll() is not None:
+                self.on_exit(child)
+
+    def on_exit(self, child: Child) -> None:
+        policy, now = self.policy, self.clock()
+        code = child.proc.returncode
+        if now - child.started_at >= policy.healthy_seconds:
+            child.restarts = 0  # it ran healthily: its budget is back
+        child.exits.append(now)
+        while child.exits and now - child.exits[0] > policy.crash_loop_window:
+            child.exits.popleft()
+        how = describe_exit(code)
+        if len(child.exits) >= policy.crash_loop_exits:
+            self.gave_up = (f"{child.name} is crash-looping: it ended {len(child.exits)} times within "
+                            f"{policy.crash_loop_window:g}s (last: {how}); stopping everything")
+            self.say(self.gave_up)
+            self.stopping = True
+            return
+        # Backing off: a role that cannot start (bad config, a missing module) must not spin the machine.
+        delay = min(policy.first_delay * 2 ** child.restarts, policy.max_delay)
+        child.restarts += 1
+        child.restart_at = now + delay
+        self.say(f"{child.name} (pid {child.proc.pid}) {how} after {now - child.started_at:.1f}s; "
+                 f"restarting in {delay:g}s")
 
     def start(self, child: Child) -> None:
         output = open(child.log_path, "ab") if child.log_path else None  # noqa: SIM115 - kept by the child
@@ -94,6 +148,8 @@ class Supervisor:
         finally:
             if output:
                 output.close()
+        child.started_at = self.clock()
+        child.stop_sent = False
         child.pids.append(child.proc.pid)
         self.say(f"started {child.name} pid {child.proc.pid}: {' '.join(child.argv[1:])}")
 
@@ -105,19 +161,21 @@ class Supervisor:
                 # To the process only, as a container runtime does: each role stops its own
                 # children (gunicorn its workers, a worker its running tasks) after draining.
                 child.proc.send_signal(signal.SIGTERM)
+                child.stop_sent = True
         clean = True
         for child in self.children:
-            if child.proc is None:
-                continue
+            if child.proc is None or child.restart_at is not None:
+                continue  # waiting to be restarted: it already ended (and was reported)
             try:
                 code = child.proc.wait(timeout=max(0.1, deadline - (time.monotonic() - began)))
             except subprocess.TimeoutExpired:
                 os.killpg(child.proc.pid, signal.SIGKILL)
-                code = child.proc.wait(timeout=10)
+                child.proc.wait(timeout=10)
                 self.say(f"{child.name} (pid {child.proc.pid}) did not stop within {deadline:g}s: killed")
                 clean = False
                 continue
-            self.say(f"{child.name} (pid {child.proc.pid}) exited with code {code} "
+            self.say(f"{child.name} (pid {child.proc.pid}) {describe_exit(code, child.stop_sent)} "
                      f"after {time.monotonic() - began:.1f}s")
-            clean = clean and code == 0
+            # Ending on the SIGTERM we sent is doing what was asked (a server without a handler).
+            clean = clean and (code == 0 or (child.stop_sent and code == -signal.SIGTERM))
         return clean

@@ -118,11 +118,14 @@ class Processes:
         self.started: list[subprocess.Popen] = []
 
     def start(self, *args: str, env: dict | None = None, name: str | None = None) -> subprocess.Popen:
-        name = name or args[0]
+        return self.start_python(str(ROOT / "manage.py"), *args, env=env, name=name or args[0])
+
+    def start_python(self, *args: str, env: dict | None = None, name: str = "python") -> subprocess.Popen:
+        """``python ARGS...`` as a real process in its own session, its output in a log file."""
         log_path = self.log_dir / f"{name}-{len(self.started)}.log"
         log_file = open(log_path, "wb")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), *args],
+            [sys.executable, *args],
             cwd=ROOT, env=env or process_env(), stdout=log_file, stderr=subprocess.STDOUT,
             start_new_session=True,
         )

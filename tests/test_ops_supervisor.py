@@ -1,8 +1,12 @@
-"""manage.py deploy_local: restarts a role that dies, stops all of them on SIGTERM, rejects bad options."""
+"""The supervisor of manage.py deploy_local and up: restarts a role that dies with back-off, gives a
+healthy child its budget back, stops everything only when a child crash-loops (and says why),
+reports a child it stopped as stopped, and rejects bad options."""
 
+import json
 import os
 import re
 import signal
+import sys
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -29,7 +33,7 @@ def test_it_restarts_a_killed_role_and_stops_everything_on_sigterm(processes):
     wait_for(lambda: len(started_pids(processes.output(supervisor), "dispatcher-1")) == 2, timeout=15,
              message="the dispatcher to be restarted")
     output = processes.output(supervisor)
-    assert f"dispatcher-1 (pid {first}) exited with -9; restarting in 1s" in output
+    assert re.search(rf"dispatcher-1 \(pid {first}\) was killed by SIGKILL after [\d.]+s; restarting in 1s", output)
     second = started_pids(output, "dispatcher-1")[1]
     assert second != first
     # Stopped only once it is up again: a SIGTERM during start-up ends it before its handler exists.
@@ -41,8 +45,8 @@ def test_it_restarts_a_killed_role_and_stops_everything_on_sigterm(processes):
 
     assert processes.stop(supervisor, signal.SIGTERM, timeout=30) == 0, processes.output(supervisor)
     output = processes.output(supervisor)
-    assert f"dispatcher-1 (pid {second}) exited with code 0" in output
-    assert re.search(r"worker-1 \(pid \d+\) exited with code 0", output)
+    assert f"dispatcher-1 (pid {second}) exited cleanly (code 0)" in output
+    assert re.search(r"worker-1 \(pid \d+\) exited cleanly \(code 0\)", output)
     with pytest.raises(ProcessLookupError):
         os.kill(second, 0)
     assert not Worker.objects.filter(state="running").exists()
@@ -58,3 +62,69 @@ def test_it_restarts_a_killed_role_and_stops_everything_on_sigterm(processes):
 def test_it_rejects_bad_options_before_starting_anything(options, message):
     with pytest.raises(CommandError, match=re.escape(message)):
         call_command("deploy_local", *options)
+
+
+def supervise(processes, policy: dict, children: list) -> object:
+    spec = {"policy": policy, "children": children, "grace": 5}
+    return processes.start_python("-m", "tests.supervise_for_tests", json.dumps(spec), name="supervisor",
+                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def test_a_child_that_ran_healthily_gets_its_budget_back_and_exits_spread_out_never_stop_everything(processes):
+    # Exits every second or so, forever: after each healthy second the back-off starts again from
+    # the first delay, and three exits never fall within the 1.5 s window.
+    policy = {"first_delay": 0.1, "max_delay": 1.0, "healthy_seconds": 0.5, "crash_loop_exits": 3,
+              "crash_loop_window": 1.5}
+    supervisor = supervise(processes, policy, [
+        ["flaky", python("import time; time.sleep(1.0); raise SystemExit(1)")],
+        ["steady", python("import time; time.sleep(300)")],
+    ])
+    wait_for(lambda: processes.output(supervisor).count("started flaky") >= 6, timeout=60,
+             message="the flaky child to be restarted five times")
+    output = processes.output(supervisor)
+    restarts = re.findall(r"flaky \(pid \d+\) exited with code 1 after [\d.]+s; restarting in ([\d.]+)s", output)
+    assert len(restarts) >= 5 and set(restarts) == {"0.1"}, output
+    assert "crash-looping" not in output and supervisor.poll() is None
+    assert output.count("started steady") == 1  # the healthy child was never touched
+
+    # Stopped by us: a child without a SIGTERM handler ends on that signal, which is no crash.
+    assert processes.stop(supervisor, signal.SIGTERM, timeout=30) == 0, processes.output(supervisor)
+    output = processes.output(supervisor)
+    assert re.search(r"steady \(pid \d+\) stopped by the SIGTERM the supervisor sent", output), output
+    assert "exited with code -15" not in output
+
+
+def test_a_crash_looping_child_stops_everything_with_the_reason_after_backing_off(processes):
+    policy = {"first_delay": 0.05, "max_delay": 0.2, "healthy_seconds": 30, "crash_loop_exits": 5,
+              "crash_loop_window": 60}
+    supervisor = supervise(processes, policy, [
+        ["broken", python("raise SystemExit(3)")],
+        ["steady", python("import time; time.sleep(300)")],
+    ])
+    code = supervisor.wait(timeout=60)
+    output = processes.output(supervisor)
+    assert code == 1, output
+    delays = re.findall(r"broken \(pid \d+\) exited with code 3 after [\d.]+s; restarting in ([\d.]+)s", output)
+    assert delays == ["0.05", "0.1", "0.2", "0.2"], output  # doubling up to the cap
+    assert "broken is crash-looping: it ended 5 times within 60s (last: exited with code 3); stopping everything" \
+        in output
+    assert re.search(r"steady \(pid \d+\) stopped by the SIGTERM the supervisor sent", output), output
+
+
+def test_a_killed_child_is_reported_as_killed_by_its_signal(processes):
+    policy = {"first_delay": 0.05, "max_delay": 0.2, "healthy_seconds": 30, "crash_loop_exits": 5,
+              "crash_loop_window": 60}
+    supervisor = supervise(processes, policy, [["victim", python("import time; time.sleep(300)")]])
+    wait_for(lambda: re.search(r"started victim pid (\d+)", processes.output(supervisor)), timeout=30,
+             message="the child to start")
+    pid = int(re.search(r"started victim pid (\d+)", processes.output(supervisor)).group(1))
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: processes.output(supervisor).count("started victim") == 2, timeout=30,
+             message="the child to be restarted")
+    assert re.search(rf"victim \(pid {pid}\) was killed by SIGKILL after [\d.]+s; restarting in 0.05s",
+                     processes.output(supervisor))
+    assert processes.stop(supervisor, signal.SIGTERM, timeout=30) == 0, processes.output(supervisor)

@@ -92,7 +92,10 @@ class Command(BaseCommand):
             for child in children:
                 child.log_path = Path(log_dir) / f"{child.name}.log"
 
-        clean = Supervisor(children, self.say, grace=grace).run()
+        supervisor = Supervisor(children, self.say, grace=grace)
+        clean = supervisor.run()
+        if supervisor.gave_up:
+            raise CommandError(supervisor.gave_up)
         if not clean:
             raise CommandError("some processes did not stop cleanly (see above)")
 

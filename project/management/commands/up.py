@@ -13,7 +13,7 @@ from pathlib import Path
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from orchestrator.supervisor import Child, Supervisor, role_argv
 from orchestrator.sync import sync_workflows
@@ -52,10 +52,13 @@ class Command(BaseCommand):
             self.stdout.write("Press Ctrl-C to stop everything (the embedded database included).\n")
             self.stdout.flush()
 
+        supervisor = Supervisor(children, self.say, grace=10)
         try:
-            Supervisor(children, self.say, grace=10).run(on_started=ready)
+            supervisor.run(on_started=ready)
         finally:
             self.stop_database()
+        if supervisor.gave_up:
+            raise CommandError(supervisor.gave_up)
 
     def say(self, message: str) -> None:
         self.stderr.write(f"[up] {message}")
