@@ -229,6 +229,12 @@ class RunAdmin(OperatorActions, admin.ModelAdmin):
     show_full_result_count = False
     actions = ["cancel"]
 
+    def has_add_permission(self, request):
+        # A run is more than its row: its task runs and its version are created with it by the
+        # trigger (the workflow page's form, the API) or by a backfill. A bare row saved here would
+        # "run" forever with nothing to do and hold a max_active_runs slot.
+        return False
+
     @admin.display(description="state", ordering="state")
     def state_badge(self, obj):
         return _state(obj.state)

@@ -134,3 +134,16 @@ def test_a_staff_viewer_cannot_run_state_changing_admin_actions(client, etl):
     etl.refresh_from_db()
     dead.refresh_from_db()
     assert (etl.paused, dead.state) == (False, TaskState.DEAD)
+
+
+def test_the_admin_offers_no_bare_add_for_runs_so_no_run_without_task_runs_can_exist(admin_client, etl):
+    # A run saved as a bare row (no task runs, no version) would stay "running" forever and hold a
+    # max_active_runs slot; runs come from a trigger, the API or a backfill.
+    changelist = admin_client.get(reverse("admin:orchestrator_run_changelist")).content.decode()
+    assert reverse("admin:orchestrator_run_add") not in changelist
+    response = admin_client.post(reverse("admin:orchestrator_run_add"), {
+        "workflow": etl.pk, "logical_date_0": "2026-03-02", "logical_date_1": "09:00:00", "trigger": "manual",
+        "params": "{}", "tenant": "default", "priority": "0", "lane": "live", "reason": "",
+    })
+    assert response.status_code == 403
+    assert not Run.objects.exists()
