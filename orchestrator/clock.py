@@ -17,6 +17,9 @@ from django.utils import timezone
 
 
 class SystemClock:
+    # When the database server started: None means the server's own pg_postmaster_start_time().
+    server_started = None
+
     def now(self) -> datetime:
         return timezone.now()
 
@@ -27,10 +30,13 @@ class SystemClock:
 
 
 class FakeClock:
-    def __init__(self, start: datetime | None = None):
+    def __init__(self, start: datetime | None = None, server_started: datetime | None = None):
         self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
         if self._now.tzinfo is None:
             raise ValueError("FakeClock needs an aware datetime")
+        # The real server's start time means nothing on a fake timeline: long ago, unless a test
+        # sets it to play a database restart.
+        self.server_started = server_started or datetime(1, 1, 1, tzinfo=UTC)
 
     def now(self) -> datetime:
         return self._now

@@ -84,6 +84,9 @@ OPTIONS = [
            "A worker silent this long is presumed dead: its attempts are reaped and retried."),
     Option("POLL_SECONDS", "seconds", 1.0, "1",
            "How often dispatchers and workers look for work when no notification woke them."),
+    Option("RECONNECT_MAX_SECONDS", "seconds", 5.0, "5",
+           "The longest wait between two reconnection attempts of a process whose database went away (the "
+           "first after 0.2 s, then twice as long each time, with jitter)."),
     Option("MAX_CATCHUP_RUNS", "count", 100, "100",
            "At most this many missed fire times are run by a `catchup=\"all\"` schedule (its `max_catchup` "
            "overrides it)."),

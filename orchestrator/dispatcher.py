@@ -10,15 +10,15 @@ limit checks are serialized per limited queue/tenant (see ``_lock_limits``).
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from datetime import datetime
 
-import psycopg
-from django.db import DatabaseError, connection, transaction
+from django.db import connection, transaction
 
 from orchestrator import clock
+from orchestrator.clock import system as system_clock
 from orchestrator.conf import app_settings
+from orchestrator.loop import Loop, Role
 from orchestrator.models import QueueLimit, TenantLimit
 from orchestrator.runs import DISPATCH_CHANNEL, queue_channel
 from orchestrator.states import BUSY_TASK_STATES, TaskState, sql_list
@@ -195,64 +195,52 @@ def drain_notifies(conn) -> list:
     return list(conn.notifies(timeout=0))
 
 
-class Dispatcher:
-    def __init__(self, poll: float | None = None):
-        self.poll = poll if poll is not None else app_settings.POLL_SECONDS
-        self.stopping = False
+class Dispatcher(Role):
+    """The dispatcher role on the shared loop: woken by NOTIFY on ``orchestrator_dispatch``, by
+    the earliest future ``due_at`` and by the poll."""
 
-    def stop(self, *_):
-        self.stopping = True
+    role = "dispatcher"
+    channels = (DISPATCH_CHANNEL,)
+
+    def __init__(self, poll: float | None = None, clock=None):
+        self.poll = poll if poll is not None else app_settings.POLL_SECONDS
+        self.clock = clock or system_clock
+        self.limits, self.limits_at = None, -1e9
+        self.last_tick = -1e9
+        self.held_back = False
 
     def serve(self, max_seconds: float | None = None) -> None:
-        signal.signal(signal.SIGTERM, self.stop)
-        signal.signal(signal.SIGINT, self.stop)
-        listener = None
-        started = time.monotonic()
-        limits, limits_at = None, 0.0
         log.info("dispatcher started", extra={"action": "dispatcher_start"})
-        try:
-            while not self.stopping:
-                if max_seconds is not None and time.monotonic() - started > max_seconds:
-                    break
-                try:
-                    if listener is None:
-                        listener = listen_connection(DISPATCH_CHANNEL)
-                    drain_notifies(listener)
-                    if time.monotonic() - limits_at > self.poll:
-                        # A limit edited in the admin applies within one poll interval.
-                        limits, limits_at = load_limits(), time.monotonic()
-                    if tick(limits=limits):
-                        continue  # there may be more due work than one batch
-                    self.wait(listener, next_due())
-                    connection.close_if_unusable_or_obsolete()
-                except (DatabaseError, psycopg.Error):
-                    # The database is away (restart, failover): wait, then reconnect.
-                    log.exception("dispatch failed; retrying", extra={"action": "dispatcher_db_error"})
-                    connection.close()
-                    if listener is not None:
-                        listener.close()
-                        listener = None
-                    time.sleep(self.poll)
-        finally:
-            if listener is not None:
-                listener.close()
-            log.info("dispatcher stopped", extra={"action": "dispatcher_stop"})
+        Loop(self, poll=self.poll, max_seconds=max_seconds).run()
 
-    def wait(self, listener, upcoming: datetime | None) -> None:
-        """Until a NOTIFY, the next due time or the poll interval, whichever comes first. Work
-        that is due but held back by a limit waits for a NOTIFY (a worker finished something)
-        or the poll, not in a busy loop."""
-        wait = self.poll
-        if upcoming is not None:
-            until = (upcoming - clock.now()).total_seconds()
-            if until > 0:
-                wait = min(wait, until)
-            else:
-                # Due work held back by a limit: every finished task wakes us, and each tick
-                # reads the whole due backlog, so ticks are spaced out rather than back to back.
-                time.sleep(HELD_BACK_PAUSE)
-        for _ in listener.notifies(timeout=wait, stop_after=1):
-            pass
+    def tick(self) -> bool:
+        if self.held_back and self._pause_left() > 0:
+            return False
+        if time.monotonic() - self.limits_at > self.poll:
+            # A limit edited in the admin applies within one poll interval.
+            self.limits, self.limits_at = load_limits(), time.monotonic()
+        self.last_tick = time.monotonic()
+        return tick(self.clock.now(), limits=self.limits) > 0  # more due work than one batch: again
+
+    def next_wait(self) -> float | None:
+        """Until the next due time, or the poll. Work that is due but held back by a limit waits
+        for a NOTIFY (a worker finished something) or the poll, and the ticks it causes are
+        spaced out: each reads the whole due backlog."""
+        upcoming = next_due()
+        self.held_back = False
+        if upcoming is None:
+            return None
+        until = (upcoming - self.clock.now()).total_seconds()
+        if until > 0:
+            return min(self.poll, until)
+        self.held_back = True
+        return max(self._pause_left(), 0.0) or None
+
+    def _pause_left(self) -> float:
+        return self.last_tick + HELD_BACK_PAUSE - time.monotonic()
+
+    def stop(self) -> None:
+        log.info("dispatcher stopped", extra={"action": "dispatcher_stop"})
 
 
 __all__ = ["Dispatcher", "tick", "next_due", "listen_connection", "queue_channel"]

@@ -1,7 +1,7 @@
 """Prometheus metrics at ``/metrics``, read from the database at scrape time.
 
 Every role writes its state to PostgreSQL, so any web process can report on the whole
-deployment; no process keeps counters of its own. One scrape runs five aggregate queries, each
+deployment; no process keeps counters of its own. One scrape runs six aggregate queries, each
 on a partial or narrow index (the queued/scheduled/dead partial indexes of the task-run table,
 the finished-at indexes), and never loads rows into Python.
 
@@ -29,6 +29,7 @@ SCHEDULE_DELAY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0
 SCHEDULE_DELAY_WINDOW_SECONDS = 3600
 OUTCOME_WINDOW_SECONDS = 300
 REAPED_WINDOW_SECONDS = 3600
+NOT_RUN_WINDOW_SECONDS = 3600
 JOB_LABEL = "(job)"  # workflow label of one-off jobs; no workflow name can start with "("
 
 # Due work: queued rows, plus scheduled rows whose time has come but that the dispatcher has
@@ -61,6 +62,16 @@ SCHEDULE_DELAY_SQL = """
      GROUP BY trigger
 """.format(buckets=", ".join(f"count(*) FILTER (WHERE schedule_delay <= {b!r})" for b in SCHEDULE_DELAY_BUCKETS))
 
+# Schedule fire times recorded as not run (skipped by the catchup, overlap or params rules, or
+# missed by a start deadline), through the finished-at index: such runs end when recorded.
+NOT_RUN_SQL = """
+    SELECT w.name, r.state, count(*)
+      FROM orchestrator_run r JOIN orchestrator_workflow w ON w.id = r.workflow_id
+     WHERE r.finished_at > %(now)s - make_interval(secs => %(window)s)
+       AND r.trigger = 'schedule' AND r.state IN ('skipped', 'missed')
+     GROUP BY 1, 2
+"""
+
 # Heartbeats and the lease are compared with the database clock (they were written with it);
 # db_now is NULL except under a test's pinned clock.
 STATUS_SQL = f"""
@@ -92,7 +103,7 @@ def _fetchall(sql: str, params=()) -> list[tuple]:
 
 
 class DatabaseCollector:
-    """Builds every metric family from five queries per scrape."""
+    """Builds every metric family from six queries per scrape."""
 
     def describe(self):
         # Describing would run the queries at registration time; an empty description is allowed.
@@ -116,6 +127,7 @@ class DatabaseCollector:
         queue_rows = _fetchall(QUEUE_SQL, {"now": now})
         outcome_rows = _fetchall(OUTCOME_SQL, {"job_label": JOB_LABEL, "now": now, "window": OUTCOME_WINDOW_SECONDS})
         delay_rows = _fetchall(SCHEDULE_DELAY_SQL, {"now": now, "window": SCHEDULE_DELAY_WINDOW_SECONDS})
+        not_run_rows = _fetchall(NOT_RUN_SQL, {"now": now, "window": NOT_RUN_WINDOW_SECONDS})
         (dead, live, lost, timed_out, holder, epoch, remaining) = _fetchall(STATUS_SQL, {
             "now": now, "db_now": db_now, "heartbeat": heartbeat_timeout, "reaped": REAPED_WINDOW_SECONDS,
             "lease": SCHEDULER_LEASE,
@@ -169,6 +181,17 @@ class DatabaseCollector:
                 sum_value=float(total),
             )
         families.append(histogram)
+
+        gauge = GaugeMetricFamily(
+            "orchestrator_fire_times_not_run_last_hour",
+            f"Schedule fire times recorded as not run in the last {NOT_RUN_WINDOW_SECONDS} s, by workflow and "
+            "state: skipped (catchup, overlap or params) or missed (start deadline), each with its reason on "
+            "the run; a long gap is one summary run and counts once.",
+            labels=["workflow", "state"],
+        )
+        for workflow, state, count in sorted(not_run_rows):
+            gauge.add_metric([workflow, state], count)
+        families.append(gauge)
 
         gauge = GaugeMetricFamily(
             "orchestrator_attempts_reaped_last_hour",

@@ -7,20 +7,28 @@ for these attempts change nothing, and its next heartbeat tells it to kill them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.db import connection, transaction
 
 from orchestrator import clock as clocks
 from orchestrator import resolver
 from orchestrator.conf import app_settings
+from orchestrator.loop import Loop, Role
 from orchestrator.resolver import Ending
 from orchestrator.states import LIVE_WORKER_STATES, AttemptOutcome, TaskState, WorkerState, sql_list
 
 # --- SQL ---------------------------------------------------------------------------------------
 
-# Live workers whose heartbeat is too old.
+# Live workers whose heartbeat is too old. Nobody can write a heartbeat while the database is down,
+# so after a restart silence counts from the server's start (pg_postmaster_start_time(), or the
+# test clock's stand-in): an outage longer than the timeout must not get every worker declared
+# lost and every running task run a second time.
 MARK_LOST = f"""
 UPDATE orchestrator_worker SET state = '{WorkerState.LOST}', stopped_at = %(db_now)s
-WHERE state IN ({sql_list(LIVE_WORKER_STATES)}) AND heartbeat_at < %(db_now)s - make_interval(secs => %(timeout)s)
+WHERE state IN ({sql_list(LIVE_WORKER_STATES)})
+  AND GREATEST(heartbeat_at, COALESCE(%(server_started)s::timestamptz, pg_postmaster_start_time()))
+      < %(db_now)s - make_interval(secs => %(timeout)s)
 RETURNING id
 """
 
@@ -51,7 +59,7 @@ def reap_once(clock=None) -> int:
     with transaction.atomic(), connection.cursor() as cursor:
         db_now = clock.db_now()
         now = clock.now()
-        cursor.execute(MARK_LOST, {"db_now": db_now, "timeout": timeout})
+        cursor.execute(MARK_LOST, {"db_now": db_now, "timeout": timeout, "server_started": clock.server_started})
         cursor.execute(ORPHANED)
         endings = [Ending(task_run_id, number, AttemptOutcome.LOST, error="lost: the worker stopped sending heartbeats",
                           log_path=log_path, run_id=run_id)
@@ -63,3 +71,24 @@ def reap_once(clock=None) -> int:
                            log_path=log_path, run_id=run_id)
                     for task_run_id, number, log_path, limit, run_id in cursor.fetchall() if task_run_id not in seen]
         return len(resolver.end_attempts(endings, now=now))
+
+
+class Reaper(Role):
+    """``manage.py reaper``: a pass every ``interval`` seconds on the shared loop. The scheduler
+    leader already reaps; this is for deployments that want it separate."""
+
+    role = "reaper"
+
+    def __init__(self, interval: float | None = None, clock=None, report: Callable[[int], None] | None = None):
+        self.interval = interval or app_settings.HEARTBEAT_SECONDS
+        self.clock = clock
+        self.report = report
+
+    def serve(self, max_seconds: float | None = None) -> None:
+        Loop(self, poll=self.interval, max_seconds=max_seconds).run()
+
+    def tick(self) -> bool:
+        reaped = reap_once(clock=self.clock)
+        if reaped and self.report:
+            self.report(reaped)
+        return False  # one pass per interval, whatever it found

@@ -29,9 +29,10 @@ from django.db import connection, transaction
 from django.db.models import Count, Min
 
 from orchestrator import cron
-from orchestrator.clock import system
+from orchestrator.clock import current, system
 from orchestrator.conf import app_settings
 from orchestrator.lease import LeaderLease, LeaseLost, NoLease
+from orchestrator.loop import DATABASE_ERRORS, Loop, Role
 from orchestrator.models import Run, Schedule, TaskRun, Trigger, Workflow, WorkflowVersion
 from orchestrator.params import ParamError, clean_params
 from orchestrator.runs import apply_graph_options, notify_dispatchers, task_runs_for
@@ -41,12 +42,14 @@ log = logging.getLogger(__name__)
 
 SCHEDULES_CHANNEL = "orchestrator_schedules"
 
-# With catchup "none", a fire time counts as missed (and is dropped) once it is this old: a
+# With catchup "none", a fire time counts as missed (and is not run) once it is this old: a
 # scheduler that is merely busy or just took over still starts the current one.
 MISSED_AFTER = timedelta(seconds=60)
-# With catchup "all", fire times beyond the cap are recorded as skipped runs, but at most this many
-# per tick, so a schedule paused for a year cannot flood the run table.
+# Every fire time the catchup policy does not run is recorded as a skipped run with the reason, but
+# at most this many per schedule and tick; older ones of a long gap (a schedule paused for a year)
+# become one summary row, so the run table is never flooded.
 MAX_SKIPPED_RECORDS = 1000
+MAX_SLEEP = 1.0  # standbys retry the lease, and leaders look for work, at least this often
 # How far back from now a long-overdue schedule's fire times are first looked for (then 8x, 64x, ...).
 LOOKBACK = timedelta(hours=1)
 
@@ -211,7 +214,7 @@ def pause_schedule(schedule: Schedule) -> None:
 def resume_schedule(schedule: Schedule, now: datetime | None = None) -> None:
     """Resume; the fire times passed while paused stay due, so the next tick applies the
     schedule's missed-run policy to them (all, latest or none)."""
-    now = now or system.now()
+    now = now or current().now()
     with transaction.atomic():
         fields = {"paused": False}
         if schedule.next_fire_at is None:
@@ -244,10 +247,19 @@ def fmt(at: datetime) -> str:
 
 
 @dataclass
+class _Gap:
+    """Fire times passed over beyond MAX_SKIPPED_RECORDS, recorded as one summary row."""
+
+    first: datetime  # the first fire time not handled (the schedule's next_fire_at)
+    before: datetime  # the gap ends before this fire time, the oldest one recorded on its own
+    count: int | None  # None: too many to count
+
+
+@dataclass
 class _Due:
     fires: list[datetime]  # the fire times to act on now, oldest first
-    skipped: list[datetime]  # over the catchup cap: recorded as skipped
-    unrecorded: int  # over the cap and beyond MAX_SKIPPED_RECORDS (-1: too many to count)
+    passed_over: list[datetime]  # not run by the catchup policy: a skipped run each, with the reason
+    gap: _Gap | None  # older fire times passed over: one summary row
     last: datetime | None  # the latest fire time that came due
     next_at: datetime | None
 
@@ -320,7 +332,7 @@ class Scheduler:
             for schedule in schedules:
                 due = self._due(schedule, now)
                 advance.append((schedule.pk, due.next_at, due.last))
-                if due.fires or due.skipped:
+                if due.fires or due.passed_over or due.gap:
                     version = versions[schedule.workflow.current_version_id]
                     new_runs.extend(self._plan(schedule, version, due, active[schedule.pk], limits, now))
             created = insert_runs(new_runs, now)
@@ -334,58 +346,39 @@ class Scheduler:
             return len(schedules)
 
     def _due(self, schedule: Schedule, now: datetime) -> _Due:
-        cap = schedule.max_catchup or app_settings.MAX_CATCHUP_RUNS
-        keep = cap + MAX_SKIPPED_RECORDS if schedule.catchup == Schedule.Catchup.ALL else 1
+        """Every fire time from the schedule's next_fire_at up to now, split by the catchup
+        policy into those to run and those passed over (each recorded, see ``_plan``)."""
+        runnable = _catchup_runs(schedule)
         begin = schedule.next_fire_at
-        window = LOOKBACK
         try:
-            while True:
-                if now - window <= begin:
-                    fires, total, next_at = _walk(schedule, [begin], begin, now, keep)
-                    truncated = False
-                    break
-                # Long overdue (a schedule paused for months): only the most recent fire times can
-                # matter, so look back from now in growing windows instead of walking from `begin`.
-                fires, total, next_at = _walk(schedule, [], now - window, now, keep)
-                if len(fires) == keep:
-                    truncated = True
-                    break
-                window *= 8
+            fires, total, next_at, truncated = _recent_fire_times(schedule, begin, now,
+                                                                  keep=runnable + MAX_SKIPPED_RECORDS)
         except cron.CronError as exc:
             # Only reachable through a hand-edited row: the forms and sync validate. Stop it firing.
             log.error("schedule %s cannot fire: %s", schedule, exc, extra={"action": "schedule_invalid"})
-            return _Due([], [], 0, None, None)
+            return _Due([], [], None, None, None)
         last = fires[-1]
-        if schedule.catchup == Schedule.Catchup.ALL:
-            unrecorded = -1 if truncated else total - len(fires)
-            return _Due(fires[-cap:], fires[:-cap], unrecorded, last, next_at)
         if schedule.catchup == Schedule.Catchup.NONE and now - last > MISSED_AFTER:
-            return _Due([], [], 0, last, next_at)
-        return _Due([last], [], 0, last, next_at)
+            runnable = 0  # even the latest is too late
+        split = max(0, len(fires) - runnable)
+        gap = None
+        if truncated or total > len(fires):
+            gap = _Gap(begin, fires[0], None if truncated else total - len(fires))
+        return _Due(fires[split:], fires[:split], gap, last, next_at)
 
     def _plan(self, schedule, version, due: _Due, active: list, limits, now) -> list[NewRun]:
-        workflow = schedule.workflow
-
-        def run(at, state=RunState.RUNNING, reason="", params=None):
-            return Run(workflow=workflow, version=version, schedule=schedule, logical_date=at,
-                       trigger=Trigger.SCHEDULE, params=params or {}, tenant=workflow.tenant,
-                       state=state, reason=reason)
-
-        cap = schedule.max_catchup or app_settings.MAX_CATCHUP_RUNS
-        planned = [NewRun(run(at, RunState.SKIPPED, f"over the catchup limit of {cap} missed runs"), {})
-                   for at in due.skipped]
-        if due.unrecorded:
-            count = "many" if due.unrecorded < 0 else str(due.unrecorded)
-            log.warning("schedule %s: %s more missed fire times before %s were dropped (catchup limit %d)",
-                        schedule, count, fmt(due.skipped[0] if due.skipped else due.fires[0]), cap,
-                        extra={"action": "catchup_dropped", "schedule_id": schedule.pk})
+        """The runs of one schedule's due fire times, in named steps: what the catchup policy passes
+        over, what missed its start deadline, what bad params stop, what overlap=replace
+        supersedes; the rest start, or wait for a max_active_runs or buffer_one slot."""
+        rows = _Rows(schedule, version)
+        planned = self._passed_over(rows, due, now)
         startable = []
         for at in due.fires:
             late = (now - at).total_seconds()
             if schedule.start_deadline is not None and late > schedule.start_deadline:
-                reason = (f"not started within the start deadline of {schedule.start_deadline}s: "
-                          f"the scheduler reached this fire time {late:.0f}s late")
-                planned.append(NewRun(run(at, RunState.MISSED, reason), {}))
+                planned.append(rows.not_run(at, RunState.MISSED, (
+                    f"not started within the start deadline of {schedule.start_deadline}s: "
+                    f"the scheduler reached this fire time {late:.0f}s late")))
             else:
                 startable.append(at)
         if not startable:
@@ -394,44 +387,55 @@ class Scheduler:
             params = clean_params(version.spec.get("params", {}), schedule.params)
         except ParamError as exc:
             reason = f"the schedule's params are invalid: {exc}"
-            return planned + [NewRun(run(at, RunState.SKIPPED, reason), {}) for at in startable]
-
-        tasks = version.spec["tasks"]
-        jitter = timedelta(seconds=cron.jitter_offset(f"{schedule.pk}", schedule.jitter))
-        overlap = schedule.overlap
-        if overlap == Schedule.Overlap.REPLACE and len(startable) > 1:
-            for at in startable[:-1]:
-                reason = f"superseded by the later fire time {fmt(startable[-1])} (overlap=replace)"
-                planned.append(NewRun(run(at, RunState.SKIPPED, reason), {}))
+            return planned + [rows.not_run(at, RunState.SKIPPED, reason) for at in startable]
+        if schedule.overlap == Schedule.Overlap.REPLACE and len(startable) > 1:
+            reason = f"superseded by the later fire time {fmt(startable[-1])} (overlap=replace)"
+            planned += [rows.not_run(at, RunState.SKIPPED, reason) for at in startable[:-1]]
             startable = startable[-1:]
-        for at in startable:
-            pending = [r for r in active if r["state"] == RunState.PENDING]
-            state, reason = RunState.RUNNING, ""
-            if overlap == Schedule.Overlap.FORBID and active:
-                previous = active[-1]
-                label = f"run #{previous['id']}" if previous.get("id") else f"the run of {fmt(previous['at'])}"
-                planned.append(NewRun(run(at, RunState.SKIPPED,
-                                          f"{label} is still {previous['state']} (overlap=forbid)"), {}))
-                continue
-            if overlap == Schedule.Overlap.REPLACE and active:
-                _cancel_replaced(active, at)
-                active.clear()
-            if overlap == Schedule.Overlap.BUFFER_ONE and active:
-                if pending:
-                    planned.append(NewRun(run(at, RunState.SKIPPED,
-                                              "a run is already waiting for the active one (overlap=buffer_one)"), {}))
-                    continue
-                state = RunState.PENDING
-                reason = "waiting for the active run of this schedule to end (overlap=buffer_one)"
-            elif not limits.may_start(workflow):
-                state = RunState.PENDING
-                reason = f"waiting: the workflow's max_active_runs ({workflow.max_active_runs}) is reached"
-            if state == RunState.RUNNING:
-                limits.started(workflow)
-            planned.append(NewRun(run(at, state, reason if state != RunState.RUNNING else "", params),
-                                  tasks, at + jitter))
-            active.append({"id": None, "state": state, "at": at})
+        return planned + [self._start(rows, at, active, limits, params) for at in startable]
+
+    def _passed_over(self, rows: _Rows, due: _Due, now: datetime) -> list[NewRun]:
+        """A skipped run, with the reason, for each fire time the catchup policy does not run; one
+        summary row for the older ones of a long gap."""
+        schedule = rows.schedule
+        planned = [rows.not_run(at, RunState.SKIPPED, _passed_over_reason(schedule, at, due, now))
+                   for at in due.passed_over]
+        if due.gap:
+            gap = due.gap
+            count = "more than a thousand" if gap.count is None else str(gap.count)
+            reason = (f"{count} fire times from {fmt(gap.first)} until before {fmt(gap.before)} were not run: "
+                      f"{_policy_words(schedule)}; this one row stands for all of them")
+            planned.append(rows.not_run(gap.first, RunState.SKIPPED, reason))
+        if planned:
+            log.info("schedule %s: %d fire times not run (catchup=%s)%s", schedule, len(due.passed_over),
+                     schedule.catchup, f", and a gap of {count} more before {fmt(gap.before)}" if due.gap else "",
+                     extra={"action": "fire_times_skipped", "schedule_id": schedule.pk})
         return planned
+
+    def _start(self, rows: _Rows, at: datetime, active: list, limits, params: dict) -> NewRun:
+        """A run of a startable fire time: running, or pending (buffer_one, max_active_runs), or
+        skipped (overlap=forbid); ``active`` and ``limits`` then count it."""
+        schedule, workflow = rows.schedule, rows.schedule.workflow
+        overlap = schedule.overlap
+        if overlap == Schedule.Overlap.FORBID and active:
+            previous = active[-1]
+            label = f"run #{previous['id']}" if previous.get("id") else f"the run of {fmt(previous['at'])}"
+            return rows.not_run(at, RunState.SKIPPED, f"{label} is still {previous['state']} (overlap=forbid)")
+        if overlap == Schedule.Overlap.REPLACE and active:
+            _cancel_replaced(active, at)
+            active.clear()
+        state, reason = RunState.RUNNING, ""
+        if overlap == Schedule.Overlap.BUFFER_ONE and active:
+            if any(r["state"] == RunState.PENDING for r in active):
+                return rows.not_run(at, RunState.SKIPPED, "a run is already waiting for the active one (overlap=buffer_one)")
+            state, reason = RunState.PENDING, "waiting for the active run of this schedule to end (overlap=buffer_one)"
+        elif not limits.may_start(workflow):
+            state = RunState.PENDING
+            reason = f"waiting: the workflow's max_active_runs ({workflow.max_active_runs}) is reached"
+        if state == RunState.RUNNING:
+            limits.started(workflow)
+        active.append({"id": None, "state": state, "at": at})
+        return rows.to_run(at, state, reason, params)
 
     # -- 2. start deadline of created runs ------------------------------------------------------
 
@@ -524,6 +528,69 @@ class Scheduler:
                 log.exception("maintenance job %s failed", name, extra={"action": "maintenance_failed", "job": name})
 
 
+class _Rows:
+    """Run rows of one schedule and version."""
+
+    def __init__(self, schedule: Schedule, version: WorkflowVersion):
+        self.schedule = schedule
+        self.version = version
+        self.jitter = timedelta(seconds=cron.jitter_offset(f"{schedule.pk}", schedule.jitter))
+
+    def run(self, at: datetime, state: str, reason: str = "", params: dict | None = None) -> Run:
+        workflow = self.schedule.workflow
+        return Run(workflow=workflow, version=self.version, schedule=self.schedule, logical_date=at,
+                   trigger=Trigger.SCHEDULE, params=params or {}, tenant=workflow.tenant, state=state, reason=reason)
+
+    def not_run(self, at: datetime, state: str, reason: str) -> NewRun:
+        """A recorded fire time that never starts (skipped or missed): no task runs."""
+        return NewRun(self.run(at, state, reason), {})
+
+    def to_run(self, at: datetime, state: str, reason: str, params: dict) -> NewRun:
+        return NewRun(self.run(at, state, reason if state != RunState.RUNNING else "", params),
+                      self.version.spec["tasks"], at + self.jitter)
+
+
+def _catchup_runs(schedule: Schedule) -> int:
+    """How many of the most recent due fire times the catchup policy runs."""
+    if schedule.catchup == Schedule.Catchup.ALL:
+        return schedule.max_catchup or app_settings.MAX_CATCHUP_RUNS
+    return 1
+
+
+def _recent_fire_times(schedule: Schedule, begin: datetime, now: datetime, keep: int):
+    """The last ``keep`` fire times in [begin, now], how many there were, the next one after
+    now, and whether the count was cut short (too many to count)."""
+    window = LOOKBACK
+    while True:
+        if now - window <= begin:
+            fires, total, next_at = _walk(schedule, [begin], begin, now, keep)
+            return fires, total, next_at, False
+        # Long overdue (a schedule paused for months): only the most recent fire times can
+        # matter, so look back from now in growing windows instead of walking from `begin`.
+        fires, total, next_at = _walk(schedule, [], now - window, now, keep)
+        if len(fires) == keep:
+            return fires, total, next_at, True
+        window *= 8
+
+
+def _policy_words(schedule: Schedule) -> str:
+    if schedule.catchup == Schedule.Catchup.ALL:
+        cap = _catchup_runs(schedule)
+        return f"over the catchup limit of {cap} missed runs (catchup=all runs the {cap} most recent)"
+    if schedule.catchup == Schedule.Catchup.LATEST:
+        return "catchup=latest runs only the most recent missed fire time"
+    return f"catchup=none runs no fire time reached more than {MISSED_AFTER.total_seconds():.0f}s late"
+
+
+def _passed_over_reason(schedule: Schedule, at: datetime, due: _Due, now: datetime) -> str:
+    if schedule.catchup == Schedule.Catchup.NONE:
+        return (f"the scheduler reached this fire time {(now - at).total_seconds():.0f}s late, and "
+                f"{_policy_words(schedule)}")
+    if schedule.catchup == Schedule.Catchup.LATEST:
+        return f"missed: {_policy_words(schedule)} ({fmt(due.last)})"
+    return _policy_words(schedule)
+
+
 def _walk(schedule: Schedule, first: list, after: datetime, now: datetime, keep: int):
     """The last `keep` fire times in (after, now] (plus `first`), how many there were, and the next
     fire time after now."""
@@ -562,6 +629,58 @@ def _cancel_replaced(active: list[dict], at: datetime) -> None:
         if previous.get("id"):
             run = Run.objects.get(pk=previous["id"])
             cancel_run(run, reason=f"replaced by the run of {fmt(at)} (overlap=replace)")
+
+
+class SchedulerRole(Role):
+    """``manage.py scheduler`` on the shared loop: woken by NOTIFY when a schedule was created,
+    changed or resumed, by the earliest next_fire_at, and at least every ``MAX_SLEEP`` seconds
+    (standbys retry the lease, the leader renews it)."""
+
+    role = "scheduler"
+    channels = (SCHEDULES_CHANNEL,)
+
+    def __init__(self, scheduler: Scheduler):
+        self.scheduler = scheduler
+        self.was_leader: bool | None = None
+        self.did = False
+
+    def serve(self, max_seconds: float | None = None) -> None:
+        # Through logging, not stdout: with LOG_FORMAT=json every line a process writes is JSON.
+        lease = self.scheduler.lease
+        log.info("scheduler %s started (lease %s%s)", self.scheduler.holder, lease.name,
+                 ", disabled for tests" if isinstance(lease, NoLease) else "", extra={"action": "scheduler_start"})
+        Loop(self, poll=MAX_SLEEP, max_seconds=max_seconds).run()
+
+    def tick(self) -> bool:
+        try:
+            self.did = self.scheduler.tick()
+        except DATABASE_ERRORS:
+            raise
+        except Exception:  # a bad row must not stop every other schedule
+            log.exception("scheduler tick failed", extra={"action": "tick_failed"})
+            self.did = False
+        leader = self.scheduler.lease.is_leader
+        if leader != self.was_leader:
+            log.info("scheduler %s: %s", self.scheduler.holder, "leader" if leader else "standby",
+                     extra={"action": "scheduler_role"})
+            self.was_leader = leader
+        return False  # the wait below decides when to look again
+
+    def next_wait(self) -> float:
+        if not self.scheduler.lease.is_leader:
+            return MAX_SLEEP
+        due = self.scheduler.seconds_until_due()
+        wait = MAX_SLEEP if due is None else min(MAX_SLEEP, due)
+        # Due rows it could not take (locked by another scheduler): no busy loop.
+        return wait if self.did else max(wait, 0.05)
+
+    def stop(self) -> None:
+        try:
+            self.scheduler.lease.release()
+        except DATABASE_ERRORS:  # the lease then simply expires
+            log.warning("could not release the lease: the database is unavailable", extra={"action": "lease_kept"})
+        log.info("scheduler %s stopped: created %s runs", self.scheduler.holder, self.scheduler.created,
+                 extra={"action": "scheduler_stop"})
 
 
 class _WorkflowLimits:

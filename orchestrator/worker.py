@@ -18,19 +18,19 @@ from __future__ import annotations
 import json
 import logging
 import os
-import selectors
 import signal
 import socket
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Pipe
 
-from django.db import DatabaseError, connection, connections, transaction
+from django.db import connection, connections, transaction
 
 from orchestrator import clock, executor, resolver, taskcontext
 from orchestrator.conf import app_settings
 from orchestrator.control import CANCEL_CHANNEL
-from orchestrator.dispatcher import drain_notifies, listen_connection
+from orchestrator.loop import DATABASE_ERRORS, Loop, Role, first_line
 from orchestrator.resolver import Ending
 from orchestrator.runs import queue_channel
 from orchestrator.states import LIVE_WORKER_STATES, AttemptOutcome, TaskState, WorkerState, sql_list
@@ -48,6 +48,14 @@ ANY_LIMIT = ("SELECT EXISTS (SELECT 1 FROM orchestrator_queuelimit) "
 # never that work is lost. It takes the disk's fsync latency out of every batch.
 ASYNC_COMMIT = "SET LOCAL synchronous_commit = off"
 COALESCE_SECONDS = 0.003
+# The latest recorded outcomes a worker keeps, to record again those a database crash lost: a
+# server's unflushed commits span well under a second (wal_writer_delay), far fewer outcomes than
+# this at any throughput one worker reaches; the byte budget bounds the memory (results are JSON).
+RECENT_OUTCOMES = 1000
+RECENT_OUTCOMES_BYTES = 8 * 1024 * 1024
+# How long after the grace period a draining worker keeps trying to record outcomes and hand back
+# its interrupted task runs while the database is away, before it leaves them to the reaper.
+DRAIN_GIVE_UP_SECONDS = 10.0
 
 REGISTER = f"""
 INSERT INTO orchestrator_worker (name, host, pid, queues, concurrency, state, started_at, heartbeat_at)
@@ -110,9 +118,16 @@ JOIN unnest(%(ids)s::bigint[], %(numbers)s::int[]) AS u(id, number) ON t.id = u.
 WHERE t.state = '{TaskState.RUNNING}' AND t.attempts = u.number AND t.worker_id = %(worker)s
 """
 
-# Interrupted by a shutdown: due again now, and the interrupted attempt does not count against
-# the task's allowance (max_attempts grows by one; attempt numbers stay unique and the history
-# keeps the interrupted attempt).
+# Task runs claimed by this worker that none of its children runs: a claim that committed while the
+# connection broke, so the worker never heard back (see Worker.reconnected).
+CLAIMED_NOT_RUNNING = f"""
+SELECT id, attempts FROM orchestrator_taskrun
+WHERE worker_id = %(worker)s AND state = '{TaskState.RUNNING}' AND id <> ALL (%(busy)s::bigint[])
+"""
+
+# Interrupted by a shutdown (or never started, see above): due again now, and the interrupted
+# attempt does not count against the task's allowance (max_attempts grows by one; attempt numbers
+# stay unique and the history keeps the interrupted attempt).
 HAND_BACK = f"""
 UPDATE orchestrator_taskrun t SET state = '{TaskState.SCHEDULED}', due_at = %(now)s, max_attempts = t.max_attempts + 1
 FROM unnest(%(ids)s::bigint[], %(numbers)s::int[]) AS u(id, number)
@@ -140,7 +155,13 @@ class Slot:
     extra: dict = field(default_factory=dict)
 
 
-class Worker:
+class Worker(Role):
+    """The worker role on the shared loop (``orchestrator.loop``). Each tick takes named steps:
+    end the tasks past their timeout, start or finish a drain, record outcomes and claim work in
+    one transaction, and send the heartbeat when it is due."""
+
+    role = "worker"
+
     def __init__(self, queues: list[str], concurrency: int = 4, grace: float = 30.0, poll: float | None = None,
                  name: str | None = None):
         if not queues:
@@ -148,6 +169,7 @@ class Worker:
         if concurrency < 1:
             raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
         self.queues = queues
+        self.channels = [*(queue_channel(q) for q in queues), CANCEL_CHANNEL]
         self.concurrency = concurrency
         self.grace = grace
         self.poll = poll if poll is not None else app_settings.POLL_SECONDS
@@ -157,21 +179,39 @@ class Worker:
         # previous row (kept as history).
         self.name = f"{name or self.host}:{os.getpid()}:{os.urandom(3).hex()}"
         self.id: int | None = None
+        self.loop: Loop | None = None
         self.slots: list[Slot] = []
         self.endings: list[Ending] = []
         self.endings_since = 0.0
+        # The latest outcomes recorded: a database crash can lose the last commits (written
+        # without waiting for the WAL flush), and these are then recorded again (``reconnected``).
+        self.recorded: deque[tuple[Ending, int]] = deque()
+        self.recorded_bytes = 0
         self.limits_checked = -1e9
         self.limits_exist = True
-        self.selector = selectors.DefaultSelector()
-        self.listener = None
-        self.stop_requests = 0
+        self.want_claim = True
+        self.last_claim = 0.0
+        self.next_heartbeat = 0.0
         self.drain_deadline: float | None = None
+        self.drain_marked = False
+        self.interrupted: list[dict] = []  # killed at the end of the grace period, not yet handed back
+        self.drained = False
         self.completed = 0
 
     # --- lifecycle -----------------------------------------------------------------------------
 
-    def request_stop(self, *_):
-        self.stop_requests += 1
+    def serve(self, max_seconds: float | None = None) -> None:
+        Loop(self, poll=self.poll, max_seconds=max_seconds).run()
+
+    def start(self, loop: Loop) -> None:
+        self.loop = loop
+        if self.id is None:
+            self.register()
+        if not self.slots:
+            self.slots = [self.fork_child() for _ in range(self.concurrency)]
+            log.info("worker %s started: queues %s, concurrency %d", self.name, ",".join(self.queues),
+                     self.concurrency, extra={"action": "worker_start"})
+        self.next_heartbeat = time.monotonic() + self.heartbeat_every
 
     def register(self) -> None:
         with connection.cursor() as cursor:
@@ -181,7 +221,7 @@ class Worker:
     def fork_child(self) -> Slot:
         # Django's connection is closed before forking: a child must not share its socket (its
         # exit would otherwise end the parent's session). The LISTEN connection stays referenced
-        # by this object in the child, which never closes it and leaves with os._exit().
+        # by the loop in the child, which never closes it and leaves with os._exit().
         connections.close_all()
         parent_conn, child_conn = Pipe(duplex=True)
         parent = os.getpid()
@@ -191,11 +231,11 @@ class Worker:
             executor.child_main(child_conn, parent)
         child_conn.close()
         slot = Slot(pid=pid, conn=parent_conn)
-        self.selector.register(parent_conn, selectors.EVENT_READ, slot)
+        self.loop.watch(parent_conn, lambda _conn, slot=slot: self.on_child_ready(slot))
         return slot
 
     def kill_child(self, slot: Slot) -> None:
-        self.selector.unregister(slot.conn)
+        self.loop.unwatch(slot.conn)
         try:
             os.killpg(slot.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -211,38 +251,29 @@ class Worker:
         index = self.slots.index(slot)
         self.slots[index] = self.fork_child()
 
-    def serve(self, max_seconds: float | None = None) -> None:
-        signal.signal(signal.SIGTERM, self.request_stop)
-        signal.signal(signal.SIGINT, self.request_stop)
-        self.register()
-        self.slots = [self.fork_child() for _ in range(self.concurrency)]
-        self.listener = listen_connection(*[queue_channel(q) for q in self.queues], CANCEL_CHANNEL)
-        self.selector.register(self.listener.fileno(), selectors.EVENT_READ, "listen")
-        # A signal wakes the loop at once (the handler only counts; the loop does the work).
-        wake_read, wake_write = socket.socketpair()
-        wake_read.setblocking(False)
-        wake_write.setblocking(False)
-        signal.set_wakeup_fd(wake_write.fileno(), warn_on_full_buffer=False)
-        self.selector.register(wake_read, selectors.EVENT_READ, "signal")
-        log.info("worker %s started: queues %s, concurrency %d", self.name, ",".join(self.queues),
-                 self.concurrency, extra={"action": "worker_start"})
-        started = time.monotonic()
-        try:
-            self.loop(started, max_seconds)
-        finally:
-            for slot in self.slots:
-                if slot.message is None:
-                    try:
-                        slot.conn.send(None)
-                    except OSError:
-                        pass
-            for slot in self.slots:
-                self.kill_child(slot) if slot.message is not None else self._reap_idle(slot)
-            with connection.cursor() as cursor:
-                cursor.execute(SET_STATE, [WorkerState.STOPPED, True, self.id])
-            self.listener.close()
-            log.info("worker %s stopped after %d task runs", self.name, self.completed,
-                     extra={"action": "worker_stop"})
+    def stop(self) -> None:
+        """On the way out: idle children exit, busy ones (only after a failed hand-back) are
+        killed, and the worker's row says it stopped."""
+        if self.loop is None:
+            return
+        for slot in self.slots:
+            if slot.message is None:
+                try:
+                    slot.conn.send(None)
+                except OSError:
+                    pass
+        for slot in self.slots:
+            self.kill_child(slot) if slot.message is not None else self._reap_idle(slot)
+        if self.id is not None:
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute(SET_STATE, [WorkerState.STOPPED, True, self.id])
+            except DATABASE_ERRORS as exc:
+                # The row keeps its old heartbeat: the reaper marks it lost and rescues its attempts.
+                log.warning("could not mark worker %s stopped (%s)", self.name, first_line(exc),
+                            extra={"action": "worker_db_error"})
+        log.info("worker %s stopped after %d task runs", self.name, self.completed,
+                 extra={"action": "worker_stop"})
 
     def _reap_idle(self, slot: Slot) -> None:
         try:
@@ -250,85 +281,140 @@ class Worker:
         except ChildProcessError:
             pass
 
-    # --- the loop ------------------------------------------------------------------------------
+    # --- the tick: named steps -----------------------------------------------------------------
 
-    def loop(self, started: float, max_seconds: float | None) -> None:
-        want_claim = True
-        last_claim = 0.0
-        next_heartbeat = time.monotonic() + self.heartbeat_every
-        while True:
-            now = time.monotonic()
-            if max_seconds is not None and now - started > max_seconds and not self.stop_requests:
-                self.stop_requests = 1
-            if self.stop_requests and self.drain_deadline is None:
-                self.drain_deadline = now + self.grace
-                with connection.cursor() as cursor:
-                    cursor.execute(SET_STATE, [WorkerState.DRAINING, False, self.id])
-                log.info("draining: %d running task(s), grace %.0fs", self.busy_count(), self.grace,
-                         extra={"action": "worker_drain"})
-            draining = self.drain_deadline is not None
-            if draining and (self.stop_requests > 1 or now >= self.drain_deadline):
-                self.flush()
-                self.hand_back()
-                return
-            if draining and not self.busy_count() and not self.endings:
-                return
+    def tick(self) -> bool:
+        now = time.monotonic()
+        self.end_overdue_tasks(now)
+        if self.loop.stop_requests and self.drain_deadline is None:
+            self.begin_drain(now)
+        if self.drain_deadline is not None:
+            return self.drain_step(now)
+        did = self.record_and_claim(now)
+        self.heartbeat_if_due(now)
+        return did
 
-            idle = [slot for slot in self.slots if slot.message is None]
-            claim = 0 if draining or not want_claim else len(idle)
-            # Outcomes wait a few milliseconds for their neighbours while other tasks still run,
-            # so one transaction records many of them (and refills all the freed children).
-            holding = bool(self.endings) and self.busy_count() > 0 and not draining and \
-                now - self.endings_since < COALESCE_SECONDS
-            if (self.endings or claim) and not holding:
-                claimed = self.flush(claim)
-                if claim:
-                    last_claim = now
-                    want_claim = len(claimed) == claim  # a full batch: there may be more
-                    for slot, message in zip(idle, claimed, strict=False):
-                        self.start(slot, message)
+    def finished(self, stop_requests: int) -> bool:
+        return self.drained
 
-            if now >= next_heartbeat:
-                try:
-                    self.heartbeat()
-                except DatabaseError:
-                    log.exception("heartbeat failed", extra={"action": "worker_db_error"})
-                    connection.close()
-                next_heartbeat = now + self.heartbeat_every
+    def next_wait(self) -> float:
+        """Until the heartbeat, the poll, a task's deadline, the end of the grace period, or the
+        end of the short hold that batches outcomes, whichever is first."""
+        now = time.monotonic()
+        timeout = self.next_heartbeat - now
+        if self.drain_deadline is not None:
+            timeout = min(timeout, self.drain_deadline - now)
+        else:
+            timeout = min(timeout, self.last_claim + self.poll - now)
+        deadlines = [slot.deadline for slot in self.slots if slot.deadline is not None]
+        if deadlines:
+            timeout = min(timeout, min(deadlines) - now)
+        if self.holding(now):
+            timeout = min(timeout, self.endings_since + COALESCE_SECONDS - now)
+        elif self.drain_deadline is None and self.want_claim and self.idle_slots():
+            timeout = 0.0
+        return max(0.0, timeout)
 
-            timeout = next_heartbeat - now
-            if not draining:
-                timeout = min(timeout, last_claim + self.poll - now)
-            else:
-                timeout = min(timeout, self.drain_deadline - now)
-            deadlines = [slot.deadline for slot in self.slots if slot.deadline is not None]
-            if deadlines:
-                timeout = min(timeout, min(deadlines) - now)
-            if holding:
-                timeout = min(timeout, self.endings_since + COALESCE_SECONDS - now)
-            elif want_claim and not draining and any(slot.message is None for slot in self.slots):
-                timeout = 0
-            for key, _ in self.selector.select(max(0.0, timeout)):
-                if key.data == "listen":
-                    want_claim |= self.on_notifications()
-                elif key.data == "signal":
-                    try:
-                        key.fileobj.recv(512)
-                    except BlockingIOError:
-                        pass
-                else:
-                    self.on_child_ready(key.data)
-            now = time.monotonic()
-            for slot in list(self.slots):
-                if slot.deadline is not None and now >= slot.deadline:
-                    self.on_timeout(slot)
-            if now - last_claim >= self.poll:
-                want_claim = True
+    def end_overdue_tasks(self, now: float) -> None:
+        for slot in list(self.slots):
+            if slot.deadline is not None and now >= slot.deadline:
+                self.on_timeout(slot)
+
+    def begin_drain(self, now: float) -> None:
+        self.drain_deadline = now + self.grace
+        log.info("draining: %d running task(s), grace %.0fs", self.busy_count(), self.grace,
+                 extra={"action": "worker_drain"})
+
+    def drain_step(self, now: float) -> bool:
+        """While draining: record outcomes as they come; at the end of the grace period (or on a
+        second signal) kill what still runs and hand it back. Done as soon as nothing is left."""
+        if now > self.drain_deadline + DRAIN_GIVE_UP_SECONDS and (self.endings or self.interrupted):
+            # The database has been away since the grace period ended: leave the rest to the
+            # reaper (this worker's heartbeat stops, its attempts end lost and are retried).
+            log.error("could not record %d outcome(s) and hand back %d task run(s): the database is "
+                      "unavailable; the reaper will rescue them", len(self.endings), len(self.interrupted),
+                      extra={"action": "worker_gave_up"})
+            self.drained = True
+            return False
+        if not self.drain_marked:
+            with connection.cursor() as cursor:
+                cursor.execute(SET_STATE, [WorkerState.DRAINING, False, self.id])
+            self.drain_marked = True
+        if self.loop.stop_requests > 1 or now >= self.drain_deadline:
+            self.interrupt_running()
+        did = False
+        if self.endings:
+            self.flush()
+            did = True
+        if self.interrupted:
+            self.hand_back()
+            did = True
+        self.drained = not self.busy_count() and not self.endings and not self.interrupted
+        return did
+
+    def record_and_claim(self, now: float) -> bool:
+        """Record the outcomes gathered so far and refill the idle children, in one transaction.
+        Outcomes wait a few milliseconds for their neighbours while other tasks still run, so one
+        transaction records many of them (and refills all the freed children)."""
+        if now - self.last_claim >= self.poll:
+            self.want_claim = True
+        idle = self.idle_slots()
+        claim = len(idle) if self.want_claim else 0
+        if not (self.endings or claim) or self.holding(now):
+            return False
+        claimed = self.flush(claim)
+        if claim:
+            self.last_claim = now
+            self.want_claim = len(claimed) == claim  # a full batch: there may be more
+            for slot, message in zip(idle, claimed, strict=False):
+                self.start_task(slot, message)
+        return True
+
+    def heartbeat_if_due(self, now: float) -> None:
+        if now >= self.next_heartbeat:
+            self.heartbeat()
+            self.next_heartbeat = now + self.heartbeat_every
+
+    def holding(self, now: float) -> bool:
+        return bool(self.endings) and self.busy_count() > 0 and self.drain_deadline is None and \
+            now - self.endings_since < COALESCE_SECONDS
+
+    def idle_slots(self) -> list[Slot]:
+        return [slot for slot in self.slots if slot.message is None]
 
     def busy_count(self) -> int:
         return sum(1 for slot in self.slots if slot.message is not None)
 
-    def start(self, slot: Slot, message: dict) -> None:
+    def reconnected(self) -> None:
+        """After a database outage, the task runs the database says this worker runs, but none of
+        its children does, are one of two things. An outcome recorded shortly before a crash,
+        lost with the commits the server had not flushed yet (outcomes are written without
+        waiting for the flush): recorded again from memory. A claim that committed while the
+        connection broke, so the worker never heard back: handed back, it never started. Then
+        look for work at once (NOTIFYs sent during the outage were lost)."""
+        # Ours and accounted for: running in a child, ended with the outcome not yet recorded, or
+        # interrupted by a drain and waiting to be handed back.
+        busy = {slot.message["id"] for slot in self.slots if slot.message is not None}
+        busy |= {ending.task_run_id for ending in self.endings} | {message["id"] for message in self.interrupted}
+        with connection.cursor() as cursor:
+            cursor.execute(CLAIMED_NOT_RUNNING, {"worker": self.id, "busy": sorted(busy)})
+            orphans = cursor.fetchall()
+        recent = {(e.task_run_id, e.number): e for e, _size in self.recorded}
+        lost_outcomes = [recent[key] for key in orphans if key in recent]
+        never_started = [{"id": task_run_id, "number": number} for task_run_id, number in orphans
+                         if (task_run_id, number) not in recent]
+        if lost_outcomes:
+            log.warning("recording %d outcome(s) again: the database lost them in a crash", len(lost_outcomes),
+                        extra={"action": "worker_outcomes_again"})
+            self.endings.extend(lost_outcomes)
+        if never_started:
+            self._hand_back(never_started, "the worker lost its database connection while claiming this task run; "
+                                           "it never started and runs again without counting this attempt")
+        self.want_claim = True
+
+    # --- children ------------------------------------------------------------------------------
+
+    def start_task(self, slot: Slot, message: dict) -> None:
         slot.message = message
         slot.started = time.monotonic()
         timeout = message.get("timeout")
@@ -388,26 +474,23 @@ class Worker:
         path = logs.local_path(name)
         return name if path and os.path.exists(path) else ""
 
-    def on_notifications(self) -> bool:
-        wake = False
-        for note in drain_notifies(self.listener):
-            if note.channel == CANCEL_CHANNEL:
-                if not note.payload:
-                    try:
-                        self.check_ownership()
-                    except DatabaseError:
-                        connection.close()  # the next heartbeat checks again
-                    continue
-                try:
-                    ids = set(json.loads(note.payload))
-                except ValueError:
-                    continue
-                for slot in list(self.slots):
-                    if slot.message is not None and slot.message["id"] in ids:
-                        self.abandon(slot, "cancelled")
+    def notified(self, notifies: list) -> None:
+        for note in notifies:
+            if note.channel != CANCEL_CHANNEL:
+                self.want_claim = True
+            elif not note.payload:
+                self.check_ownership()
             else:
-                wake = True
-        return wake
+                self.on_cancelled(note.payload)
+
+    def on_cancelled(self, payload: str) -> None:
+        try:
+            ids = set(json.loads(payload))
+        except ValueError:
+            return
+        for slot in list(self.slots):
+            if slot.message is not None and slot.message["id"] in ids:
+                self.abandon(slot, "cancelled")
 
     def abandon(self, slot: Slot, why: str) -> None:
         """Kill a task whose attempt is no longer this worker's (cancelled or reaped)."""
@@ -460,22 +543,28 @@ class Worker:
                         # Finished work frees concurrency-limit room: let the dispatchers look again.
                         resolver.wake_dispatchers()
                 claimed = self.claim(claim, now) if claim else []
-        except DatabaseError:
-            # The database is away (a restart, a failover): keep the outcomes and try again, or
-            # the task runs would stay "running" under a live worker that no reaper rescues.
-            log.exception("could not record %d outcome(s); retrying", len(endings),
-                          extra={"action": "worker_db_error"})
+        except BaseException:
+            # The database is away (a restart, a failover): keep the outcomes for the next try
+            # after the loop reconnected, or the task runs would stay "running" under a live
+            # worker that no reaper rescues.
             self.endings = endings + self.endings
-            connection.close()
-            time.sleep(min(1.0, self.poll))
-            return []
+            raise
         self.completed += len(endings)
+        self.remember(endings)
         for ending in endings:
             if ending.outcome not in (AttemptOutcome.SUCCEEDED, AttemptOutcome.RESCHEDULED):
                 log.warning("task run %s attempt %s %s: %s", ending.task_run_id, ending.number, ending.outcome,
                             ending.error.splitlines()[0] if ending.error else "",
                             extra={"action": "attempt_" + ending.outcome, "task_run_id": ending.task_run_id})
         return claimed
+
+    def remember(self, endings: list[Ending]) -> None:
+        for ending in endings:
+            size = len(ending.result or "") + len(ending.error) + len(ending.traceback) + 200
+            self.recorded.append((ending, size))
+            self.recorded_bytes += size
+        while self.recorded and (len(self.recorded) > RECENT_OUTCOMES or self.recorded_bytes > RECENT_OUTCOMES_BYTES):
+            self.recorded_bytes -= self.recorded.popleft()[1]
 
     def limited(self) -> bool:
         """Whether any concurrency limit exists (checked at most once per poll interval)."""
@@ -505,21 +594,23 @@ class Worker:
             taskcontext.fill(cursor, messages)
         return messages
 
-    def hand_back(self) -> None:
-        """Kill what is still running after the grace period and make it due again."""
-        busy = [slot for slot in self.slots if slot.message is not None]
-        if not busy:
-            return
-        messages = [slot.message for slot in busy]
-        for slot in busy:
+    def interrupt_running(self) -> None:
+        """The grace period is over: kill what still runs; ``hand_back`` then makes it due again."""
+        for slot in [slot for slot in self.slots if slot.message is not None]:
+            self.interrupted.append(slot.message)
             slot.message = None
+            slot.deadline = None
             self.kill_child(slot)
             self.slots.remove(slot)
-        now = clock.now()
+
+    def hand_back(self) -> None:
+        self._hand_back(self.interrupted, "interrupted: the worker shut down before the task finished; it runs "
+                                          "again without counting this attempt")
+        self.interrupted = []
+
+    def _hand_back(self, messages: list[dict], error: str) -> None:
         params = {"ids": [m["id"] for m in messages], "numbers": [m["number"] for m in messages],
-                  "worker": self.id, "now": now,
-                  "error": "interrupted: the worker shut down before the task finished; it runs again "
-                           "without counting this attempt"}
+                  "worker": self.id, "now": clock.now(), "error": error}
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(HAND_BACK, params)
             returned = cursor.fetchall()

@@ -16,7 +16,7 @@ log = logging.getLogger("tests.tasks")
 def _record(path, **fields):
     if path:
         with open(path, "a") as handle:  # O_APPEND: concurrent short writes do not interleave
-            handle.write(json.dumps({"pid": os.getpid(), **fields}) + "\n")
+            handle.write(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), **fields}) + "\n")
 
 
 @job

@@ -16,7 +16,7 @@ METRICS = {
     "orchestrator_attempts_reaped_last_hour", "orchestrator_dead_letter_size", "orchestrator_workers_live",
     "orchestrator_queue_workers_live", "orchestrator_scheduler_leader_present",
     "orchestrator_scheduler_lease_epoch", "orchestrator_scheduler_lease_remaining_seconds",
-    "orchestrator_scheduler_leader_info",
+    "orchestrator_scheduler_leader_info", "orchestrator_fire_times_not_run_last_hour",
 }
 
 
@@ -79,6 +79,11 @@ def deployment():
     # A job's wait in the queue is its own series; a backfill's "delay" (days) is no delay at all.
     run(trigger="job", started_at=now, schedule_delay=0.2)
     run(workflow=etl, trigger="backfill", started_at=now, schedule_delay=86400.0)
+    # Fire times not run: two skipped (catchup), one missed (start deadline); one skipped yesterday.
+    for minutes, state, finished in [(61, "skipped", now), (62, "skipped", now), (63, "missed", now),
+                                     (64, "skipped", now - timedelta(days=1))]:
+        run(workflow=etl, schedule=schedule, trigger="schedule", logical_date=now - timedelta(minutes=minutes),
+            state=state, reason="catchup=latest runs only the most recent missed fire time", finished_at=finished)
 
     for name, queues, age, state in [("w1", ["default"], 1, "running"), ("w2", ["default", "batch"], 3, "draining"),
                                      ("w3", ["batch"], 300, "running"), ("w4", ["gpu"], 1, "stopped")]:
@@ -117,6 +122,9 @@ def test_metrics_parse_and_describe_the_deployment(client, deployment):
     assert value(samples, f"{delay}_count", trigger="job") == 1
     assert value(samples, f"{delay}_count", trigger="backfill") is None
 
+    assert value(samples, "orchestrator_fire_times_not_run_last_hour", workflow="etl", state="skipped") == 2
+    assert value(samples, "orchestrator_fire_times_not_run_last_hour", workflow="etl", state="missed") == 1
+
     assert value(samples, "orchestrator_attempts_reaped_last_hour", outcome="lost") == 2
     assert value(samples, "orchestrator_attempts_reaped_last_hour", outcome="timed_out") == 1
     assert value(samples, "orchestrator_dead_letter_size") == 2
@@ -145,14 +153,14 @@ def test_an_expired_lease_reports_no_leader(client):
     assert value(samples, "orchestrator_workers_live") == 0
 
 
-def test_a_scrape_costs_five_queries_however_much_history_there_is(client, deployment, django_assert_num_queries):
-    with django_assert_num_queries(5):
+def test_a_scrape_costs_six_queries_however_much_history_there_is(client, deployment, django_assert_num_queries):
+    with django_assert_num_queries(6):
         client.get("/metrics")
     run = Run.objects.filter(workflow__name="etl", state="failed").get()
     TaskRun.objects.bulk_create(
         TaskRun(run=run, task=f"extra{i}", state="succeeded", finished_at=clock.now()) for i in range(300)
     )
-    with django_assert_num_queries(5):
+    with django_assert_num_queries(6):
         _, samples = scrape(client)
     assert value(samples, "orchestrator_task_outcomes_last_5m", workflow="etl", state="succeeded") == 302
 

@@ -156,27 +156,38 @@ def test_schedule_params_are_cleaned_into_the_run(clock):
 # -- missed runs (catchup) ------------------------------------------------------------------------
 
 
-def test_catchup_latest_runs_only_the_most_recent_missed_fire_time(clock, workflow):
+def test_catchup_latest_runs_only_the_most_recent_missed_fire_time_and_records_the_others(clock, workflow):
     schedule = make_schedule(workflow, now=clock.now())  # catchup defaults to latest
     clock.set(at(13, 30))  # down from before 10:00 until 13:30
     scheduler(clock).tick()
-    assert [(r.logical_date, r.state) for r in runs_of(schedule)] == [(at(13), RunState.RUNNING)]
+    runs = runs_of(schedule)
+    assert [(r.logical_date, r.state) for r in runs] == [
+        (at(10), RunState.SKIPPED), (at(11), RunState.SKIPPED), (at(12), RunState.SKIPPED),
+        (at(13), RunState.RUNNING),
+    ]
+    # every fire time is accounted for, with the reason
+    assert all(r.reason == "missed: catchup=latest runs only the most recent missed fire time "
+                           "(2026-03-02 13:00:00 UTC)" for r in runs[:3])
+    assert all(r.task_runs.count() == 0 and r.finished_at == at(13, 30) for r in runs[:3])
     schedule.refresh_from_db()
     assert (schedule.next_fire_at, schedule.last_fire_at) == (at(14), at(13))
 
 
-def test_catchup_none_drops_missed_fire_times_but_runs_the_current_one(clock, workflow):
+def test_catchup_none_runs_the_current_fire_time_and_records_the_late_ones_as_skipped(clock, workflow):
     schedule = make_schedule(workflow, now=clock.now(), catchup="none")
     ticker = scheduler(clock)
     clock.set(at(13, 30))
     ticker.tick()
-    assert runs_of(schedule) == []
+    runs = runs_of(schedule)
+    assert [(r.logical_date, r.state) for r in runs] == [(at(h), RunState.SKIPPED) for h in (10, 11, 12, 13)]
+    assert runs[-1].reason == ("the scheduler reached this fire time 1800s late, and catchup=none runs no "
+                               "fire time reached more than 60s late")
     schedule.refresh_from_db()
     assert schedule.next_fire_at == at(14)
 
     clock.set(at(14, 0, 20))  # on time (a scheduler is never exactly at the second)
     ticker.tick()
-    assert [r.logical_date for r in runs_of(schedule)] == [at(14)]
+    assert [(r.logical_date, r.state) for r in runs_of(schedule)][-1] == (at(14), RunState.RUNNING)
 
 
 def test_catchup_all_runs_every_missed_fire_time_up_to_the_cap_and_records_the_rest_as_skipped(clock, workflow):
@@ -211,14 +222,23 @@ def test_a_schedule_overdue_for_a_year_only_looks_at_its_most_recent_fire_times(
     scheduler(clock).tick()
     runs = runs_of(schedule)
     started = [r.logical_date for r in runs if r.state == RunState.RUNNING]
+    skipped = [r for r in runs if r.state == RunState.SKIPPED]
+    # The most recent fire times passed over get a row each (up to MAX_SKIPPED_RECORDS), the
+    # older ones of the gap one summary row at the first fire time not handled.
+    summary, recorded = skipped[0], skipped[1:]
+    assert summary.logical_date == datetime(2025, 1, 26, 9, 0, 1, tzinfo=UTC)  # the first fire time not handled
+    assert len(recorded) == 1000 and len(runs) == 1 + 1000 + (1 if catchup == "latest" else 2)
     if catchup == "latest":
-        assert [(r.logical_date, r.state) for r in runs] == [(at(10), RunState.RUNNING)]
+        assert started == [at(10)]
+        assert recorded[0].logical_date == at(9, 43, 20) and recorded[-1].logical_date == at(9, 59, 59)
+        first_recorded = "2026-03-02 09:43:20 UTC"
     else:
         assert started == [at(9, 59, 59), at(10)]
-        skipped = [r for r in runs if r.state == RunState.SKIPPED]
-        assert len(skipped) == 1000  # recorded up to MAX_SKIPPED_RECORDS, the rest only logged
-        assert skipped[-1].logical_date == at(9, 59, 58)
-        assert "many more missed fire times before 2026-03-02 09:43:19 UTC were dropped" in caplog.text
+        assert recorded[0].logical_date == at(9, 43, 19) and recorded[-1].logical_date == at(9, 59, 58)
+        first_recorded = "2026-03-02 09:43:19 UTC"
+    assert summary.reason.startswith(f"more than a thousand fire times from 2025-01-26 09:00:01 UTC until before "
+                                     f"{first_recorded} were not run: ")
+    assert summary.reason.endswith("this one row stands for all of them")
     schedule.refresh_from_db()
     assert schedule.next_fire_at == at(10, 0, 1)
 
@@ -393,7 +413,11 @@ def test_resuming_a_schedule_applies_its_missed_run_policy(clock, workflow, catc
 
     resume_schedule(schedule, now=clock.now())
     ticker.tick()
-    assert [r.logical_date.hour for r in runs_of(schedule)] == expected
+    runs = runs_of(schedule)
+    assert [r.logical_date.hour for r in runs if r.state == RunState.RUNNING] == expected
+    # the fire times passed while paused are each a run or a recorded skipped run
+    assert [r.logical_date.hour for r in runs] == [10, 11, 12, 13]
+    assert all(r.reason for r in runs if r.state == RunState.SKIPPED)
     schedule.refresh_from_db()
     assert (schedule.paused, schedule.next_fire_at) == (False, at(14))
 

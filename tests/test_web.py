@@ -14,11 +14,13 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from orchestrator import access, clock, conf
+from orchestrator.clock import FakeClock
 from orchestrator.models import (
     Attempt,
     Lease,
     Run,
     RunState,
+    Schedule,
     TaskRun,
     TaskState,
     Worker,
@@ -253,6 +255,25 @@ def test_the_workflow_page_draws_the_graph_the_grid_the_history_and_the_trigger_
     assert 'name="param.currency"' not in html  # a viewer gets no form
     selected = as_viewer.get(reverse("orchestrator:web:workflow", args=[etl.name]) + f"?run={runs[0].pk}").content.decode()
     assert selected.count('<g class="node st-succeeded">') == 6
+
+
+def test_the_workflow_page_lists_the_fire_times_not_run_with_their_reasons(as_viewer, etl):
+    from orchestrator.scheduler import Scheduler
+
+    # The scheduler was away for three days: catchup=latest runs the latest fire time and records
+    # the two before it as skipped, with the reason.
+    schedule = etl.schedules.get()
+    missed = [at for at in daily_fire_times(2, 30, "Europe/Berlin", clock.now() - timedelta(days=3), 4)
+              if at <= clock.now()]
+    Schedule.objects.filter(pk=schedule.pk).update(next_fire_at=missed[0])
+    Scheduler(clock=FakeClock(clock.now()), holder="test", maintenance=[]).tick()
+    skipped = list(Run.objects.filter(schedule=schedule, state=RunState.SKIPPED).order_by("logical_date"))
+    assert [run.logical_date for run in skipped] == missed[:-1]
+    html = as_viewer.get(reverse("web:workflow", args=[etl.name])).content.decode()
+    assert f"Fire times not run <small class=\"muted\">{len(skipped)} in the last 24 h" in html
+    for run in skipped:
+        assert f'href="{reverse("web:run", args=[run.pk])}"' in html
+    assert html.count("catchup=latest runs only the most recent missed fire time") == len(skipped)
 
 
 def test_an_operator_triggers_a_run_with_params_from_the_form(as_operator, operator, etl):

@@ -35,6 +35,7 @@ from orchestrator.models import (
     RunState,
     TaskRun,
     TaskState,
+    Trigger,
     Worker,
     Workflow,
 )
@@ -55,6 +56,7 @@ log = logging.getLogger(__name__)
 PAGE_SIZE = 50
 GRID_RUNS = 25
 CHART_RUNS = 40
+NOT_RUN_SHOWN = 10
 LOG_PAGE = 64 * 1024
 POLL = "2s"
 
@@ -274,6 +276,11 @@ def _workflow_context(request, wf: Workflow, *, submitted=None, errors=None, for
                     reverse("orchestrator:web:run", args=[r.pk])) for r in finished]
     succeeded = sum(1 for r in finished if r.state == RunState.SUCCEEDED)
 
+    # Fire times of the last day that did not run (catchup, overlap, deadline, bad params): each is
+    # a skipped or missed run with its reason; a long gap is one summary row.
+    not_run = Run.objects.filter(workflow=wf, trigger=Trigger.SCHEDULE, state__in=[RunState.SKIPPED, RunState.MISSED],
+                                 finished_at__gte=now - timedelta(hours=24))
+
     schedules = []
     for schedule in wf.schedules.all():
         try:
@@ -295,6 +302,8 @@ def _workflow_context(request, wf: Workflow, *, submitted=None, errors=None, for
         "success_rate": (100.0 * succeeded / len(finished)) if finished else None,
         "finished_count": len(finished),
         "schedules": schedules,
+        "not_run": list(not_run.order_by("-logical_date").only("id", "state", "logical_date", "reason")[:NOT_RUN_SHOWN]),
+        "not_run_count": not_run.count(),
         "fields": param_fields(wf.spec.get("params", {}), submitted, errors),
         "unknown_errors": {k: v for k, v in (errors or {}).items() if k not in wf.spec.get("params", {})},
         "form_error": form_error,

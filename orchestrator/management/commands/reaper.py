@@ -1,10 +1,6 @@
-import signal
-import time
-
 from django.core.management.base import BaseCommand
 
-from orchestrator.conf import app_settings
-from orchestrator.reaper import reap_once
+from orchestrator.reaper import Reaper, reap_once
 
 
 class Command(BaseCommand):
@@ -16,16 +12,9 @@ class Command(BaseCommand):
                             help="Seconds between passes (default: the heartbeat interval).")
 
     def handle(self, *args, once, interval, **options):
-        stopping = []
-        signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-        signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
-        interval = interval or app_settings.HEARTBEAT_SECONDS
-        while not stopping:
+        if once:
             reaped = reap_once()
             if reaped:
                 self.stdout.write(f"reaped {reaped} attempt(s)")
-            if once:
-                break
-            deadline = time.monotonic() + interval
-            while not stopping and time.monotonic() < deadline:
-                time.sleep(min(0.1, interval))
+            return
+        Reaper(interval=interval, report=lambda n: self.stdout.write(f"reaped {n} attempt(s)")).serve()
