@@ -560,7 +560,7 @@ class Worker(Role):
 
     def remember(self, endings: list[Ending]) -> None:
         for ending in endings:
-            size = len(ending.result or "") + len(ending.error) + len(ending.traceback) + 200
+            size = len(ending.result or "") + len(ending.metadata or "") + len(ending.error) + len(ending.traceback) + 200
             self.recorded.append((ending, size))
             self.recorded_bytes += size
         while self.recorded and (len(self.recorded) > RECENT_OUTCOMES or self.recorded_bytes > RECENT_OUTCOMES_BYTES):

@@ -32,15 +32,25 @@ TEST_NOW_ENV = "ORCHESTRATOR_TEST_NOW"
 DEFAULT_TEST_NOW = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
 
-def test_now() -> datetime:
-    """The instant the process clock is pinned at in tests marked ``time_sensitive``."""
-    value = os.environ.get(TEST_NOW_ENV, "").strip()
-    if not value:
-        return DEFAULT_TEST_NOW
-    when = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    if when.tzinfo is None:
-        raise pytest.UsageError(f"{TEST_NOW_ENV}={value!r} needs a UTC offset (e.g. 2026-12-31T23:30:00Z)")
-    return when.astimezone(UTC)
+def test_instants() -> list[datetime]:
+    """The instants the process clock is pinned at in tests marked ``time_sensitive``: the
+    default, or each of the comma-separated ones in ORCHESTRATOR_TEST_NOW (each test then runs
+    once per instant)."""
+    values = [v.strip() for v in os.environ.get(TEST_NOW_ENV, "").split(",") if v.strip()]
+    instants = []
+    for value in values:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        if when.tzinfo is None:
+            raise pytest.UsageError(f"{TEST_NOW_ENV}={value!r} needs a UTC offset (e.g. 2026-12-31T23:30:00Z)")
+        instants.append(when.astimezone(UTC))
+    return instants or [DEFAULT_TEST_NOW]
+
+
+def pytest_generate_tests(metafunc):
+    instants = test_instants()
+    if len(instants) > 1 and metafunc.definition.get_closest_marker("time_sensitive"):
+        metafunc.parametrize("pinned_process_clock", instants, indirect=True,
+                             ids=[f"at-{at:%Y%m%dT%H%MZ}" for at in instants])
 
 
 def daily_fire_times(hour: int, minute: int, tz: str, after: datetime, count: int) -> list[datetime]:
@@ -69,7 +79,8 @@ def pinned_process_clock(request):
     if request.node.get_closest_marker("time_sensitive") is None:
         yield None
         return
-    with process_clock.pinned(FakeClock(test_now())) as pinned:
+    at = getattr(request, "param", None) or test_instants()[0]
+    with process_clock.pinned(FakeClock(at)) as pinned:
         yield pinned
 
 

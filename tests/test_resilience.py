@@ -81,6 +81,7 @@ def ended(record: Path) -> set[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.own_server
 def test_a_worker_rides_out_a_database_restart_and_records_the_outcomes_it_gathered_meanwhile(
         processes, cluster, database, tmp_path):
     env = process_env(DATABASE_URL=cluster.url(database), ORCHESTRATOR_HEARTBEAT_SECONDS="1",
@@ -173,6 +174,7 @@ def add_schedules(env) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.own_server
 def test_every_role_rides_out_a_database_crash_and_sigkills_under_load_and_no_job_is_lost(
         processes, cluster, database, tmp_path):
     env = process_env(DATABASE_URL=cluster.url(database), ORCHESTRATOR_HEARTBEAT_SECONDS="1",
