@@ -23,12 +23,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from orchestrator import clock
 from orchestrator.conf import app_settings
 from orchestrator.health import SCHEDULER_LEASE
-from orchestrator.states import LIVE_WORKER_STATES, AttemptOutcome, TaskState, sql_list
+from orchestrator.states import LIVE_WORKER_STATES, AttemptOutcome, RunState, TaskState, sql_list
 
 SCHEDULE_DELAY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 SCHEDULE_DELAY_WINDOW_SECONDS = 3600
 OUTCOME_WINDOW_SECONDS = 300
 REAPED_WINDOW_SECONDS = 3600
+NOT_RUN_STATES = (RunState.SKIPPED, RunState.MISSED)
 NOT_RUN_WINDOW_SECONDS = 3600
 JOB_LABEL = "(job)"  # workflow label of one-off jobs; no workflow name can start with "("
 
@@ -64,11 +65,11 @@ SCHEDULE_DELAY_SQL = """
 
 # Schedule fire times recorded as not run (skipped by the catchup, overlap or params rules, or
 # missed by a start deadline), through the finished-at index: such runs end when recorded.
-NOT_RUN_SQL = """
+NOT_RUN_SQL = f"""
     SELECT w.name, r.state, count(*)
       FROM orchestrator_run r JOIN orchestrator_workflow w ON w.id = r.workflow_id
      WHERE r.finished_at > %(now)s - make_interval(secs => %(window)s)
-       AND r.trigger = 'schedule' AND r.state IN ('skipped', 'missed')
+       AND r.trigger = 'schedule' AND r.state IN ({sql_list(NOT_RUN_STATES)})
      GROUP BY 1, 2
 """
 

@@ -209,7 +209,7 @@ def test_the_production_process_set_runs_every_job_and_fire_time_exactly_once(pr
     stop_seconds = time.monotonic() - stop_started
     output = processes.output(supervisor)
     assert code == 0, output
-    ended = re.findall(r"\[deploy_local\] (\S+) \(pid (\d+)\) exited with code (-?\d+)", output)
+    ended = re.findall(r"\[deploy_local\] (\S+) \(pid (\d+)\) exited cleanly \(code (-?\d+)\)", output)
     names = ["web", "scheduler-1", "scheduler-2", "dispatcher-1", "dispatcher-2", "worker-1", "worker-2", "worker-3"]
     assert [name for name, _, _ in ended] == names, output
     assert all(code == "0" for _, _, code in ended), output

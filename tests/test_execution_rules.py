@@ -10,6 +10,7 @@ import pytest
 from django.test.utils import override_settings
 
 from orchestrator import control, dispatcher, executor, logs, reaper, resolver
+from orchestrator.conf import app_settings
 from orchestrator.models import Attempt, QueueLimit, Run, TaskRun, TenantLimit, Worker
 from orchestrator.resolver import Ending
 from orchestrator.runs import create_run
@@ -172,6 +173,23 @@ def test_a_late_write_from_a_reaped_worker_changes_nothing(clock):
     task_run = TaskRun.objects.get(run=run)
     assert (task_run.state, task_run.attempts, task_run.worker_id) == ("running", 2, other.id)
     assert Attempt.objects.get(task_run=task_run, number=1).outcome == "lost"
+
+
+def test_after_a_database_restart_a_workers_silence_counts_from_the_servers_start(clock):
+    # Nobody could send a heartbeat while the server was down: a worker silent for five minutes,
+    # four of them an outage, is not lost until the timeout has passed since the server started.
+    make_run({"a": job_spec(max_attempts=2)}, clock)
+    dispatcher.tick(now=clock.now())
+    loop = worker_loop()
+    loop.claim(1, clock.now())
+    Worker.objects.filter(pk=loop.id).update(heartbeat_at=clock.db_now() - timedelta(minutes=5))
+    timeout = app_settings.HEARTBEAT_TIMEOUT_SECONDS
+    clock.server_started = clock.db_now() - timedelta(seconds=timeout / 2)
+    assert reaper.reap_once(clock) == 0
+    assert Worker.objects.get(pk=loop.id).state == "running"
+    clock.server_started = clock.db_now() - timedelta(seconds=timeout + 1)
+    assert reaper.reap_once(clock) == 1
+    assert Worker.objects.get(pk=loop.id).state == "lost"
 
 
 def test_the_reaper_times_out_an_attempt_its_worker_did_not_kill(clock):
