@@ -89,6 +89,7 @@ class Sleepy(Role):
         return 60.0
 
 
+@pytest.mark.django_db
 def test_sigterm_ends_the_wait_at_once_and_stops_the_loop_after_the_tick():
     previous = signal.getsignal(signal.SIGTERM)
     began = time.monotonic()
