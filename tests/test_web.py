@@ -269,10 +269,10 @@ def test_the_workflow_page_lists_the_fire_times_not_run_with_their_reasons(as_vi
     Scheduler(clock=FakeClock(clock.now()), holder="test", maintenance=[]).tick()
     skipped = list(Run.objects.filter(schedule=schedule, state=RunState.SKIPPED).order_by("logical_date"))
     assert [run.logical_date for run in skipped] == missed[:-1]
-    html = as_viewer.get(reverse("web:workflow", args=[etl.name])).content.decode()
+    html = as_viewer.get(reverse("orchestrator:web:workflow", args=[etl.name])).content.decode()
     assert f"Fire times not run <small class=\"muted\">{len(skipped)} in the last 24 h" in html
     for run in skipped:
-        assert f'href="{reverse("web:run", args=[run.pk])}"' in html
+        assert f'href="{reverse("orchestrator:web:run", args=[run.pk])}"' in html
     assert html.count("catchup=latest runs only the most recent missed fire time") == len(skipped)
 
 
