@@ -19,57 +19,71 @@ class ParamError(ValueError):
         super().__init__("; ".join(f"{key}: {message}" for key, message in errors.items()))
 
 
-def _coerce(kind: str, value):
-    """Turn a value from JSON or a form field into the declared type, or raise ValueError."""
-    if kind == "str":
-        if not isinstance(value, str):
-            raise ValueError(f"expected a string, got {json.dumps(value)}")
+def _as_str(value):
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {json.dumps(value)}")
+    return value
+
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def _as_bool(value):
+    if isinstance(value, bool):
         return value
-    if kind == "bool":
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.strip().lower() in {"true", "1", "yes", "on", "false", "0", "no", "off"}:
-            return value.strip().lower() in {"true", "1", "yes", "on"}
-        raise ValueError(f"expected true or false, got {json.dumps(value)}")
-    if kind == "int":
-        if isinstance(value, bool):
-            raise ValueError(f"expected an integer, got {json.dumps(value)}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value.strip())
-            except ValueError:
-                pass
-        raise ValueError(f"expected an integer, got {json.dumps(value)}")
-    if kind == "float":
-        if isinstance(value, bool):
-            raise ValueError(f"expected a number, got {json.dumps(value)}")
-        if isinstance(value, int | float):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value.strip())
-            except ValueError:
-                pass
-        raise ValueError(f"expected a number, got {json.dumps(value)}")
-    if kind == "date":
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError(f"expected true or false, got {json.dumps(value)}")
+
+
+def _as_int(value):
+    # bool is an int subclass, but True is not a count.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
         try:
-            return date.fromisoformat(str(value).strip()).isoformat()
+            return int(value.strip())
         except ValueError:
-            raise ValueError(f"expected a date like 2026-01-31, got {json.dumps(value)}") from None
-    if kind == "datetime":
+            pass
+    raise ValueError(f"expected an integer, got {json.dumps(value)}")
+
+
+def _as_float(value):
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
         try:
-            parsed = datetime.fromisoformat(str(value).strip())
+            return float(value.strip())
         except ValueError:
-            raise ValueError(f"expected a date and time like 2026-01-31T08:00:00+00:00, got {json.dumps(value)}") from None
-        if parsed.tzinfo is None:
-            raise ValueError(f"{value!r} has no timezone; add one, e.g. +00:00")
-        return parsed.isoformat()
-    if kind in ("list", "dict"):
-        expected = list if kind == "list" else dict
+            pass
+    raise ValueError(f"expected a number, got {json.dumps(value)}")
+
+
+def _as_date(value):
+    try:
+        return date.fromisoformat(str(value).strip()).isoformat()
+    except ValueError:
+        raise ValueError(f"expected a date like 2026-01-31, got {json.dumps(value)}") from None
+
+
+def _as_datetime(value):
+    try:
+        parsed = datetime.fromisoformat(str(value).strip())
+    except ValueError:
+        raise ValueError(f"expected a date and time like 2026-01-31T08:00:00+00:00, got {json.dumps(value)}") from None
+    if parsed.tzinfo is None:
+        raise ValueError(f"{value!r} has no timezone; add one, e.g. +00:00")
+    return parsed.isoformat()
+
+
+def _as_json(kind: str):
+    expected = list if kind == "list" else dict
+
+    def coerce(value):
+        # A form sends JSON text; the API sends the value itself.
         if isinstance(value, str):
             try:
                 value = json.loads(value)
@@ -78,7 +92,20 @@ def _coerce(kind: str, value):
         if not isinstance(value, expected):
             raise ValueError(f"expected a JSON {kind}, got {json.dumps(value)}")
         return value
-    raise ValueError(f"unknown param type {kind!r}")
+
+    return coerce
+
+
+_COERCE = {"str": _as_str, "bool": _as_bool, "int": _as_int, "float": _as_float, "date": _as_date,
+           "datetime": _as_datetime, "list": _as_json("list"), "dict": _as_json("dict")}
+
+
+def _coerce(kind: str, value):
+    """Turn a value from JSON or a form field into the declared type, or raise ValueError."""
+    coerce = _COERCE.get(kind)
+    if coerce is None:
+        raise ValueError(f"unknown param type {kind!r}")
+    return coerce(value)
 
 
 def clean_param(spec: dict, value):
