@@ -1,7 +1,10 @@
 """Scenarios for orchestrator/cron.py: parsing, aliases, the seconds field, Debian cron's DST rules in both
 hemispheres, bounds, jitter and descriptions. Pure Python: no Django, no sleeps."""
 
+import calendar
+import contextlib
 import hashlib
+import itertools
 import os
 import re
 import subprocess
@@ -73,6 +76,37 @@ def repeat(request):
     return zone, at, (at + after).replace(tzinfo=None)
 
 
+def hourly_transitions(zone: str, year: int, month: int) -> list[datetime]:
+    """Offset changes in a month found hour by hour, then to the second (independent of cron.py)."""
+    tz = ZoneInfo(zone)
+    t = datetime(year, month, 1, tzinfo=UTC)
+    end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC)
+    found = []
+    while t < end:
+        nxt = t + HOUR
+        if nxt.astimezone(tz).utcoffset() != t.astimezone(tz).utcoffset():
+            s = t
+            while s.astimezone(tz).utcoffset() == t.astimezone(tz).utcoffset():
+                s += timedelta(seconds=1)
+            found.append(s.replace(tzinfo=None))
+        t = nxt
+    return found
+
+
+@pytest.mark.parametrize(("zone", "year", "month"), [
+    ("Africa/Freetown", 1939, 9),  # there and back within four days
+    ("America/Recife", 2000, 10),  # a week of summer time
+    ("Asia/Gaza", 2040, 10),  # the rules of the 2040s: a week apart
+    ("Pacific/Apia", 2011, 12),  # a whole day skipped
+    ("Europe/Berlin", 2026, 3), ("Australia/Lord_Howe", 2026, 10),  # a half-hour change
+])
+def test_offset_changes_close_together_are_all_found(zone, year, month):
+    # Offsets are probed once a day; these are the tz database's closest pairs of changes.
+    expected = hourly_transitions(zone, year, month)
+    assert expected, "a month with a change"
+    assert list(cron._transitions_in_month(zone, year, month)) == expected
+
+
 def test_the_dst_dates_used_here_are_the_real_ones():
     # Guard against a tzdata change or a typo in the tables above: what the zones really do in 2026.
     assert transition_on("Europe/Berlin", date(2026, 3, 29))[0] == utc(2026, 3, 29, 1)
@@ -122,6 +156,23 @@ def test_bad_expression_is_rejected_with_a_message_naming_the_bad_value(expr, fr
     assert f"'{expr}'" in message
     # sync.py blames the timezone field when the message mentions it; it must not for a bad expression.
     assert "timezone" not in message
+
+
+@pytest.mark.parametrize("expr", ["1" * 5000 + " * * * *", "9" * 900 + " * * * *", "*/" + "9" * 900 + " * * * *",
+                                  "0 0 * * " + "7" * 4400, "* " * 400 + "*", "@" + "x" * 3000])
+def test_a_huge_expression_is_a_cron_error_whose_message_quotes_only_its_start(expr):
+    # int() of more than 4,300 digits raises its own ValueError; the message must still be ours, and short.
+    with pytest.raises(CronError) as excinfo:
+        cron.validate(expr, "UTC")
+    message = str(excinfo.value)
+    assert message.startswith("invalid cron expression '")
+    assert len(message) < 400, message
+    assert "characters" in message  # says how long the input was instead of quoting it all
+
+
+def test_a_huge_timezone_name_is_quoted_only_in_part():
+    with pytest.raises(CronError, match=r"^unknown timezone 'x{80}\.\.\.' \(5,000 characters\)$"):
+        cron.validate("* * * * *", "x" * 5000)
 
 
 def test_error_message_matches_the_documented_example():
@@ -246,6 +297,29 @@ def test_start_with_step_runs_to_the_end_of_the_field():
     assert [f.minute for f in take("5/20 * * * *", "UTC", utc(2026, 1, 1), 3)] == [5, 25, 45]
 
 
+def weekdays(expr: str) -> set[str]:
+    """The weekdays a day-of-week expression fires on over four weeks."""
+    return {f.strftime("%a") for f in take(expr, "UTC", utc(2026, 1, 1), 28)}
+
+
+def test_day_of_week_7_with_a_step_is_sunday_alone_as_cron_reads_it():
+    # The field runs 0-7, so "7/2" is 7 to 7: Sunday. croniter reads it as every other day from Sunday.
+    assert weekdays("0 0 * * 7/2") == {"Sun"}
+    assert croniter.expand("0 0 * * 7/2")[0][4] == [0, 2, 4, 6]  # what croniter gets wrong
+    assert weekdays("0 0 * * SUN/3") == {"Sun", "Wed", "Sat"}  # 0/3: from Sunday 0
+    # "a/n" runs to 7, the end of the field, so Sunday comes round again where the step lands on 7.
+    assert weekdays("0 0 * * 1/2") == {"Mon", "Wed", "Fri", "Sun"}
+    assert weekdays("0 0 * * 5/1") == {"Fri", "Sat", "Sun"}
+    assert weekdays("0 0 * * */2") == {"Sun", "Tue", "Thu", "Sat"}
+
+
+def test_a_reversed_range_with_a_step_keeps_counting_across_the_wrap():
+    # :50, :57, then seven minutes later :04 (croniter is one off after the wrap and gives :05).
+    assert [f.minute for f in take("50-10/7 * * * *", "UTC", utc(2026, 1, 1, 0, 40), 3)] == [50, 57, 4]
+    assert sorted(croniter.expand("50-10/7 * * * *")[0][0]) == [5, 50, 57]
+    assert [f.hour for f in take("0 22-2/3 * * *", "UTC", utc(2026, 1, 1, 12), 2)] == [22, 1]
+
+
 def test_either_day_field_may_match_when_neither_starts_with_a_star():
     fires = take("0 0 1,15 * MON", "UTC", utc(2026, 5, 31), 5)
     # June 2026: Mon 1st (both), Mon 8th, Mon 15th (both), Mon 22nd, Mon 29th ... and July 1st.
@@ -279,6 +353,8 @@ def test_value_sets_agree_with_croniter_for_the_common_forms(expr, second_at_beg
     [("30 2 * * *", True), ("@daily", True), ("@midnight", True), ("@weekly", True), ("@yearly", True),
      ("0,30 2 * * *", True), ("0 9-17 * * *", True), ("@hourly", False), ("0 * * * *", False),
      ("*/15 3 * * *", False), ("0 */2 * * *", False), ("* * * * *", False),
+     # Debian cron reads the first character only (entry.c sets MIN_STAR/HR_STAR on a leading "*")
+     ("52,*/45 2 * * *", True), ("0 3,*/6 * * *", True), ("*/45,52 2 * * *", False), ("0 */6,3 * * *", False),
      # the seconds field does not count
      ("*/10 30 2 * * *", True), ("0 * 2 * * *", False)],
 )
@@ -326,6 +402,44 @@ def test_rare_schedules_are_found_years_ahead():
     assert cron.next_fire_time("0 0 29 2 *", "UTC", utc(2026, 1, 1)) == utc(2028, 2, 29)
     # Feb 29 that is also a Sunday ("*/7" starts with "*", so both day fields must match): every 28 years.
     assert take("0 0 29 2 */7", "UTC", utc(2026, 1, 1), 2) == [utc(2032, 2, 29), utc(2060, 2, 29)]
+
+
+def test_fire_times_stay_correct_up_to_the_year_9999():
+    # Every Feb 29 from 2000 to 9996, as croniter (the oracle here: no DST in UTC) lists them.
+    it = croniter("0 0 29 2 *", datetime(2000, 1, 1))
+    theirs = []
+    with contextlib.suppress(ValueError):  # croniter ends with "year 10000 is out of range"
+        while True:
+            theirs.append(it.get_next(datetime).replace(tzinfo=UTC))
+    ours = list(cron.fire_times("0 0 29 2 *", "UTC", utc(2000, 1, 1), until=utc(9999, 12, 31)))
+    assert len(ours) == 1940
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Europe/Berlin", "Pacific/Kiritimati", "Etc/GMT+12"])
+def test_the_ends_of_the_calendar_give_no_overflow_only_fewer_fire_times(zone):
+    first = datetime(1, 1, 1, tzinfo=UTC)
+    last = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+    early = take("0 0 * * *", zone, first, 3)
+    assert len(early) == 3 and all(f.year == 1 for f in early)
+    assert take("0 0 * * *", zone, last - 5 * DAY, 10)[-1] <= utc(9999, 12, 30)
+    assert take("* * * * *", zone, last, 1) == []
+    # Aware bounds beyond the calendar's ends in UTC (Tokyo's year 1 starts in UTC's year 0).
+    new_years = cron.fire_times("0 0 1 1 *", zone, datetime(1, 1, 1, tzinfo=ZoneInfo("Asia/Tokyo")),
+                                until=datetime(9999, 12, 31, 12, tzinfo=ZoneInfo("America/New_York")))
+    assert [f.astimezone(ZoneInfo(zone)).date() for f in itertools.islice(new_years, 2)] == [date(2, 1, 1), date(3, 1, 1)]
+    assert cron.next_fire_time("0 0 29 2 *", zone, utc(9996, 3, 1)) is None
+
+
+def test_a_rare_schedule_skips_the_years_between_its_fire_times():
+    # Only the months around each fire time have their DST transitions worked out: the 2,000 leap days of
+    # 8,000 years need about 4,000 months, not 96,000.
+    cron._transitions_in_month.cache_clear()
+    berlin = list(cron.fire_times("0 0 29 2 *", "Europe/Berlin", utc(2000, 1, 1), until=utc(9999, 12, 31)))
+    assert cron._transitions_in_month.cache_info().misses < 10_000
+    # Every Feb 29 (midnight in Berlin is 23:00 UTC the day before).
+    local_dates = [f.astimezone(ZoneInfo("Europe/Berlin")).date() for f in berlin]
+    assert local_dates == [date(y, 2, 29) for y in range(2000, 10000) if calendar.isleap(y)]
 
 
 def test_unbounded_iteration_is_lazy():
@@ -388,6 +502,18 @@ def test_several_fixed_times_in_the_same_gap_run_once(gap):
     fires = take(f"0,15,30,45 {h} * * *", zone, at - 12 * HOUR, 2)
     next_day = gap_start.date() + DAY
     assert fires == [at, local(zone, next_day.year, next_day.month, next_day.day, h, 0)]
+
+
+def test_a_minute_field_starting_with_a_number_is_fixed_time_in_the_gap_as_in_debian_cron(gap):
+    # "52,*/45" starts with a digit, so Debian cron treats the job as fixed-time: one run after the gap.
+    zone, at, gap_start, _ = gap
+    h = gap_start.hour
+    fires = take(f"52,*/45 {h} * * *", zone, at - 12 * HOUR, 2)
+    next_day = gap_start.date() + DAY
+    assert fires == [at, local(zone, next_day.year, next_day.month, next_day.day, h, 0)]
+    # Starting with "*", the same minutes follow real time: nothing that night.
+    assert take(f"*/45,52 {h} * * *", zone, at - 12 * HOUR, 1) == [local(zone, next_day.year, next_day.month,
+                                                                          next_day.day, h, 0)]
 
 
 def test_fixed_time_in_the_gap_and_at_its_end_is_one_run_not_two(gap):
