@@ -24,6 +24,7 @@ from django.utils import timezone as dj_timezone
 
 from orchestrator import clock, cron
 from orchestrator.conf import app_settings
+from orchestrator.limits import logical_date_error
 from orchestrator.models import Backfill, Lane, Run, Schedule, TaskRun, Trigger, Workflow
 from orchestrator.params import ParamError, clean_params
 from orchestrator.runs import notify_dispatchers, task_runs_for
@@ -120,6 +121,9 @@ def plan(workflow, start, end, *, schedule=None, reprocess: str = "none", expr: 
         raise BackfillError(f"reprocess must be one of {', '.join(REPROCESS_CHOICES)}, got {reprocess!r}",
                             "reprocess")
     start, end = _aware(start, "start"), _aware(end, "end")
+    for name, value in (("start", start), ("end", end)):
+        if message := logical_date_error(value):
+            raise BackfillError(f"{name} {message}", name)
     if end < start:
         raise BackfillError(f"end {end.isoformat()} is before start {start.isoformat()}", "end")
     if expr is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import UTC, datetime
 
 # Workflow and task names appear in URLs (/workflows/<name>/): no '/', no spaces, no '%'.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
@@ -96,7 +97,7 @@ def json_problem(value, path: str = "", depth: int = 0) -> str | None:
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{value!r} at {where} is not a JSON number"
     if isinstance(value, str):
-        return f"a NUL character at {where}" if "\x00" in value else None
+        return text_error(value, f"the text at {where}")
     if isinstance(value, list | tuple):
         for index, item in enumerate(value):
             problem = json_problem(item, f"{path}[{index}]", depth + 1)
@@ -107,7 +108,7 @@ def json_problem(value, path: str = "", depth: int = 0) -> str | None:
         for key, item in value.items():
             if not isinstance(key, str):
                 return f"the key {safe_repr(key)} at {where} is not a string"
-            inner = f"{path}.{key}" if path else key
+            inner = f"{path}.{shown(key)}" if path else shown(key)
             problem = json_problem(key, inner, depth + 1) or json_problem(item, inner, depth + 1)
             if problem:
                 return problem
@@ -118,3 +119,53 @@ def json_problem(value, path: str = "", depth: int = 0) -> str | None:
 def routable(name) -> bool:
     """Whether a workflow name can appear in the UI's and the API's URLs."""
     return isinstance(name, str) and NAME_RE.match(name) is not None
+
+
+# Primary keys are bigints: a larger id can name nothing, and PostgreSQL would refuse to compare it.
+MAX_ID = 2**63 - 1
+
+# Pages of API lists: a page costs one indexed query of at most MAX_PAGE_SIZE + 1 rows.
+PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+
+# Byte offsets into a task's log: 1 TiB is far beyond any log a task writes and below the largest
+# offset every filesystem can seek to (ext4 refuses 16 TiB).
+MAX_LOG_OFFSET = 2**40
+
+# Logical dates a request may set (a trigger's logical_date, a backfill's start and end): the
+# window where they mean something. A run's logical date is the moment its data belongs to; a date
+# before 1900 or after 2199 is a typo (or a probe), and at the calendar's ends the time-zone
+# arithmetic of schedules overflows.
+LOGICAL_DATE_MIN = datetime(1900, 1, 1, tzinfo=UTC)
+LOGICAL_DATE_MAX = datetime(2200, 1, 1, tzinfo=UTC)  # exclusive
+
+
+def logical_date_error(value: datetime) -> str | None:
+    """Why an aware datetime cannot be a logical date, or None when it can."""
+    if LOGICAL_DATE_MIN <= value < LOGICAL_DATE_MAX:
+        return None
+    return (f"{value.isoformat()} is outside the range of logical dates, {LOGICAL_DATE_MIN:%Y-%m-%d} to "
+            f"{LOGICAL_DATE_MAX.year - 1}-12-31 (UTC)")
+
+
+_UNSTORABLE_RE = re.compile("[\x00\ud800-\udfff]")
+
+
+def text_error(text: str, where: str) -> str | None:
+    """Why `text` cannot be stored in PostgreSQL, or None. Text there cannot hold the NUL character, and
+    UTF-8 cannot encode an unpaired surrogate (JSON's "\\ud800" decodes to one): either would fail in the
+    database or its driver, so name where it is first."""
+    found = _UNSTORABLE_RE.search(text)
+    if found is None:
+        return None
+    if found.group() == "\x00":
+        return f"{where} contains a NUL character (\\x00), which cannot be stored"
+    return f"{where} contains an unpaired surrogate (\\u{ord(found.group()):04x}), which is not valid Unicode"
+
+
+def shown(text: str, limit: int = 80) -> str:
+    """`text` for a message: at most `limit` characters of it, with NUL and unpaired surrogates
+    written as escapes (a message holding one could not be sent as UTF-8, and a server error would
+    replace the answer about bad input)."""
+    clipped = text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+    return _UNSTORABLE_RE.sub(lambda found: f"\\u{ord(found.group()):04x}", clipped)

@@ -8,7 +8,13 @@ against what is stored, not against a module that may have changed since.
 from __future__ import annotations
 
 import json
+import math
 from datetime import date, datetime
+
+from orchestrator.limits import MAX_JSON_DEPTH, shown, text_error
+
+# Integers a task can hand to PostgreSQL or any JSON consumer: a bigint.
+INT_RANGE = (-(2**63), 2**63 - 1)
 
 
 class ParamError(ValueError):
@@ -21,7 +27,7 @@ class ParamError(ValueError):
 
 def _as_str(value):
     if not isinstance(value, str):
-        raise ValueError(f"expected a string, got {json.dumps(value)}")
+        raise ValueError(f"expected a string, got {_shown(value)}")
     return value
 
 
@@ -34,48 +40,59 @@ def _as_bool(value):
         return value
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
-    raise ValueError(f"expected true or false, got {json.dumps(value)}")
+    raise ValueError(f"expected true or false, got {_shown(value)}")
 
 
 def _as_int(value):
+    number = None
     # bool is an int subclass, but True is not a count.
     if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str) and len(value) <= 100:  # int() of thousands of digits costs, then fails
         try:
-            return int(value.strip())
+            number = int(value.strip())
         except ValueError:
             pass
-    raise ValueError(f"expected an integer, got {json.dumps(value)}")
+    if number is None:
+        raise ValueError(f"expected an integer, got {_shown(value)}")
+    if not INT_RANGE[0] <= number <= INT_RANGE[1]:
+        raise ValueError(f"expected an integer from {INT_RANGE[0]} to {INT_RANGE[1]}, got {_shown(value)}")
+    return number
 
 
 def _as_float(value):
+    number = None
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
+        number = float(value) if abs(value) < 2**1023 else math.inf
+    elif isinstance(value, str):
         try:
-            return float(value.strip())
+            number = float(value.strip())
         except ValueError:
             pass
-    raise ValueError(f"expected a number, got {json.dumps(value)}")
+    if number is None:
+        raise ValueError(f"expected a number, got {_shown(value)}")
+    if not math.isfinite(number):
+        # JSON has no infinity or NaN: PostgreSQL would refuse to store the run's params.
+        raise ValueError(f"expected a finite number, got {_shown(value)}")
+    return number
 
 
 def _as_date(value):
     try:
         return date.fromisoformat(str(value).strip()).isoformat()
     except ValueError:
-        raise ValueError(f"expected a date like 2026-01-31, got {json.dumps(value)}") from None
+        raise ValueError(f"expected a date like 2026-01-31, got {_shown(value)}") from None
 
 
 def _as_datetime(value):
     try:
         parsed = datetime.fromisoformat(str(value).strip())
     except ValueError:
-        raise ValueError(f"expected a date and time like 2026-01-31T08:00:00+00:00, got {json.dumps(value)}") from None
+        raise ValueError(f"expected a date and time like 2026-01-31T08:00:00+00:00, got {_shown(value)}") from None
     if parsed.tzinfo is None:
-        raise ValueError(f"{value!r} has no timezone; add one, e.g. +00:00")
+        raise ValueError(f"{_named(value)} has no timezone; add one, e.g. +00:00")
     return parsed.isoformat()
 
 
@@ -87,10 +104,10 @@ def _as_json(kind: str):
         if isinstance(value, str):
             try:
                 value = json.loads(value)
-            except ValueError:
-                raise ValueError(f"expected a JSON {kind}, got {value!r}") from None
+            except (ValueError, RecursionError):
+                raise ValueError(f"expected a JSON {kind}, got {_shown(value)}") from None
         if not isinstance(value, expected):
-            raise ValueError(f"expected a JSON {kind}, got {json.dumps(value)}")
+            raise ValueError(f"expected a JSON {kind}, got {_shown(value)}")
         return value
 
     return coerce
@@ -108,11 +125,46 @@ def _coerce(kind: str, value):
     return coerce(value)
 
 
+def _shown(value) -> str:
+    """The value as JSON for a message, cut short: a message never repeats a huge input whole."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(value)
+    return text if len(text) <= 80 else f"{text[:80]}... ({len(text):,} characters)"
+
+
+def _named(text: str) -> str:
+    return repr(text) if len(text) <= 80 else f"{text[:80]!r}... ({len(text):,} characters)"
+
+
+def _storable(value, path: str = "", depth: int = 0) -> None:
+    """Raise ValueError if `value` cannot go into a jsonb column: text PostgreSQL refuses, numbers JSON
+    cannot write, or nesting deeper than any real parameter has."""
+    where = f"the value at {path}" if path else "the value"
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"{where} is nested deeper than {MAX_JSON_DEPTH} levels")
+    if isinstance(value, str):
+        if message := text_error(value, where):
+            raise ValueError(message)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where} is {value}, which JSON cannot hold")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{shown(key)}" if path else shown(key)
+            _storable(key, where, depth + 1)
+            _storable(item, where, depth + 1)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _storable(item, f"{path}[{index}]", depth + 1)
+
+
 def clean_param(spec: dict, value):
     cleaned = _coerce(spec.get("type", "str"), value)
+    _storable(cleaned)
     choices = spec.get("choices")
     if choices is not None and cleaned not in choices:
-        raise ValueError(f"{json.dumps(cleaned)} is not one of {json.dumps(choices)}")
+        raise ValueError(f"{_shown(cleaned)} is not one of {_shown(choices)}")
     return cleaned
 
 
@@ -121,13 +173,13 @@ def clean_params(declared: dict[str, dict], values: dict | None) -> dict:
     if values is None:
         values = {}
     if not isinstance(values, dict):
-        raise ParamError({"params": f"expected an object of param values, got {json.dumps(values)}"})
+        raise ParamError({"params": f"expected an object of param values, got {_shown(values)}"})
     errors: dict[str, str] = {}
     cleaned: dict = {}
     for key in values:
         if key not in declared:
             known = ", ".join(sorted(declared)) or "none"
-            errors[key] = f"unknown param {key!r} (declared params: {known})"
+            errors[key] = f"unknown param {_named(key)} (declared params: {known})"
     for key, spec in declared.items():
         if key in values and values[key] is not None:
             try:

@@ -207,6 +207,7 @@ def trigger_workflow(
 ) -> tuple[Run, bool]:
     """Start a run of a workflow now (UI, API, admin). Raises ParamError for bad params and
     RunError when the workflow cannot run (broken without a good version, removed)."""
+    from orchestrator.limits import logical_date_error
     from orchestrator.params import clean_params
 
     if workflow.current_version_id is None:
@@ -214,6 +215,8 @@ def trigger_workflow(
                        field="workflow")
     if not workflow.present:
         raise RunError(f"workflow {workflow.name!r} is no longer defined by any module", field="workflow")
+    if logical_date is not None and (message := logical_date_error(logical_date)):
+        raise RunError(message, field="logical_date")
     cleaned = clean_params(workflow.current_version.spec.get("params", {}), params)
     request = {"workflow": workflow.name, "params": cleaned,
                "logical_date": logical_date.isoformat() if logical_date else None}

@@ -102,9 +102,12 @@ WITH c AS (
     INSERT INTO orchestrator_attempt (task_run_id, number, worker_id, outcome, started_at, error, traceback, log_path)
     SELECT id, attempts, %(worker)s, '{AttemptOutcome.RUNNING}', %(now)s, '', '', '' FROM t
 ), r AS (
-    -- The first task start of a run is the run's start; schedule_delay counts from its fire time.
+    -- The first task start of a run is the run's start; schedule_delay counts from when it was due:
+    -- the fire time of a scheduled run or a job's run_after (its logical date), the creation of any
+    -- other (a manual or backfill run's logical date can be any date in the past or future).
     -- Run rows are locked in id order, like every other writer does (see resolver.LOCK_RUNS).
-    UPDATE orchestrator_run SET started_at = %(now)s, schedule_delay = EXTRACT(EPOCH FROM %(now)s - logical_date)
+    UPDATE orchestrator_run SET started_at = %(now)s, schedule_delay = EXTRACT(EPOCH FROM %(now)s
+        - CASE WHEN trigger IN ('schedule', 'job') THEN logical_date ELSE created_at END)
     WHERE id IN (SELECT id FROM orchestrator_run WHERE id IN (SELECT run_id FROM t) AND started_at IS NULL
                  ORDER BY id FOR NO KEY UPDATE)
 )

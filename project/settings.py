@@ -92,6 +92,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "orchestrator.health.ProbeMiddleware",  # /healthz, /readyz, /metrics: probes come by IP, over HTTP
     "django.middleware.security.SecurityMiddleware",
+    # Before the session and user lookups: text PostgreSQL cannot hold never reaches them.
+    "orchestrator.web.errors.BadInputMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

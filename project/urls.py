@@ -7,3 +7,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("orchestrator.urls")),
 ]
+
+# A bug answers JSON under the app's API and a plain page elsewhere, never the server's internals.
+handler500 = "orchestrator.web.errors.server_error"

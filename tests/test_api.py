@@ -54,7 +54,7 @@ def test_it_lists_workflows_and_shows_the_graph_params_and_next_fire_times(api, 
 
 def test_an_unknown_workflow_is_a_json_404(api, workflow):
     for url in ("/api/workflows/nope/", "/api/workflows/nope/runs/", "/api/runs/999999/", "/api/task-runs/5/",
-                "/api/no-such-endpoint/", "/api/runs/abc/", "/api/workflows/a%00b/", f"/api/runs/{2**80}/",
+                "/api/no-such-endpoint/", "/api/runs/abc/", f"/api/runs/{2**80}/",
                 "/api/backfills/0/", "/api/jobs/1/"):
         response = api.get(url)
         assert response.status_code == 404, url
@@ -114,7 +114,6 @@ def test_it_filters_runs_by_workflow_state_trigger_and_dates(api, workflow):
 @pytest.mark.parametrize("query, field", [
     ("state=exploded", "state"),
     ("trigger=telepathy", "trigger"),
-    ("workflow=nope", "workflow"),
     ("workflow=a%00b", "workflow"),
     ("created_after=yesterday", "created_after"),
     ("logical_before=2026-01-15T00:00:00", "logical_before"),
@@ -222,9 +221,12 @@ def test_the_same_key_with_another_payload_is_a_409_saying_so(api, workflow):
 def test_a_header_and_a_body_key_that_differ_are_a_400(api, workflow):
     response = trigger(api, data={"params": {"day": "2026-03-01"}, "idempotency_key": "a"}, HTTP_IDEMPOTENCY_KEY="b")
     assert response.status_code == 400 and "differ" in response.json()["idempotency_key"][0]
-    for bad in ("a\x00b", " ", "k" * 256):
+    for bad in (" ", "k" * 256):
         response = trigger(api, HTTP_IDEMPOTENCY_KEY=bad)
         assert response.status_code == 400 and "Idempotency-Key header" in response.json()["idempotency_key"][0]
+    # A NUL byte is refused before the view, as anywhere in a request.
+    response = trigger(api, HTTP_IDEMPOTENCY_KEY="a\x00b")
+    assert response.status_code == 400 and "the header Idempotency-Key contains a NUL" in response.json()["detail"]
     assert not Run.objects.exists()
 
 

@@ -79,7 +79,7 @@ def test_a_job_key_returns_the_same_job_and_conflicts_on_another_payload(api):
     ({"run_after": "next tuesday"}, "run_after", "expected a date and time"),
     ({"args": {"user_id": 1}}, "args", "expected a JSON array"),
     ({"kwargs": [1]}, "kwargs", "expected a JSON object"),
-    ({"kwargs": {"user_id": "a\x00b"}}, "kwargs", "NUL character at user_id"),
+    ({"kwargs": {"user_id": "a\x00b"}}, "kwargs", "the text at user_id contains a NUL character"),
     ({"priority": 101}, "priority", "less than or equal to 100"),
     ({"priority": 2**64}, "priority", "less than or equal to 100"),
     ({"max_attempts": 0}, "max_attempts", "greater than or equal to 1"),

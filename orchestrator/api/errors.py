@@ -3,13 +3,18 @@
 
 DRF already turns its own exceptions into such responses; this handler adds the errors our
 modules raise and the input problems that would otherwise surface from the database as a 500
-(a value PostgreSQL cannot store), so no input produces a server error.
+(a value PostgreSQL cannot store), so no input produces a server error. A real bug still answers
+JSON: ``{"detail": "internal server error"}`` with status 500 and nothing of the server's internals
+(not even with DEBUG on); the traceback goes to the server's log.
 """
 
 from __future__ import annotations
 
+import logging
+
 from django.core.exceptions import SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.signals import got_request_exception
 from django.db import DataError
 from django.http import JsonResponse
 from django.urls import Resolver404, resolve
@@ -21,6 +26,8 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from orchestrator.params import ParamError
 from orchestrator.runs import IdempotencyConflict, RunError
+
+log = logging.getLogger("django.request")
 
 
 def field_errors(field: str | None, message: str) -> dict:
@@ -52,11 +59,24 @@ def exception_handler(exc, context):
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "a value cannot be stored"
         exc = ValidationError({"non_field_errors": [f"invalid input: {reason}"]})
     response = drf_exception_handler(exc, context)
-    if response is not None and isinstance(exc, ValidationError) and not isinstance(response.data, dict):
+    if response is None:
+        return server_error(exc, context)
+    if isinstance(exc, ValidationError) and not isinstance(response.data, dict):
         response.data = {"non_field_errors": response.data}
-    if response is not None and isinstance(response.data, dict) and "detail" not in response.data:
+    if isinstance(response.data, dict) and "detail" not in response.data:
         response.data = {"detail": summary(response.data), **response.data}
     return response
+
+
+def server_error(exc, context) -> Response:
+    """A bug, not bad input: logged with its traceback as Django logs one, announced to whoever
+    listens for request exceptions (error trackers, the test client), and answered in JSON."""
+    request = context["request"]
+    log.error("Internal Server Error: %s", request.path, exc_info=(type(exc), exc, exc.__traceback__),
+              extra={"status_code": 500, "request": request._request})
+    got_request_exception.send(sender=None, request=request._request)
+    return Response({"detail": "internal server error; the server's log has the details"},
+                    status=status.HTTP_500_INTERNAL_SERVER_ERROR)
 
 
 def summary(errors: dict) -> str:

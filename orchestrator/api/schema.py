@@ -22,6 +22,8 @@ SETTINGS = {
     "ENUM_NAME_OVERRIDES": {"RunStateEnum": "orchestrator.models.RunState",
                             "TaskStateEnum": "orchestrator.models.TaskState"},
     "PREPROCESSING_HOOKS": ["orchestrator.api.schema.only_this_api"],
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "orchestrator.api.parsing.describe_text_inputs"],
 }
 
 # True while this API's own schema is generated.

@@ -13,6 +13,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from orchestrator import cron
+from orchestrator.limits import MAX_ID, MAX_JSON_DEPTH, MAX_LOG_OFFSET, shown, text_error
 from orchestrator.models import (
     Attempt,
     AuditEvent,
@@ -26,9 +27,7 @@ from orchestrator.models import (
     Workflow,
 )
 
-MAX_ID = 2**63 - 1  # bigint primary keys
 PRIORITY_RANGE = (-100, 100)
-MAX_JSON_DEPTH = 32
 
 
 class AwareDateTimeField(serializers.DateTimeField):
@@ -58,17 +57,68 @@ class AwareDateTimeField(serializers.DateTimeField):
             self.fail("range", input=value)
 
 
+# Input fields take the JSON types the schema states: DRF alone would read 0 as "0" for a string, "5" as 5
+# for an integer and "yes" as true, accepting what the schema tells clients is wrong.
+
+
+class Text(serializers.CharField):
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class TextMatching(serializers.RegexField):
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class WholeNumber(serializers.IntegerField):
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class Number(serializers.FloatField):
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class Flag(serializers.BooleanField):
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
+
+
+class QueryInteger(serializers.IntegerField):
+    """An integer in the query string: digits, nothing else (DRF would also take "5.0")."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str) or len(data) > 20 or not data.lstrip("-").isascii() \
+                or not data.lstrip("-").isdigit():
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 def check_json(value, path: str = "", depth: int = 0) -> None:
-    """PostgreSQL's jsonb cannot hold a NUL character; find one before the database does."""
+    """PostgreSQL's jsonb cannot hold a NUL character or an unpaired surrogate; find one before the
+    database does, and refuse nesting no real value has."""
     if depth > MAX_JSON_DEPTH:
         raise serializers.ValidationError(f"nested deeper than {MAX_JSON_DEPTH} levels at {path or 'the top'}")
     if isinstance(value, str):
-        if "\x00" in value:
-            raise serializers.ValidationError(f"contains a NUL character at {path or 'the top'}")
+        if message := text_error(value, f"the text at {path or 'the top'}"):
+            raise serializers.ValidationError(message)
     elif isinstance(value, dict):
         for key, item in value.items():
-            check_json(key, f"{path}.{key}" if path else str(key), depth + 1)
-            check_json(item, f"{path}.{key}" if path else str(key), depth + 1)
+            where = f"{path}.{shown(key)}" if path else shown(key)
+            check_json(key, where, depth + 1)
+            check_json(item, where, depth + 1)
     elif isinstance(value, list):
         for index, item in enumerate(value):
             check_json(item, f"{path}[{index}]", depth + 1)
@@ -98,7 +148,7 @@ class JSONListField(serializers.JSONField):
         return data
 
 
-class IdempotencyKeyField(serializers.CharField):
+class IdempotencyKeyField(Text):
     def __init__(self, **kwargs):
         kwargs.setdefault("required", False)
         kwargs.setdefault("allow_null", True)
@@ -251,7 +301,7 @@ class TaskRunDetailSerializer(TaskRunSerializer):
 
 
 class RunFilterSerializer(serializers.Serializer):
-    workflow = serializers.CharField(required=False, max_length=200, help_text="workflow name")
+    workflow = serializers.CharField(required=False, max_length=200, trim_whitespace=False, help_text="workflow name")
     state = serializers.ChoiceField(choices=RunState.choices, required=False)
     trigger = serializers.ChoiceField(choices=Trigger.choices, required=False)
     created_after = AwareDateTimeField(required=False, help_text="created at or after (with timezone)")
@@ -264,13 +314,12 @@ class TriggerSerializer(serializers.Serializer):
     params = JSONObjectField(required=False, default=dict, help_text="Values for the workflow's declared params.")
     logical_date = AwareDateTimeField(required=False, allow_null=True, default=None,
                                       help_text="The run's logical date; now when omitted.")
-    priority = serializers.IntegerField(required=False, default=0, min_value=PRIORITY_RANGE[0],
-                                        max_value=PRIORITY_RANGE[1])
+    priority = WholeNumber(required=False, default=0, min_value=PRIORITY_RANGE[0], max_value=PRIORITY_RANGE[1])
     idempotency_key = IdempotencyKeyField()
 
 
 class CancelSerializer(serializers.Serializer):
-    reason = serializers.CharField(required=False, default="", allow_blank=True, max_length=2000)
+    reason = Text(required=False, default="", allow_blank=True, max_length=2000)
 
 
 class CancelResultSerializer(serializers.Serializer):
@@ -284,8 +333,9 @@ class RunRetriedSerializer(serializers.Serializer):
 
 
 class LogQuerySerializer(serializers.Serializer):
-    offset = serializers.IntegerField(required=False, default=0, min_value=0, max_value=MAX_ID)
-    limit = serializers.IntegerField(required=False, default=65536, min_value=1, max_value=1024 * 1024)
+    offset = QueryInteger(required=False, default=0, min_value=0, max_value=MAX_LOG_OFFSET,
+                          help_text="a byte offset into the log (up to 1 TiB)")
+    limit = QueryInteger(required=False, default=65536, min_value=1, max_value=1024 * 1024)
 
 
 class LogPageSerializer(serializers.Serializer):
@@ -298,19 +348,18 @@ class LogPageSerializer(serializers.Serializer):
 
 
 class JobRequestSerializer(serializers.Serializer):
-    ref = serializers.CharField(max_length=255, help_text='The registered function to call, "package.module:function" '
-                                                          '(a @job function, a django.tasks task or a workflow task); '
-                                                          'any other reference is refused.')
+    ref = Text(max_length=255, help_text='The registered function to call, "package.module:function" '
+                                         '(a @job function, a django.tasks task or a workflow task); '
+                                         'any other reference is refused.')
     args = JSONListField(required=False, default=list)
     kwargs = JSONObjectField(required=False, default=dict)
     run_after = AwareDateTimeField(required=False, allow_null=True, default=None,
                                    help_text="Not before this time (with timezone); now when omitted.")
-    queue = serializers.RegexField(r"^[A-Za-z0-9_.-]+$", max_length=100, required=False, default="default")
-    priority = serializers.IntegerField(required=False, default=0, min_value=PRIORITY_RANGE[0],
-                                        max_value=PRIORITY_RANGE[1])
-    max_attempts = serializers.IntegerField(required=False, default=1, min_value=1, max_value=100)
-    timeout = serializers.FloatField(required=False, allow_null=True, default=None, min_value=0.001,
-                                     max_value=7 * 24 * 3600, help_text="seconds before the attempt is killed")
+    queue = TextMatching(r"^[A-Za-z0-9_.-]+$", max_length=100, required=False, default="default")
+    priority = WholeNumber(required=False, default=0, min_value=PRIORITY_RANGE[0], max_value=PRIORITY_RANGE[1])
+    max_attempts = WholeNumber(required=False, default=1, min_value=1, max_value=100)
+    timeout = Number(required=False, allow_null=True, default=None, min_value=0.001, max_value=7 * 24 * 3600,
+                     help_text="seconds before the attempt is killed")
     idempotency_key = IdempotencyKeyField()
 
 
@@ -407,13 +456,13 @@ class DeadTaskRunSerializer(TaskRunSerializer):
 
 
 class DeadLetterFilterSerializer(serializers.Serializer):
-    workflow = serializers.CharField(required=False, max_length=200, help_text="workflow name")
-    queue = serializers.CharField(required=False, max_length=100)
+    workflow = serializers.CharField(required=False, max_length=200, trim_whitespace=False, help_text="workflow name")
+    queue = serializers.CharField(required=False, max_length=100, trim_whitespace=False)
 
 
 class TaskRunIdsSerializer(serializers.Serializer):
     ids = serializers.ListField(
-        child=serializers.IntegerField(min_value=1, max_value=MAX_ID), min_length=1, max_length=1000,
+        child=WholeNumber(min_value=1, max_value=MAX_ID), min_length=1, max_length=1000,
         help_text="Task run ids (one or many).",
     )
 
@@ -432,21 +481,19 @@ class DiscardedSerializer(serializers.Serializer):
 
 
 class BackfillRequestSerializer(serializers.Serializer):
-    workflow = serializers.CharField(max_length=200)
-    start = AwareDateTimeField(help_text="first logical date, inclusive (with timezone)")
-    end = AwareDateTimeField(help_text="last logical date, inclusive (with timezone)")
-    schedule = serializers.CharField(required=False, allow_null=True, default=None, max_length=100,
-                                     help_text="schedule name; may be omitted when the workflow has one schedule")
-    cron = serializers.CharField(required=False, allow_null=True, default=None, max_length=200,
-                                 help_text="backfill these fire times instead of a schedule's")
-    timezone = serializers.CharField(required=False, default="UTC", max_length=64,
-                                     help_text="the timezone of cron (IANA name)")
+    workflow = Text(max_length=200)
+    start = AwareDateTimeField(help_text="first logical date, inclusive (with timezone); from 1900-01-01")
+    end = AwareDateTimeField(help_text="last logical date, inclusive (with timezone); before 2200-01-01")
+    schedule = Text(required=False, allow_null=True, default=None, max_length=100,
+                    help_text="schedule name; may be omitted when the workflow has one schedule")
+    cron = Text(required=False, allow_null=True, default=None, max_length=200,
+                help_text="backfill these fire times instead of a schedule's")
+    timezone = Text(required=False, default="UTC", max_length=64, help_text="the timezone of cron (IANA name)")
     reprocess = serializers.ChoiceField(choices=Backfill.Reprocess.choices, required=False,
                                         default=Backfill.Reprocess.NONE,
                                         help_text="what to do with fire times that already have a run")
     params = JSONObjectField(required=False, default=dict, help_text="override the schedule's params")
-    dry_run = serializers.BooleanField(required=False, default=False,
-                                       help_text="only list the fire times and counts; create nothing")
+    dry_run = Flag(required=False, default=False, help_text="only list the fire times and counts; create nothing")
 
     def validate(self, data):
         if data["end"] < data["start"]:

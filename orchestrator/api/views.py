@@ -5,6 +5,7 @@ the web UI and the admin behave the same."""
 
 from __future__ import annotations
 
+import re
 from functools import cache
 
 from django.db.models import Prefetch
@@ -13,8 +14,6 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers, status
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.exceptions import NotFound, ValidationError
-from rest_framework.pagination import CursorPagination
-from rest_framework.parsers import JSONParser
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -22,13 +21,24 @@ from rest_framework.views import APIView
 from orchestrator import audit, clock
 from orchestrator.api import serializers as s
 from orchestrator.api.errors import exception_handler, field_errors
+from orchestrator.api.parsing import (
+    CURSOR,
+    LIMIT,
+    TIME_CURSOR,
+    DeadLetterPagination,
+    JSONParser,
+    KeysetPagination,
+    validated_query,
+)
 from orchestrator.api.permissions import OperatorsOnly, ViewerReadsOperatorWrites
 from orchestrator.api.schema import Schema, extend_schema
 from orchestrator.models import Attempt, Backfill, Run, Schedule, TaskRun, TaskState, Trigger, Workflow
 from orchestrator.runs import trigger_workflow
 
+IDEMPOTENCY_KEY_PATTERN = r"^[!-~]([ -~]{0,253}[!-~])?$"  # 1 to 255 printable ASCII characters, no edge spaces
 IDEMPOTENCY_HEADER = OpenApiParameter(
-    "Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
+    "Idempotency-Key", {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN, "maxLength": 255},
+    OpenApiParameter.HEADER, required=False,
     description="Same as the idempotency_key field; retries with one key create one resource.",
 )
 
@@ -44,26 +54,6 @@ def errors(*codes: int) -> dict:
     return {code: OpenApiResponse(s.ErrorSerializer, description=described[code]) for code in codes}
 
 
-class IdCursorPagination(CursorPagination):
-    """Keyset pagination on the primary key: page 10,000 of a million runs costs what page 1 does."""
-
-    ordering = "-id"
-    page_size = 50
-    page_size_query_param = "limit"
-    max_page_size = 500
-
-    def decode_cursor(self, request):
-        # DRF answers a mangled cursor with 404; it is bad input, so 400 naming the parameter.
-        try:
-            return super().decode_cursor(request)
-        except NotFound:
-            raise ValidationError({"cursor": ["invalid cursor; use the next or previous link of a page"]}) from None
-
-
-class DeadLetterPagination(IdCursorPagination):
-    ordering = ("-finished_at", "-id")
-
-
 @cache
 def paginated_schema(item_serializer):
     """The shape of a cursor page, for the schema."""
@@ -73,6 +63,14 @@ def paginated_schema(item_serializer):
         "previous": serializers.URLField(allow_null=True),
         "results": item_serializer(many=True),
     })
+
+
+def filter_workflow(name: str) -> Workflow:
+    """The workflow a list is filtered by: like a workflow in the path, an unknown one is a 404."""
+    workflow = Workflow.objects.filter(name=name).first()
+    if workflow is None:
+        raise NotFound({"detail": f"unknown workflow {name!r}", "workflow": [f"unknown workflow {name!r}"]})
+    return workflow
 
 
 def get_workflow(name: str) -> Workflow:
@@ -101,10 +99,9 @@ def idempotency_key(request, data: dict) -> str | None:
     header = request.headers.get("Idempotency-Key")
     body = data.get("idempotency_key")
     if header is not None:
-        header = header.strip()
-        if not header or len(header) > 255 or not header.isprintable():
+        if not re.fullmatch(IDEMPOTENCY_KEY_PATTERN, header):
             raise ValidationError({"idempotency_key": ["the Idempotency-Key header must be 1 to 255 printable "
-                                                       "characters"]})
+                                                       "ASCII characters, without spaces at either end"]})
         if body and body != header:
             raise ValidationError({"idempotency_key": ["the Idempotency-Key header and the idempotency_key "
                                                        "field differ; send one of them"]})
@@ -135,7 +132,7 @@ class APIBase(APIView):
     def get_exception_handler(self):
         return exception_handler
 
-    def page(self, queryset, serializer_class, pagination_class=IdCursorPagination, context=None):
+    def page(self, queryset, serializer_class, pagination_class=KeysetPagination, context=None):
         paginator = pagination_class()
         items = paginator.paginate_queryset(queryset, self.request, view=self)
         data = serializer_class(items, many=True, context=context or {}).data
@@ -196,12 +193,10 @@ class WorkflowResumeView(APIBase):
 
 
 def filtered_runs(request, workflow: Workflow | None = None):
-    filters = validated(s.RunFilterSerializer, request.query_params)
+    filters = validated_query(s.RunFilterSerializer, request.query_params)
     runs = Run.objects.select_related("workflow", "schedule", "created_by")
     if workflow is None and "workflow" in filters:
-        workflow = Workflow.objects.filter(name=filters["workflow"]).first()
-        if workflow is None:
-            raise ValidationError({"workflow": [f"unknown workflow {filters['workflow']!r}"]})
+        workflow = filter_workflow(filters["workflow"])
     if workflow is not None:
         runs = runs.filter(workflow=workflow)
     for key, lookup in [("state", "state"), ("trigger", "trigger"), ("created_after", "created_at__gte"),
@@ -218,19 +213,15 @@ def run_detail(run: Run) -> dict:
 
 class RunListView(APIBase):
     @extend_schema(tags=["runs"], operation_id="runs_list", summary="List runs, newest first (cursor pagination)",
-                   parameters=[s.RunFilterSerializer,
-                               OpenApiParameter("cursor", str, description="from a page's next/previous link"),
-                               OpenApiParameter("limit", int, description="page size, at most 500")],
-                   responses={200: paginated_schema(s.RunSerializer), **errors(400, 401, 403)})
+                   parameters=[s.RunFilterSerializer, CURSOR, LIMIT],
+                   responses={200: paginated_schema(s.RunSerializer), **errors(400, 401, 403, 404)})
     def get(self, request):
         return self.page(filtered_runs(request), s.RunSerializer)
 
 
 class WorkflowRunsView(APIBase):
     @extend_schema(tags=["runs"], operation_id="workflows_runs_list", summary="List the runs of one workflow",
-                   parameters=[s.RunFilterSerializer,
-                               OpenApiParameter("cursor", str, description="from a page's next/previous link"),
-                               OpenApiParameter("limit", int, description="page size, at most 500")],
+                   parameters=[s.RunFilterSerializer, CURSOR, LIMIT],
                    responses={200: paginated_schema(s.RunSerializer), **errors(400, 401, 403, 404)})
     def get(self, request, name):
         return self.page(filtered_runs(request, get_workflow(name)), s.RunSerializer)
@@ -313,7 +304,7 @@ class AttemptLogView(APIBase):
     def get(self, request, pk, number):
         from orchestrator import logs
 
-        query = validated(s.LogQuerySerializer, request.query_params)
+        query = validated_query(s.LogQuerySerializer, request.query_params)
         attempt = Attempt.objects.filter(task_run_id=pk, number=number).first()
         if attempt is None:
             raise NotFound(f"task run {pk} has no attempt {number}")
@@ -334,8 +325,7 @@ def job_data(run: Run) -> dict:
 
 class JobListView(APIBase):
     @extend_schema(tags=["jobs"], operation_id="jobs_list", summary="List jobs, newest first (cursor pagination)",
-                   parameters=[OpenApiParameter("cursor", str, description="from a page's next/previous link"),
-                               OpenApiParameter("limit", int, description="page size, at most 500")],
+                   parameters=[CURSOR, LIMIT],
                    responses={200: paginated_schema(s.JobSerializer), **errors(400, 401, 403)})
     def get(self, request):
         return self.page(jobs_queryset(), s.JobSerializer)
@@ -383,15 +373,13 @@ class JobDetailView(APIBase):
 
 class DeadLetterListView(APIBase):
     @extend_schema(tags=["dead-letter queue"], operation_id="dlq_list", summary="Task runs that used every attempt, last failed first",
-                   parameters=[s.DeadLetterFilterSerializer,
-                               OpenApiParameter("cursor", str, description="from a page's next/previous link"),
-                               OpenApiParameter("limit", int, description="page size, at most 500")],
-                   responses={200: paginated_schema(s.DeadTaskRunSerializer), **errors(400, 401, 403)})
+                   parameters=[s.DeadLetterFilterSerializer, TIME_CURSOR, LIMIT],
+                   responses={200: paginated_schema(s.DeadTaskRunSerializer), **errors(400, 401, 403, 404)})
     def get(self, request):
-        filters = validated(s.DeadLetterFilterSerializer, request.query_params)
+        filters = validated_query(s.DeadLetterFilterSerializer, request.query_params)
         dead = TaskRun.objects.filter(state=TaskState.DEAD).select_related("run__workflow")
         if "workflow" in filters:
-            dead = dead.filter(run__workflow__name=filters["workflow"])
+            dead = dead.filter(run__workflow=filter_workflow(filters["workflow"]))
         if "queue" in filters:
             dead = dead.filter(queue=filters["queue"])
         return self.page(dead, s.DeadTaskRunSerializer, DeadLetterPagination)
@@ -430,8 +418,7 @@ def backfills_queryset():
 
 class BackfillListView(APIBase):
     @extend_schema(tags=["backfills"], operation_id="backfills_list", summary="List backfills, newest first",
-                   parameters=[OpenApiParameter("cursor", str, description="from a page's next/previous link"),
-                               OpenApiParameter("limit", int, description="page size, at most 500")],
+                   parameters=[CURSOR, LIMIT],
                    responses={200: paginated_schema(s.BackfillSerializer), **errors(400, 401, 403)})
     def get(self, request):
         return self.page(backfills_queryset(), s.BackfillSerializer)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from django import forms
 
+from orchestrator.limits import MAX_ID
 from orchestrator.models import Backfill, RunState, TaskState, Trigger, Workflow
 
 JOBS = "-jobs"  # the workflow filter's value for one-off jobs (runs without a workflow)
@@ -21,8 +22,8 @@ class RunFilterForm(forms.Form):
     since = forms.DateField(required=False, label="logical date from (UTC)")
     until = forms.DateField(required=False, label="to (UTC, inclusive)")
     # Keyset pagination: rows with a smaller id (older) or a larger id (newer) than this one.
-    before = forms.IntegerField(required=False, min_value=1)
-    after = forms.IntegerField(required=False, min_value=1)
+    before = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID)
+    after = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -44,7 +45,7 @@ class DeadLetterFilterForm(forms.Form):
     error = forms.CharField(required=False, max_length=200, label="error contains")
     since = forms.DateField(required=False, label="died from (UTC)")
     until = forms.DateField(required=False, label="to (UTC, inclusive)")
-    before = forms.IntegerField(required=False, min_value=1)
+    before = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

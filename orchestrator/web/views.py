@@ -10,7 +10,7 @@ retry, discard and pause (``access``). Lists of runs never use OFFSET: they page
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from functools import wraps
 
 from django.contrib import messages
@@ -26,6 +26,7 @@ from django.views.decorators.http import require_POST
 
 from orchestrator import access, audit, clock, cron
 from orchestrator.conf import app_settings
+from orchestrator.limits import MAX_ID, MAX_LOG_OFFSET
 from orchestrator.models import (
     ACTIVE_RUN_STATES,
     Attempt,
@@ -42,6 +43,7 @@ from orchestrator.models import (
 from orchestrator.params import ParamError
 from orchestrator.runs import RunError
 from orchestrator.web import svg
+from orchestrator.web.errors import query_int
 from orchestrator.web.forms import (
     JOBS,
     BulkTaskRunForm,
@@ -125,7 +127,8 @@ def _dur(start: datetime | None, end: datetime | None, now: datetime) -> float |
 
 def _day_bounds(since, until):
     lo = datetime.combine(since, time.min, tzinfo=UTC) if since else None
-    hi = datetime.combine(until + timedelta(days=1), time.min, tzinfo=UTC) if until else None
+    # Up to the last day of the calendar means no upper bound (the day after it does not exist).
+    hi = datetime.combine(until + timedelta(days=1), time.min, tzinfo=UTC) if until and until < date.max else None
     return lo, hi
 
 
@@ -254,9 +257,9 @@ def _workflow_context(request, wf: Workflow, *, submitted=None, errors=None, for
     grid_rows = [(task, [(run, cells.get((run.pk, task))) for run in runs]) for task in order + extra]
 
     selected = None
-    wanted = request.GET.get("run")
-    if wanted and wanted.isdigit():
-        selected = Run.objects.filter(workflow=wf, pk=int(wanted)).select_related("version").first()
+    wanted = query_int(request, "run", None, 1, MAX_ID)
+    if wanted:
+        selected = Run.objects.filter(workflow=wf, pk=wanted).select_related("version").first()
     if selected is None and runs:
         selected = runs[-1]
     graph_upstream = upstream
@@ -535,11 +538,10 @@ def task_run_detail(request, task_run_id):
     tr = get_object_or_404(TaskRun.objects.select_related("run__workflow", "worker"), pk=task_run_id)
     attempts = list(tr.attempt_set.select_related("worker").order_by("number"))
     selected = attempts[-1] if attempts else None
-    wanted = request.GET.get("attempt")
-    if wanted and wanted.isdigit():
-        selected = next((a for a in attempts if a.number == int(wanted)), selected)
-    offset = request.GET.get("offset", "0")
-    offset = int(offset) if offset.isdigit() else 0
+    wanted = query_int(request, "attempt", None, 1, MAX_ID)
+    if wanted:
+        selected = next((a for a in attempts if a.number == wanted), selected)
+    offset = query_int(request, "offset", 0, 0, MAX_LOG_OFFSET)
     now = clock.now()
     for attempt in attempts:
         attempt.seconds = _dur(attempt.started_at, attempt.finished_at, now)
@@ -558,10 +560,8 @@ def attempt_log(request, attempt_id):
     """One page of an attempt's log from ``offset``: the "load more" button and the tail
     follower ask for this fragment and append it."""
     attempt = get_object_or_404(Attempt.objects.select_related("task_run"), pk=attempt_id)
-    offset = request.GET.get("offset", "0")
-    if not offset.isdigit():
-        return HttpResponse("offset must be a whole number of bytes", status=400, content_type="text/plain")
-    return page(request, "orchestrator/web/task_run.html#log_chunk", {"log": _read_log(attempt, int(offset))})
+    offset = query_int(request, "offset", 0, 0, MAX_LOG_OFFSET)
+    return page(request, "orchestrator/web/task_run.html#log_chunk", {"log": _read_log(attempt, offset)})
 
 
 @viewer_required
