@@ -2,7 +2,7 @@
 dispatcher processes, in a dedicated database ``orchestrator_bench`` on the current server
 (dropped, created and migrated at the start; the product's own data is never touched).
 
-Sections (``--only jobs,latency,dag,pg,scheduler,pages``):
+Sections (``--only jobs,latency,dag,pg,scheduler,pages,cron``):
 
 - jobs: no-op single-task jobs completed per second end to end (enqueue, dispatch, execute,
   record) with one and with two worker processes. Jobs are enqueued while the workers run, in
@@ -36,7 +36,7 @@ from orchestrator.jobs import job
 # Two benchmarks at once on one server would drop each other's database: name another one.
 BENCH_DB = os.environ.get("ORCHESTRATOR_BENCH_DATABASE", "orchestrator_bench")
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("pg", "jobs", "latency", "dag", "scheduler", "pages")
+SECTIONS = ("pg", "jobs", "latency", "dag", "scheduler", "pages", "cron")
 
 
 # --- the tasks the benchmark runs ----------------------------------------------------------------
@@ -368,3 +368,6 @@ def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int 
     if "pages" in only:
         out("Pages:")
         _external(out, "orchestrator.bench_pages")
+    if "cron" in only:
+        out("Cron over long ranges:")
+        _external(out, "orchestrator.bench_cron")

@@ -13,7 +13,17 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from orchestrator import cron
-from orchestrator.limits import MAX_ID, MAX_JSON_DEPTH, MAX_LOG_OFFSET, shown, text_error
+from orchestrator.limits import (
+    MAX_ID,
+    MAX_JSON_DEPTH,
+    MAX_LOG_OFFSET,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    QUEUE,
+    QUEUE_RE,
+    shown,
+    text_error,
+)
 from orchestrator.models import (
     Attempt,
     AuditEvent,
@@ -27,7 +37,7 @@ from orchestrator.models import (
     Workflow,
 )
 
-PRIORITY_RANGE = (-100, 100)
+PRIORITY_RANGE = (PRIORITY_MIN, PRIORITY_MAX)
 
 
 class AwareDateTimeField(serializers.DateTimeField):
@@ -355,7 +365,7 @@ class JobRequestSerializer(serializers.Serializer):
     kwargs = JSONObjectField(required=False, default=dict)
     run_after = AwareDateTimeField(required=False, allow_null=True, default=None,
                                    help_text="Not before this time (with timezone); now when omitted.")
-    queue = TextMatching(r"^[A-Za-z0-9_.-]+$", max_length=100, required=False, default="default")
+    queue = TextMatching(QUEUE_RE.pattern, max_length=QUEUE, required=False, default="default")
     priority = WholeNumber(required=False, default=0, min_value=PRIORITY_RANGE[0], max_value=PRIORITY_RANGE[1])
     max_attempts = WholeNumber(required=False, default=1, min_value=1, max_value=100)
     timeout = Number(required=False, allow_null=True, default=None, min_value=0.001, max_value=7 * 24 * 3600,
@@ -545,11 +555,13 @@ class AuditEventSerializer(serializers.ModelSerializer):
 
 
 class AuditFilterSerializer(serializers.Serializer):
-    action = serializers.CharField(required=False, max_length=50, help_text="e.g. trigger, cancel, retry")
-    actor = serializers.CharField(required=False, max_length=150, help_text="user name")
+    action = serializers.CharField(required=False, max_length=50, trim_whitespace=False,
+                                   help_text="e.g. trigger, cancel, retry")
+    actor = serializers.CharField(required=False, max_length=150, trim_whitespace=False, help_text="user name")
     source = serializers.ChoiceField(choices=AuditEvent.Source.choices, required=False)
-    target_type = serializers.CharField(required=False, max_length=50, help_text="run, taskrun, workflow, ...")
-    target_id = serializers.CharField(required=False, max_length=255)
+    target_type = serializers.CharField(required=False, max_length=50, trim_whitespace=False,
+                                        help_text="run, taskrun, workflow, ...")
+    target_id = serializers.CharField(required=False, max_length=255, trim_whitespace=False)
     since = AwareDateTimeField(required=False, help_text="at or after (with timezone)")
     until = AwareDateTimeField(required=False, help_text="before (with timezone)")
 

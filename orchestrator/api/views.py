@@ -485,14 +485,12 @@ class AuditListView(APIBase):
     @extend_schema(tags=["audit"], operation_id="audit_list", summary="The audit log: operator actions, newest first",
                    description="Who did what, when, to which object and from where (UI, API, admin or command "
                                "line, and the IP address). Operators only. Retention never deletes these.",
-                   parameters=[s.AuditFilterSerializer,
-                               OpenApiParameter("cursor", str, description="from a page's next/previous link"),
-                               OpenApiParameter("limit", int, description="page size, at most 500")],
+                   parameters=[s.AuditFilterSerializer, CURSOR, LIMIT],
                    responses={200: paginated_schema(s.AuditEventSerializer), **errors(400, 401, 403)})
     def get(self, request):
         from orchestrator.models import AuditEvent
 
-        filters = validated(s.AuditFilterSerializer, request.query_params)
+        filters = validated_query(s.AuditFilterSerializer, request.query_params)
         events = AuditEvent.objects.all()
         for key, lookup in [("action", "action"), ("actor", "actor_name"), ("source", "source"),
                             ("target_type", "target_type"), ("target_id", "target_id"), ("since", "at__gte"),
