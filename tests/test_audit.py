@@ -159,7 +159,8 @@ def test_operators_read_the_audit_log_on_a_page_and_viewers_do_not(client, opera
     assert page.count("<tr><td>") == 2 and 'href="/runs/41/"' in page and 'workflow=&quot;reports&quot;' in page
     filtered = client.get(reverse("orchestrator:web:audit"), {"action": "pause"}).content.decode()
     assert filtered.count("<tr><td>") == 1 and "reports" in filtered
-    assert client.get(reverse("orchestrator:web:audit"), {"target_id": "a\x00b"}).status_code == 200
+    # A NUL character in the address is refused before any page (PostgreSQL cannot compare it).
+    assert client.get(reverse("orchestrator:web:audit"), {"target_id": "a\x00b"}).status_code == 400
 
 
 def test_the_audit_api_is_for_operators_paginated_and_filtered(api, viewer_api, operator, workflow):

@@ -1,3 +1,4 @@
+# ruff: noqa: F811 - pytest fixtures imported from tests.e2e.test_browser
 """Very long unbroken text (a description, a log line, an error, a param value of 5,000
 characters without a space) wraps inside its box: no page grows wider than the window. Measured
 in a real Chromium, as the document's scroll width."""
@@ -12,7 +13,6 @@ from django.utils import timezone
 from orchestrator import logs
 from orchestrator.models import Attempt, TaskRun, Workflow
 from orchestrator.runs import trigger_workflow
-from tests.conftest import process_env
 from tests.e2e.test_browser import browser, log_in, operator, server, shot, workflows  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -33,7 +33,7 @@ def test_long_unbroken_text_wraps_instead_of_widening_the_pages(server, browser)
     attempt = Attempt.objects.create(task_run=task_run, number=1, started_at=now, finished_at=now, outcome="failed",
                                      error=f"ValueError: {LONG}", traceback=f"Traceback\n  {LONG}\nValueError")
     # The server's log storage is the data folder it was started with.
-    log_file = Path(process_env(**server.env)["ORCHESTRATOR_DATA_DIR"]) / "logs" / logs.attempt_log_name(attempt)
+    log_file = Path(server.env["ORCHESTRATOR_DATA_DIR"]) / "logs" / logs.attempt_log_name(attempt)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     log_file.write_text(f"fetching\n{LONG}\ndone\n")
     log_in(page, base, *operator())
