@@ -397,3 +397,27 @@ def test_every_page_shows_a_workflow_stored_under_a_name_that_a_url_cannot_hold(
         assert "sec/slash" in response.content.decode(), path
     assert browser.post("/workflows/sec/slash/pause/").status_code == 302
     assert Workflow.objects.get(pk=old.pk).paused
+
+
+# --- the admin and the command line ---------------------------------------------------------------
+
+
+def test_a_backfill_from_the_year_1_in_the_admin_shows_the_error_on_the_form(browser, operator, workflow):
+    operator.is_staff = True
+    operator.save()
+    before = stored()
+    response = browser.post(f"/admin/orchestrator/workflow/{workflow.pk}/backfill/",
+                            {"start": "0001-01-01 00:00", "end": "0001-01-03 00:00", "reprocess": "none",
+                             "params": '{"day": "2026-01-01"}'})
+    assert response.status_code == 200
+    assert "outside the range of logical dates" in response.content.decode()
+    assert stored() == before
+
+
+@pytest.mark.parametrize(("start", "end"), [("0001-01-01", "0001-01-03"), ("9999-12-30", "9999-12-31"),
+                                            ("2000-01-01", "9999-12-31")])
+def test_a_backfill_outside_the_window_on_the_command_line_says_why(workflow, start, end):
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="outside the range of logical dates"):
+        call_command("backfill", "reports", "--start", start, "--end", end, "--dry-run")
