@@ -11,7 +11,7 @@ import json
 import math
 from datetime import date, datetime
 
-from orchestrator.limits import MAX_JSON_DEPTH, shown, text_error
+from orchestrator.limits import json_problem
 
 # Integers a task can hand to PostgreSQL or any JSON consumer: a bigint.
 INT_RANGE = (-(2**63), 2**63 - 1)
@@ -138,30 +138,11 @@ def _named(text: str) -> str:
     return repr(text) if len(text) <= 80 else f"{text[:80]!r}... ({len(text):,} characters)"
 
 
-def _storable(value, path: str = "", depth: int = 0) -> None:
-    """Raise ValueError if `value` cannot go into a jsonb column: text PostgreSQL refuses, numbers JSON
-    cannot write, or nesting deeper than any real parameter has."""
-    where = f"the value at {path}" if path else "the value"
-    if depth > MAX_JSON_DEPTH:
-        raise ValueError(f"{where} is nested deeper than {MAX_JSON_DEPTH} levels")
-    if isinstance(value, str):
-        if message := text_error(value, where):
-            raise ValueError(message)
-    elif isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{where} is {value}, which JSON cannot hold")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            where = f"{path}.{shown(key)}" if path else shown(key)
-            _storable(key, where, depth + 1)
-            _storable(item, where, depth + 1)
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            _storable(item, f"{path}[{index}]", depth + 1)
-
-
 def clean_param(spec: dict, value):
     cleaned = _coerce(spec.get("type", "str"), value)
-    _storable(cleaned)
+    # What a jsonb column cannot hold: text with NUL or unpaired surrogates, NaN, deep nesting.
+    if problem := json_problem(cleaned):
+        raise ValueError(problem)
     choices = spec.get("choices")
     if choices is not None and cleaned not in choices:
         raise ValueError(f"{_shown(cleaned)} is not one of {_shown(choices)}")

@@ -15,14 +15,12 @@ from rest_framework import serializers
 from orchestrator import cron
 from orchestrator.limits import (
     MAX_ID,
-    MAX_JSON_DEPTH,
     MAX_LOG_OFFSET,
     PRIORITY_MAX,
     PRIORITY_MIN,
     QUEUE,
     QUEUE_RE,
-    shown,
-    text_error,
+    json_problem,
 )
 from orchestrator.models import (
     Attempt,
@@ -116,22 +114,10 @@ class QueryInteger(serializers.IntegerField):
         return super().to_internal_value(data)
 
 
-def check_json(value, path: str = "", depth: int = 0) -> None:
-    """PostgreSQL's jsonb cannot hold a NUL character or an unpaired surrogate; find one before the
-    database does, and refuse nesting no real value has."""
-    if depth > MAX_JSON_DEPTH:
-        raise serializers.ValidationError(f"nested deeper than {MAX_JSON_DEPTH} levels at {path or 'the top'}")
-    if isinstance(value, str):
-        if message := text_error(value, f"the text at {path or 'the top'}"):
-            raise serializers.ValidationError(message)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            where = f"{path}.{shown(key)}" if path else shown(key)
-            check_json(key, where, depth + 1)
-            check_json(item, where, depth + 1)
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            check_json(item, f"{path}[{index}]", depth + 1)
+def check_json(value) -> None:
+    """What jsonb cannot hold (NUL, unpaired surrogates, deep nesting), found before the database does."""
+    if problem := json_problem(value):
+        raise serializers.ValidationError(problem)
 
 
 @extend_schema_field({"type": "object", "additionalProperties": True})
