@@ -1,7 +1,24 @@
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import path, register_converter
 
 from orchestrator.web import audit, views
+
+
+class StoredName:
+    """Any workflow name a row may hold. Sync stores only names fit for a URL now, but a row from
+    before may have a slash in its name, or none at all: its pages still work, and reversing its
+    URLs (on every page that lists it) never fails."""
+
+    regex = ".*"
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+register_converter(StoredName, "stored_name")
 
 app_name = "web"
 
@@ -11,13 +28,11 @@ urlpatterns = [
                                                 next_page="orchestrator:web:dashboard"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(next_page="orchestrator:web:login"), name="logout"),
     path("workflows/", views.workflow_list, name="workflows"),
-    # <path:name>: a workflow stored under a name with a slash (sync refuses such names now, but
-    # older rows may have one) still has pages, and reversing its URLs never fails. The actions
-    # come first, so "a/b/trigger/" is the trigger of "a/b".
-    path("workflows/<path:name>/trigger/", views.workflow_trigger, name="workflow_trigger"),
-    path("workflows/<path:name>/pause/", views.workflow_pause, name="workflow_pause"),
-    path("workflows/<path:name>/resume/", views.workflow_resume, name="workflow_resume"),
-    path("workflows/<path:name>/", views.workflow_detail, name="workflow"),
+    # The actions come first, so "a/b/trigger/" is the trigger of "a/b" (see StoredName).
+    path("workflows/<stored_name:name>/trigger/", views.workflow_trigger, name="workflow_trigger"),
+    path("workflows/<stored_name:name>/pause/", views.workflow_pause, name="workflow_pause"),
+    path("workflows/<stored_name:name>/resume/", views.workflow_resume, name="workflow_resume"),
+    path("workflows/<stored_name:name>/", views.workflow_detail, name="workflow"),
     path("runs/", views.run_list, name="runs"),
     path("runs/<int:run_id>/", views.run_detail, name="run"),
     path("runs/<int:run_id>/cancel/", views.run_cancel, name="run_cancel"),
