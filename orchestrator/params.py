@@ -11,7 +11,7 @@ import json
 import math
 from datetime import date, datetime
 
-from orchestrator.limits import json_problem
+from orchestrator.limits import json_problem, text_error
 
 # Integers a task can hand to PostgreSQL or any JSON consumer: a bigint.
 INT_RANGE = (-(2**63), 2**63 - 1)
@@ -141,7 +141,8 @@ def _named(text: str) -> str:
 def clean_param(spec: dict, value):
     cleaned = _coerce(spec.get("type", "str"), value)
     # What a jsonb column cannot hold: text with NUL or unpaired surrogates, NaN, deep nesting.
-    if problem := json_problem(cleaned):
+    problem = text_error(cleaned, "the value") if isinstance(cleaned, str) else json_problem(cleaned)
+    if problem:
         raise ValueError(problem)
     choices = spec.get("choices")
     if choices is not None and cleaned not in choices:
