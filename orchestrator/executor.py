@@ -33,7 +33,17 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class TaskFailure(Exception):
-    """An attempt failed for a reason the product states itself (no user traceback)."""
+    """An attempt failed for a reason the product states itself. When an exception lies behind it
+    (a return value JSON cannot hold, a module that cannot be imported), it is the cause
+    (``raise TaskFailure(...) from exc``), and its class and traceback are recorded."""
+
+
+class AttemptLost(TaskFailure):
+    """The class recorded for an attempt whose worker went silent (no exception was seen)."""
+
+
+class AttemptCancelled(TaskFailure):
+    """The class recorded for an attempt whose task run was cancelled while it ran."""
 
 
 def die_with_parent() -> None:
@@ -88,7 +98,7 @@ def resolve(message: dict, declared: dict | None = None, functions: dict | None 
     try:
         return registry.load_for_worker(ref, message["id"], declared=declared)
     except registry.NotRegistered as exc:
-        raise TaskFailure(f"refused: {exc}") from None
+        raise TaskFailure(f"refused: {exc}") from exc
 
 
 def check_shell(message: dict, declared: dict | None = None) -> None:
@@ -110,20 +120,6 @@ def _takes_argument(fn) -> bool:
     return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params)
 
 
-def _django_context(task, message: dict):
-    from django.tasks.base import TaskContext as DjangoTaskContext
-    from django.tasks.base import TaskResult, TaskResultStatus
-
-    spec = message["spec"]
-    result = TaskResult(
-        task=task, id=str(message["id"]), status=TaskResultStatus.RUNNING, enqueued_at=None,
-        started_at=None, finished_at=None, last_attempted_at=None, args=list(spec.get("args", [])),
-        kwargs=dict(spec.get("kwargs", {})), backend=task.backend, errors=[],
-        worker_ids=[str(n) for n in range(message["number"])],
-    )
-    return DjangoTaskContext(task_result=result)
-
-
 def task_context(message: dict) -> TaskContext:
     """The TaskContext of a workflow task's attempt, from the worker's message."""
     map_index = message.get("map_index")
@@ -137,9 +133,11 @@ def task_context(message: dict) -> TaskContext:
 
 
 def call_python(message: dict, ctx: TaskContext | None = None, declared: dict | None = None,
-                functions: dict | None = None):
+                functions: dict | None = None, attempt: dict | None = None):
     """The calling convention: jobs get their args, workflow tasks their TaskContext (``ctx``,
-    made from the message when not given)."""
+    made from the message when not given). A django.tasks task gets its TaskContext (when it
+    takes one) and its ``task_started`` signal; ``attempt["django"]`` then holds its result, for
+    ``task_finished``."""
     from orchestrator.dsl import Task as DslTask
 
     spec = message["spec"]
@@ -152,9 +150,16 @@ def call_python(message: dict, ctx: TaskContext | None = None, declared: dict | 
     if isinstance(obj, DslTask):
         fn = obj.fn
     elif DjangoTask and isinstance(obj, DjangoTask):
+        from django.tasks.base import TaskContext as DjangoTaskContext
+
+        from orchestrator import tasks_backend
+
         fn = obj.func
+        started = tasks_backend.attempt_started(obj, message["id"])
+        if attempt is not None:
+            attempt["django"] = started
         if obj.takes_context:
-            lead = [_django_context(obj, message)]
+            lead = [DjangoTaskContext(task_result=started)]
     else:
         fn = obj
     if not callable(fn):
@@ -212,9 +217,9 @@ def encode_result(value) -> str | None:
     if value is None:
         return None
     try:
-        text = json.dumps(value)
+        text = json.dumps(value, allow_nan=False)  # PostgreSQL's JSON has no NaN or Infinity either
     except (TypeError, ValueError) as exc:
-        raise TaskFailure(f"the task's return value is not JSON-serialisable: {exc}") from None
+        raise TaskFailure(f"the task's return value is not JSON-serialisable: {exc}") from exc
     limit = app_settings.MAX_RESULT_BYTES
     size = len(text.encode())
     if size > limit:
@@ -265,8 +270,9 @@ def check_result(message: dict, value) -> None:
 
 def run(message: dict, log_stream=None, declared: dict | None = None, functions: dict | None = None) -> tuple:
     """Run one attempt; returns (task_run_id, number, outcome, result, error, traceback, log,
-    metadata). The outcome is "rescheduled" when a sensor's check answered "not yet"; metadata
-    is the JSON text of ``ctx.metadata`` (for the datasets the task produces) or None.
+    metadata, exception class). The outcome is "rescheduled" when a sensor's check answered "not
+    yet"; metadata is the JSON text of ``ctx.metadata`` (for the datasets the task produces) or
+    None; the exception class is the dotted path of the exception object that failed the attempt.
     ``log_stream``: write the log there instead of the attempt's log in storage; ``declared``:
     the task's spec as the caller's own workflow object declares it, ``functions`` the objects it
     holds (see ``resolve``)."""
@@ -276,7 +282,8 @@ def run(message: dict, log_stream=None, declared: dict | None = None, functions:
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     root = logging.getLogger()
     saved = sys.stdout, sys.stderr
-    outcome, result, error, tb, metadata = AttemptOutcome.SUCCEEDED, None, "", "", None
+    outcome, result, error, tb, metadata, exception_class = AttemptOutcome.SUCCEEDED, None, "", "", None, ""
+    attempt = {}  # filled by call_python: the django.tasks result of this attempt, if it is one
     root.addHandler(handler)
     sys.stdout = sys.stderr = log
     try:
@@ -285,7 +292,7 @@ def run(message: dict, log_stream=None, declared: dict | None = None, functions:
                 call_shell(message, log, declared)
             else:
                 ctx = task_context(message) if spec.get("call") != "job" else None
-                value = call_python(message, ctx, declared, functions)
+                value = call_python(message, ctx, declared, functions, attempt)
                 if spec.get("sensor") and not value:
                     outcome = AttemptOutcome.RESCHEDULED  # not yet: checked again after the sensor's interval
                 else:
@@ -293,16 +300,52 @@ def run(message: dict, log_stream=None, declared: dict | None = None, functions:
                     result = encode_result(value)
                     if ctx is not None and ctx.metadata:
                         metadata = encode_metadata(ctx.metadata)
+                if attempt.get("django") is not None:
+                    # Inside the try, as django-tasks-db does: a receiver that raises fails the attempt.
+                    from orchestrator import tasks_backend
+
+                    tasks_backend.attempt_finished(attempt["django"], value=json.loads(result) if result else None)
     except TaskFailure as exc:
         outcome, error = AttemptOutcome.FAILED, str(exc)
+        # The class and traceback of the exception behind a failure the product states itself.
+        failure = exc.__cause__ or exc
+        exception_class = _class_path(failure)
+        if exc.__cause__ is not None:
+            tb = "".join(traceback.format_exception(exc.__cause__))
+            with contextlib.suppress(Exception):
+                log.write(f"{error}\n{tb}")
+        _django_finished(attempt, failure, tb or error, log)
     except BaseException as exc:  # noqa: B036 - SystemExit/KeyboardInterrupt in a task fail it too
         outcome = AttemptOutcome.FAILED
         error = f"{type(exc).__name__}: {exc}"
+        exception_class = _class_path(exc)
         tb = traceback.format_exc()
         with contextlib.suppress(Exception):
             log.write(tb)
+        _django_finished(attempt, exc, tb, log)
     finally:
         sys.stdout, sys.stderr = saved
         root.removeHandler(handler)
         log_name = log.finish() if log_stream is None else ""
-    return message["id"], message["number"], outcome, result, error[:10000], tb, log_name, metadata
+    return (message["id"], message["number"], outcome, result, error[:10000], tb, log_name, metadata,
+            exception_class[:300])
+
+
+def _class_path(exc: BaseException) -> str:
+    kind = type(exc)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _django_finished(attempt: dict, exc: BaseException, tb: str, log) -> None:
+    """``task_finished`` for a django.tasks task's failed attempt, sent while its exception is being
+    handled (Django's own receiver logs it with its traceback). A receiver's own error is written
+    to the attempt's log; the attempt has failed already."""
+    if attempt.get("django") is None:
+        return
+    from orchestrator import tasks_backend
+
+    try:
+        tasks_backend.attempt_finished(attempt["django"], exc=exc, tb=tb)
+    except Exception:  # noqa: BLE001 - reported in the log, never raised over the task's own error
+        with contextlib.suppress(Exception):
+            log.write("a task_finished receiver failed:\n" + traceback.format_exc())

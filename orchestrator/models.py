@@ -310,6 +310,10 @@ class Attempt(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True)
     traceback = models.TextField(blank=True)
+    # The dotted path of the exception's class, taken from the exception object itself (empty when
+    # the attempt ended without one: timed out, lost, cancelled). A database default, so that the
+    # workers' inserts, and those of a version still running during an upgrade, need not name it.
+    exception_class = models.CharField(max_length=300, blank=True, default="", db_default="")
     log_path = models.CharField(max_length=500, blank=True)
 
     class Meta:

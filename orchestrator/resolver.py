@@ -52,6 +52,7 @@ class Ending:
     traceback: str = ""
     log_path: str = ""
     metadata: str | None = None  # JSON text of ctx.metadata, for the datasets a task produces
+    exception_class: str = ""  # the dotted path of the exception's class, from the exception object
     job: bool = False  # a one-task job run: no children to release
     run_id: int | None = None  # saves a lookup when known
 
@@ -76,8 +77,8 @@ END_TASK_RUNS = f"""
 WITH d AS (
     SELECT *, outcome = '{AttemptOutcome.RESCHEDULED}' AS not_yet
     FROM unnest(%(ids)s::bigint[], %(numbers)s::int[], %(outcomes)s::text[], %(results)s::text[],
-                %(errors)s::text[], %(tracebacks)s::text[], %(log_paths)s::text[])
-        AS d(id, number, outcome, result, error, traceback, log_path)
+                %(errors)s::text[], %(tracebacks)s::text[], %(log_paths)s::text[], %(exception_classes)s::text[])
+        AS d(id, number, outcome, result, error, traceback, log_path, exception_class)
 ), t AS (
 UPDATE orchestrator_taskrun t SET
     state = CASE WHEN d.outcome = '{AttemptOutcome.SUCCEEDED}' THEN '{TaskState.SUCCEEDED}'
@@ -105,7 +106,8 @@ RETURNING t.id, t.run_id, t.state, t.spec ? 'produces' AS produces, t.spec ? 'ca
 ), a AS (
     -- The attempt rows of the task runs whose end was accepted above, in the same round trip.
     UPDATE orchestrator_attempt a SET outcome = d.outcome, finished_at = %(now)s, error = d.error,
-        traceback = d.traceback, log_path = CASE WHEN d.log_path <> '' THEN d.log_path ELSE a.log_path END
+        traceback = d.traceback, exception_class = d.exception_class,
+        log_path = CASE WHEN d.log_path <> '' THEN d.log_path ELSE a.log_path END
     FROM t JOIN d ON d.id = t.id
     WHERE a.task_run_id = d.id AND a.number = d.number AND a.outcome = '{AttemptOutcome.RUNNING}'
 )
@@ -238,7 +240,8 @@ def end_attempts(endings: Sequence[Ending], *, worker_id: int | None = None,
             "ids": [e.task_run_id for e in endings], "numbers": [e.number for e in endings],
             "outcomes": [e.outcome for e in endings], "results": [e.result for e in endings],
             "errors": [e.error for e in endings], "tracebacks": [e.traceback for e in endings],
-            "log_paths": [e.log_path for e in endings], "worker": worker_id, "now": now,
+            "log_paths": [e.log_path for e in endings], "exception_classes": [e.exception_class for e in endings],
+            "worker": worker_id, "now": now,
         })
         rows = cursor.fetchall()
         if not rows:

@@ -433,9 +433,8 @@ class Worker(Role):
         except (EOFError, OSError):
             self.child_died(slot)
             return
-        task_run_id, number, outcome, result, error, tb, log_path, metadata = reply
-        self.add_ending(Ending(task_run_id, number, outcome, result, error, tb, log_path, metadata,
-                               job=slot.message.get("spec", {}).get("call") == "job",
+        # (task_run_id, number, outcome, result, error, traceback, log, metadata, exception class)
+        self.add_ending(Ending(*reply, job=slot.message.get("spec", {}).get("call") == "job",
                                run_id=slot.message["run_id"]))
         slot.message = None
         slot.deadline = None

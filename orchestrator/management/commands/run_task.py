@@ -86,7 +86,8 @@ class Command(BaseCommand):
         for handler in handlers:
             handler.setLevel(logging.CRITICAL + 1)
         try:
-            _, _, outcome, result, error, tb, _, metadata = executor.run(message, log_stream=sys.stdout, declared=task_spec)
+            _, _, outcome, result, error, tb, _, metadata, *_ = executor.run(message, log_stream=sys.stdout,
+                                                                              declared=task_spec)
         finally:
             for handler, level in zip(handlers, levels, strict=True):
                 handler.setLevel(level)
