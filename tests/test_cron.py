@@ -749,7 +749,7 @@ def test_describe_rejects_invalid_expressions():
 def test_next_fire_time_for_ten_thousand_schedules_in_five_zones():
     # The scheduler's sweep (the benchmark's schedules); how long it takes is printed by
     # `manage.py bench --only cron`.
-    from orchestrator.bench_cron import many_schedules
+    from orchestrator.bench.cron import many_schedules
 
     now = utc(2026, 5, 9, 12, 3, 17)
     results = [cron.next_fire_time(expr, zone, now) for expr, zone in many_schedules()]

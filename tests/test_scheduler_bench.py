@@ -2,7 +2,7 @@
 
 import pytest
 
-from orchestrator import bench_scheduler
+from orchestrator.bench import scheduler as bench_scheduler
 from orchestrator.models import Run, Schedule
 from tests.conftest import process_env
 

@@ -465,7 +465,7 @@ def test_pausing_and_resuming_a_workflow_from_the_list(as_operator, etl):
 def test_the_page_benchmark_fills_a_history_and_times_every_page():
     import io
 
-    from orchestrator import bench_pages
+    from orchestrator.bench import pages as bench_pages
 
     out = io.StringIO()
     results = bench_pages.run(out, runs=3000, repeat=2)

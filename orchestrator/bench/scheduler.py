@@ -22,7 +22,7 @@ from orchestrator.clock import FakeClock
 from orchestrator.models import Lease, Run, Schedule, Workflow, WorkflowVersion
 from orchestrator.scheduler import Scheduler
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 SPEC = {"params": {}, "tasks": {"noop": {"kind": "python", "ref": "workflows.jobs:noop", "upstream": []}}}
 
 
@@ -123,7 +123,7 @@ def bench_failover(out, lease_seconds: float, env_factory) -> float:
 
 def run(out, schedules: int = 10000, leases=(15, 3), env_factory=None) -> dict:
     if env_factory is None:
-        from orchestrator.bench import child_env
+        from orchestrator.bench.core import child_env
 
         env_factory = child_env
     figures = {"insert_seconds": bench_insert(out, schedules)}

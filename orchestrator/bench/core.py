@@ -31,30 +31,12 @@ from django.db import connection, connections
 
 from orchestrator.conf import app_settings
 from orchestrator.database_url import format_database_url
-from orchestrator.jobs import job
 
 # Two benchmarks at once on one server would drop each other's database: name another one.
 BENCH_DB = os.environ.get("ORCHESTRATOR_BENCH_DATABASE", "orchestrator_bench")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
+JOBS_MODULE = "orchestrator.bench.jobs"
 SECTIONS = ("pg", "jobs", "latency", "dag", "scheduler", "pages", "cron")
-
-
-# --- the tasks the benchmark runs ----------------------------------------------------------------
-
-@job
-def noop():
-    """A job that does nothing."""
-
-
-@job
-def stamp() -> float:
-    """A job that returns when it started (the latency figure)."""
-    return time.time()
-
-
-@job
-def noop_task():
-    """A workflow task that does nothing."""
 
 
 # --- the database ----------------------------------------------------------------------------------
@@ -66,7 +48,7 @@ def child_env(**extra) -> dict:
                 "SECRET_KEY": settings.SECRET_KEY or "bench-only-secret-key",
                 "ORCHESTRATOR_DATA_DIR": str(app_settings.DATA_DIR),
                 # The workers run this module's registered jobs.
-                "ORCHESTRATOR_JOB_MODULES": ",".join([*app_settings.JOB_MODULES, __name__])})
+                "ORCHESTRATOR_JOB_MODULES": ",".join([*app_settings.JOB_MODULES, JOBS_MODULE])})
     env.update({key: str(value) for key, value in extra.items()})
     return env
 
@@ -169,7 +151,7 @@ RETURNING id
 PG_COMPLETE = "UPDATE bench_queue SET state = 'done' WHERE id = ANY (%s)"
 
 
-def enqueue_noops(n: int, ref: str = "orchestrator.bench:noop") -> None:
+def enqueue_noops(n: int, ref: str = "orchestrator.bench.jobs:noop") -> None:
     import json
 
     spec = json.dumps({"kind": "python", "ref": ref, "call": "job", "args": [], "kwargs": {}})
@@ -256,7 +238,7 @@ def bench_latency(out, count: int = 150, interval: float = 0.02, concurrency: in
 
     reset_work()
     roles = Roles()
-    spec = {"kind": "python", "ref": "orchestrator.bench:stamp", "call": "job", "args": [], "kwargs": {}}
+    spec = {"kind": "python", "ref": "orchestrator.bench.jobs:stamp", "call": "job", "args": [], "kwargs": {}}
     enqueued = {}
     try:
         roles.start("dispatcher")
@@ -287,7 +269,7 @@ def bench_dag(out, concurrency: int = 8) -> None:
     from orchestrator.runs import create_run
 
     def spec(upstream=()):
-        return {"kind": "python", "ref": "orchestrator.bench:noop_task", "upstream": list(upstream)}
+        return {"kind": "python", "ref": "orchestrator.bench.jobs:noop_task", "upstream": list(upstream)}
 
     wide = {"start": spec()}
     wide.update({f"t{i:03d}": spec(["start"]) for i in range(200)})
@@ -364,10 +346,10 @@ def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int 
         bench_dag(out)
     if "scheduler" in only:
         out("Scheduler:")
-        _external(out, "orchestrator.bench_scheduler")
+        _external(out, "orchestrator.bench.scheduler")
     if "pages" in only:
         out("Pages:")
-        _external(out, "orchestrator.bench_pages")
+        _external(out, "orchestrator.bench.pages")
     if "cron" in only:
         out("Cron over long ranges:")
-        _external(out, "orchestrator.bench_cron")
+        _external(out, "orchestrator.bench.cron")

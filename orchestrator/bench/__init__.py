@@ -1,0 +1,12 @@
+"""``manage.py bench``: the product's speed figures, in a database of their own.
+
+- ``core``: the database, the worker and dispatcher processes, and the execution-path sections
+  (PostgreSQL's own ceiling, jobs end to end, start delay, DAG wall time); ``run`` picks sections;
+- ``jobs``: the jobs the benchmark's workers run;
+- ``scheduler``, ``pages``, ``cron``: the scheduler's insert and failover, page speed with a big
+  history, cron over long ranges.
+"""
+
+from orchestrator.bench.core import BENCH_DB, SECTIONS, Output, child_env, prepare_database, run
+
+__all__ = ["BENCH_DB", "SECTIONS", "Output", "child_env", "prepare_database", "run"]

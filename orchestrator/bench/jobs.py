@@ -1,0 +1,23 @@
+"""The jobs the benchmark runs (imported by its worker processes through ORCHESTRATOR_JOB_MODULES)."""
+
+from __future__ import annotations
+
+import time
+
+from orchestrator.jobs import job
+
+
+@job
+def noop():
+    """A job that does nothing."""
+
+
+@job
+def stamp() -> float:
+    """A job that returns when it started (the latency figure)."""
+    return time.time()
+
+
+@job
+def noop_task():
+    """A workflow task that does nothing."""
