@@ -14,9 +14,10 @@ from django.contrib import admin, messages
 from django.utils.html import format_html, format_html_join
 
 from orchestrator import access, audit, clock, cron
+from orchestrator.channels import wake_schedulers
 from orchestrator.models import Schedule, Workflow
 from orchestrator.params import ParamError, clean_params
-from orchestrator.scheduler import notify_schedules, pause_schedule, resume_schedule
+from orchestrator.scheduler import pause_schedule, resume_schedule
 
 PREVIEW_COUNT = 5
 EDITABLE = ["workflow", "name", "cron", "timezone", "catchup", "max_catchup", "overlap", "start_deadline",
@@ -171,7 +172,7 @@ class ScheduleAdmin(audit.AdminChanges, admin.ModelAdmin):
         super().save_model(request, obj, form, change)
         # A paused schedule resumed here keeps its past next_fire_at: the scheduler then applies the
         # catchup policy, exactly as resume_schedule does.
-        notify_schedules()
+        wake_schedulers()
 
     # -- actions -------------------------------------------------------------------------------
 

@@ -23,11 +23,12 @@ from django.db import connection, transaction
 from django.utils import timezone as dj_timezone
 
 from orchestrator import clock, cron
+from orchestrator.channels import wake_dispatchers
 from orchestrator.conf import app_settings
 from orchestrator.limits import logical_date_error
 from orchestrator.models import Backfill, Lane, Run, Schedule, TaskRun, Trigger, Workflow
 from orchestrator.params import ParamError, clean_params
-from orchestrator.runs import notify_dispatchers, task_runs_for
+from orchestrator.runs import NewRun, insert_runs, task_runs_for
 from orchestrator.states import FINISHED_RUN_STATES, FINISHED_TASK_STATES, RunState, TaskState, sql_list
 
 REPROCESS_CHOICES = ("none", "failed", "all")
@@ -186,7 +187,6 @@ def start(workflow, start, end, *, reprocess: str = "none", params: dict | None 
     except ParamError as exc:
         raise BackfillError(f"invalid params: {exc}", "params") from None
     now = now or clock.now()
-    from orchestrator.scheduler import NewRun, insert_runs
 
     total, done = the_plan.total, 0
     with transaction.atomic():
@@ -248,7 +248,7 @@ def _reset(run_ids: list[int], backfill: Backfill, now: datetime) -> None:
             run.lane = Lane.BACKFILL
             rows.extend(task_runs_for(run, run.version.spec["tasks"], now))
     TaskRun.objects.bulk_create(rows, batch_size=2000)
-    notify_dispatchers()
+    wake_dispatchers()
 
 
 def progress(backfill: Backfill) -> tuple[int, int]:

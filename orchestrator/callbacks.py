@@ -104,8 +104,8 @@ def enqueue_calls(calls: list[tuple[str, dict]], now=None) -> int:
     """Insert one job per call in the current transaction (two statements whatever the count)."""
     if not calls:
         return 0
+    from orchestrator.channels import wake_dispatchers
     from orchestrator.models import Run, RunState, TaskRun, TaskState, Trigger
-    from orchestrator.runs import notify_dispatchers
 
     now = now or clock.now()
     runs = Run.objects.bulk_create([
@@ -116,5 +116,5 @@ def enqueue_calls(calls: list[tuple[str, dict]], now=None) -> int:
                 max_attempts=CALLBACK_ATTEMPTS)
         for run, (ref, context) in zip(runs, calls, strict=True)
     ])
-    notify_dispatchers()
+    wake_dispatchers()
     return len(calls)

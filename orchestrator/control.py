@@ -5,13 +5,13 @@ so the UI's and the API's bulk actions are one transaction each.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 
 from django.db import OperationalError, connection, transaction
 from psycopg.errors import DeadlockDetected
 
 from orchestrator import clock, mapping, resolver
+from orchestrator.channels import announce_cancelled, wake_dispatchers
 from orchestrator.models import Run
 from orchestrator.states import (
     ACTIVE_RUN_STATES,
@@ -22,8 +22,6 @@ from orchestrator.states import (
     TaskState,
     sql_list,
 )
-
-CANCEL_CHANNEL = "orchestrator_cancel"
 
 # --- SQL ---------------------------------------------------------------------------------------
 
@@ -109,10 +107,7 @@ def _cancel_run(run: Run | int, reason: str, by) -> bool:
             running = [task_run_id for task_run_id, old in rows if old == TaskState.RUNNING]
             if running:
                 cursor.execute(CANCEL_ATTEMPTS, {"ids": running, "now": now, "reason": reason})
-                # A NOTIFY payload holds under 8000 bytes; past that, an empty payload tells
-                # every worker to check which of its task runs are still its own.
-                payload = json.dumps(running)
-                cursor.execute("SELECT pg_notify(%s, %s)", [CANCEL_CHANNEL, payload if len(payload) < 7000 else ""])
+                announce_cancelled(running)
     if not isinstance(run, int):
         run.state, run.reason, run.finished_at = RunState.CANCELLED, reason, now
     return True
@@ -139,7 +134,7 @@ def retry_task_runs(ids: Iterable[int], *, now=None) -> int:
             cursor.execute(REWAIT_DOWNSTREAM, {"ids": downstream})
         cursor.execute(RESUME_RUNS, {"runs": runs})
         resolver.resolve_runs(runs, now=now)
-        resolver.wake_dispatchers()
+        wake_dispatchers()
     return len(retried)
 
 

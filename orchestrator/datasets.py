@@ -29,11 +29,10 @@ from datetime import datetime
 
 from django.db import connection, transaction
 
+from orchestrator.channels import wake_schedulers
 from orchestrator.states import TaskState
 
 log = logging.getLogger(__name__)
-
-SCHEDULES_CHANNEL = "orchestrator_schedules"  # the scheduler's wake-up channel
 
 # --- SQL ---------------------------------------------------------------------------------------
 
@@ -144,7 +143,7 @@ def record_events(succeeded: Sequence[int], metadata: dict[int, str] | None = No
                                        "metas": list(metadata.values())})
         created = len(cursor.fetchall())
         if created:
-            cursor.execute("SELECT pg_notify(%s, '')", [SCHEDULES_CHANNEL])
+            wake_schedulers()
     return created
 
 

@@ -16,11 +16,11 @@ from datetime import datetime
 from django.db import connection, transaction
 
 from orchestrator import clock
+from orchestrator.channels import DISPATCH_CHANNEL, wake_queues
 from orchestrator.clock import system as system_clock
 from orchestrator.conf import app_settings
 from orchestrator.loop import Loop, Role
 from orchestrator.models import QueueLimit, TenantLimit
-from orchestrator.runs import DISPATCH_CHANNEL, queue_channel
 from orchestrator.states import BUSY_TASK_STATES, TaskState, sql_list
 
 log = logging.getLogger(__name__)
@@ -75,9 +75,6 @@ MARK_QUEUED = f"""
 UPDATE orchestrator_taskrun SET state = '{TaskState.QUEUED}', queued_at = %(now)s
 WHERE id = ANY (%(ids)s) AND state = '{TaskState.SCHEDULED}'
 """
-
-# One NOTIFY per queue per transaction, delivered at commit.
-NOTIFY_QUEUES = "SELECT pg_notify(channel, '') FROM unnest(%(channels)s::text[]) AS channel"
 
 HELD_BACK_PAUSE = 0.05
 
@@ -165,7 +162,7 @@ def tick(now: datetime | None = None, batch: int = 1000, limits: tuple | None = 
             queues.add(queue)
         if admitted:
             cursor.execute(MARK_QUEUED, {"ids": admitted, "now": now})
-            cursor.execute(NOTIFY_QUEUES, {"channels": sorted({queue_channel(q) for q in queues})})
+            wake_queues(queues)
         return len(admitted)
 
 
@@ -173,26 +170,6 @@ def next_due() -> datetime | None:
     with connection.cursor() as cursor:
         cursor.execute(NEXT_DUE)
         return cursor.fetchone()[0]
-
-
-def listen_connection(*channels: str):
-    """A separate autocommit connection that LISTENs (Django's connection stays free for work)."""
-    import psycopg
-    from psycopg import sql
-
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    params.pop("server_side_binding", None)
-    conn = psycopg.connect(**params, autocommit=True)
-    for channel in channels:
-        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-    return conn
-
-
-def drain_notifies(conn) -> list:
-    """Every notification already received, without waiting."""
-    return list(conn.notifies(timeout=0))
 
 
 class Dispatcher(Role):
@@ -243,4 +220,4 @@ class Dispatcher(Role):
         log.info("dispatcher stopped", extra={"action": "dispatcher_stop"})
 
 
-__all__ = ["Dispatcher", "tick", "next_due", "listen_connection", "queue_channel"]
+__all__ = ["Dispatcher", "tick", "next_due"]

@@ -16,9 +16,8 @@ from django.http import JsonResponse
 
 from orchestrator import clock
 from orchestrator.conf import app_settings
+from orchestrator.lease import SCHEDULER_LEASE
 from orchestrator.states import LIVE_WORKER_STATES, sql_list
-
-SCHEDULER_LEASE = "scheduler"
 
 
 def _seconds(value: float) -> str:

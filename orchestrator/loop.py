@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 import psycopg
 from django.db import DatabaseError, InterfaceError, connections
 
+from orchestrator.channels import drain_notifies, listen_connection
 from orchestrator.conf import app_settings
 
 log = logging.getLogger(__name__)
@@ -187,8 +188,6 @@ class Loop:
                 except BlockingIOError:
                     pass
             elif key.data is _LISTEN:
-                from orchestrator.dispatcher import drain_notifies
-
                 self.role.notified(drain_notifies(self.listener))
             else:
                 key.data(key.fileobj)
@@ -268,8 +267,6 @@ class Loop:
     def _ensure_listener(self) -> None:
         if self.listener is not None or not self.role.channels:
             return
-        from orchestrator.dispatcher import listen_connection
-
         self.listener = listen_connection(*self.role.channels)
         self.selector.register(self.listener.fileno(), selectors.EVENT_READ, _LISTEN)
 

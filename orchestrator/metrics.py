@@ -22,7 +22,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from orchestrator import clock
 from orchestrator.conf import app_settings
-from orchestrator.health import SCHEDULER_LEASE
+from orchestrator.lease import SCHEDULER_LEASE
 from orchestrator.states import LIVE_WORKER_STATES, AttemptOutcome, RunState, TaskState, sql_list
 
 SCHEDULE_DELAY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from orchestrator import clock
 from orchestrator.conf import app_settings
+from orchestrator.jobs import enqueue
 from orchestrator.models import Run, WebhookDelivery
 from orchestrator.registry import job
 
@@ -62,20 +63,10 @@ def deadline_missed(run_ids: Sequence[int]) -> int:
 
 
 def _enqueue(delivery: WebhookDelivery) -> None:
-    options = {"retry_delay": app_settings.WEBHOOK_RETRY_SECONDS, "retry_backoff": 2.0, "retry_max_delay": 600.0, "timeout": 60}
-    try:
-        from orchestrator.jobs import enqueue
-    except ImportError:
-        enqueue = None
-    if enqueue is not None:
-        enqueue(DELIVER_REF, kwargs={"delivery_id": delivery.pk}, max_attempts=MAX_ATTEMPTS,
-                timeout=options["timeout"], spec_extra={k: v for k, v in options.items() if k != "timeout"})
-        return
-    from orchestrator.runs import create_run
-
-    spec = {"kind": "python", "ref": DELIVER_REF, "call": "job", "args": [],
-            "kwargs": {"delivery_id": delivery.pk}, "max_attempts": MAX_ATTEMPTS, **options}
-    create_run(None, trigger="job", tasks={DELIVER_REF: spec})
+    """The delivery runs as a one-off job: up to MAX_ATTEMPTS POSTs in all, backing off between them."""
+    enqueue(DELIVER_REF, kwargs={"delivery_id": delivery.pk}, max_attempts=MAX_ATTEMPTS, timeout=60,
+            spec_extra={"retry_delay": app_settings.WEBHOOK_RETRY_SECONDS, "retry_backoff": 2.0,
+                        "retry_max_delay": 600.0})
 
 
 def payload(run: Run, event: str) -> dict:

@@ -24,7 +24,7 @@ from datetime import datetime
 from django.db import connection
 
 from orchestrator import callbacks, clock, datasets, deadlines, mapping
-from orchestrator.runs import DISPATCH_CHANNEL
+from orchestrator.channels import wake_dispatchers
 from orchestrator.states import (
     DEFAULT_TRIGGER_RULE,
     FINISHED_TASK_STATES,
@@ -335,10 +335,3 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
         callbacks.run_ended(ended, now=now)
         deadlines.finished_late([run_id for run_id, _ in ended])
     return released
-
-
-def wake_dispatchers() -> None:
-    """NOTIFY the dispatchers at commit (one per transaction, PostgreSQL folds duplicates)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, '')", [DISPATCH_CHANNEL])
-

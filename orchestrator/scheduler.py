@@ -29,18 +29,18 @@ from django.db import connection, transaction
 from django.db.models import Count, Min
 
 from orchestrator import cron
+from orchestrator.channels import SCHEDULES_CHANNEL, wake_dispatchers, wake_schedulers
 from orchestrator.clock import current, system
 from orchestrator.conf import app_settings
 from orchestrator.lease import LeaderLease, LeaseLost, NoLease
 from orchestrator.loop import DATABASE_ERRORS, Loop, Role
 from orchestrator.models import Run, Schedule, TaskRun, Trigger, Workflow, WorkflowVersion
 from orchestrator.params import ParamError, clean_params
-from orchestrator.runs import apply_graph_options, notify_dispatchers, task_runs_for
+from orchestrator.runs import NewRun, insert_runs
 from orchestrator.states import ACTIVE_RUN_STATES, RunState, TaskState, sql_list
 
 log = logging.getLogger(__name__)
 
-SCHEDULES_CHANNEL = "orchestrator_schedules"
 
 # With catchup "none", a fire time counts as missed (and is not run) once it is this old: a
 # scheduler that is merely busy or just took over still starts the current one.
@@ -107,80 +107,6 @@ MAINTENANCE: list[tuple[str, float, object]] = [
 ]
 
 
-# ---------------------------------------------------------------------------------------------
-# Batch inserts
-
-
-@dataclass
-class NewRun:
-    run: Run
-    tasks: dict
-    due_at: datetime | None = None
-
-
-def insert_runs(new_runs: list[NewRun], now: datetime) -> list[NewRun]:
-    """Insert many runs and the task runs of those that were new, in the caller's transaction.
-
-    Runs: one ``INSERT … SELECT FROM unnest(<one array per column>) ON CONFLICT DO NOTHING
-    RETURNING`` per chunk, so runs whose (schedule, logical_date) already exists are left out by the
-    database, not by a check beforehand. Arrays per column rather than a multi-row VALUES list: a
-    query with a handful of parameters instead of tens of thousands is parsed and sent far faster.
-    Task runs of new runs cannot conflict, so they go in by COPY. Returns the entries that were
-    created (their ``run.pk`` set)."""
-    if not new_runs:
-        return []
-    run_fields = [f for f in Run._meta.concrete_fields if not f.primary_key]
-    qn = connection.ops.quote_name
-    columns = ", ".join(qn(f.column) for f in run_fields)
-    arrays = ", ".join(f"%s::{f.db_type(connection)}[]" for f in run_fields)
-    insert = (f"INSERT INTO {qn(Run._meta.db_table)} ({columns}) SELECT * FROM unnest({arrays}) "
-              f"ON CONFLICT DO NOTHING RETURNING id, schedule_id, logical_date")
-    created: list[NewRun] = []
-    for start in range(0, len(new_runs), 2000):
-        chunk = new_runs[start:start + 2000]
-        by_key = {}
-        values: list[list] = [[] for _ in run_fields]
-        for entry in chunk:
-            run = entry.run
-            if run.state in (RunState.SKIPPED, RunState.MISSED, RunState.CANCELLED) and run.finished_at is None:
-                run.finished_at = now
-            if run.version is not None:
-                apply_graph_options(run, run.version.spec, now)
-            for column, f in zip(values, run_fields, strict=True):
-                column.append(f.get_db_prep_save(f.pre_save(run, add=True), connection))
-            by_key[(run.schedule_id, run.logical_date)] = entry
-        with connection.cursor() as cursor:
-            cursor.execute(insert, values)
-            rows = cursor.fetchall()
-        for pk, schedule_id, logical_date in rows:
-            entry = by_key[(schedule_id, logical_date)]
-            entry.run.pk = pk
-            entry.run._state.adding = False
-            created.append(entry)
-    task_rows = []
-    wake = False
-    for entry in created:
-        run = entry.run
-        if run.state in (RunState.RUNNING, RunState.PENDING):
-            hold = run.state == RunState.PENDING
-            wake = wake or not hold
-            task_rows.extend(task_runs_for(run, entry.tasks, entry.due_at or now, hold=hold))
-    if task_rows:
-        _copy(TaskRun, task_rows)
-    if wake:
-        notify_dispatchers()
-    return created
-
-
-def _copy(model, objs) -> None:
-    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    with connection.cursor() as cursor, cursor.copy(
-            f"COPY {connection.ops.quote_name(model._meta.db_table)} ({columns}) FROM STDIN") as copy:
-        for obj in objs:
-            copy.write_row([f.get_db_prep_save(f.pre_save(obj, add=True), connection) for f in fields])
-
-
 def _advance(rows: list[tuple[int, datetime | None, datetime | None]]) -> None:
     """Set next_fire_at/last_fire_at of a whole batch with one UPDATE … FROM unnest(…)."""
     if not rows:
@@ -194,12 +120,6 @@ def _advance(rows: list[tuple[int, datetime | None, datetime | None]]) -> None:
             " WHERE s.id = v.id",
             [ids, next_at, last_at],
         )
-
-
-def notify_schedules() -> None:
-    """Wake the schedulers (at commit) after a schedule was created, changed or resumed."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, '')", [SCHEDULES_CHANNEL])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,7 +140,7 @@ def resume_schedule(schedule: Schedule, now: datetime | None = None) -> None:
         if schedule.next_fire_at is None:
             fields["next_fire_at"] = cron.next_fire_time(schedule.cron, schedule.timezone, now)
         Schedule.objects.filter(pk=schedule.pk).update(**fields)
-        notify_schedules()
+        wake_schedulers()
     for key, value in fields.items():
         setattr(schedule, key, value)
 
@@ -234,7 +154,7 @@ def resume_workflow(workflow: Workflow, now: datetime | None = None) -> None:
     """Resume a workflow; its schedules' missed fire times follow their missed-run policy."""
     with transaction.atomic():
         Workflow.objects.filter(pk=workflow.pk).update(paused=False)
-        notify_schedules()
+        wake_schedulers()
     workflow.paused = False
 
 
@@ -499,7 +419,7 @@ class Scheduler:
                         limits.started(run.workflow)
             if released:
                 Run.objects.filter(pk__in=[r.pk for r in pending if r.state == RunState.RUNNING]).update(reason="")
-                notify_dispatchers()
+                wake_dispatchers()
                 log.info("released %d pending runs", released, extra={"action": "runs_released"})
             return released
 

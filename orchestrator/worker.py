@@ -28,11 +28,10 @@ from multiprocessing.connection import Pipe
 from django.db import connection, connections, transaction
 
 from orchestrator import clock, executor, resolver, taskcontext
+from orchestrator.channels import CANCEL_CHANNEL, queue_channel, wake_dispatchers
 from orchestrator.conf import app_settings
-from orchestrator.control import CANCEL_CHANNEL
 from orchestrator.loop import DATABASE_ERRORS, Loop, Role, first_line
 from orchestrator.resolver import Ending
-from orchestrator.runs import queue_channel
 from orchestrator.states import LIVE_WORKER_STATES, AttemptOutcome, TaskState, WorkerState, sql_list
 
 log = logging.getLogger(__name__)
@@ -543,7 +542,7 @@ class Worker(Role):
                     resolver.end_attempts(endings, worker_id=self.id, now=now)
                     if self.limited():
                         # Finished work frees concurrency-limit room: let the dispatchers look again.
-                        resolver.wake_dispatchers()
+                        wake_dispatchers()
                 claimed = self.claim(claim, now) if claim else []
         except BaseException:
             # The database is away (a restart, a failover): keep the outcomes for the next try
@@ -618,5 +617,5 @@ class Worker(Role):
             returned = cursor.fetchall()
             if returned:
                 cursor.execute(HAND_BACK_ATTEMPTS, params)
-                resolver.wake_dispatchers()
+                wake_dispatchers()
         log.info("handed back %d unfinished task run(s)", len(returned), extra={"action": "worker_hand_back"})

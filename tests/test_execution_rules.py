@@ -402,9 +402,9 @@ def test_logs_are_paged_without_splitting_a_character(clock, tmp_path, settings)
 
 @pytest.mark.django_db(transaction=True)
 def test_a_tick_notifies_each_queue_once_whatever_the_number_of_rows(clock):
-    from orchestrator.runs import queue_channel
+    from orchestrator.channels import listen_connection, queue_channel
 
-    listener = dispatcher.listen_connection(queue_channel("default"), queue_channel("batch"))
+    listener = listen_connection(queue_channel("default"), queue_channel("batch"))
     try:
         for _ in range(5):
             make_run({"a": job_spec(), "b": job_spec(queue="batch")}, clock)

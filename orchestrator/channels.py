@@ -1,0 +1,100 @@
+"""Every NOTIFY channel of the product, the statements that send on them, and the LISTEN helpers.
+
+The processes wake each other through PostgreSQL's LISTEN/NOTIFY; a notification is only a
+hint ("look now"), each role also polls, so a lost one costs latency, never work. A NOTIFY sent
+inside a transaction is delivered when it commits (never if it rolls back), and PostgreSQL folds
+identical notifications of one transaction into one, so callers may send freely.
+
+=========================  ============================  ===========================================
+channel                    sent by                       listened to by
+=========================  ============================  ===========================================
+``orchestrator_dispatch``  runs created, tasks released  the dispatchers (due work may now be queued)
+``orchestrator_queue_Q``   the dispatcher                the workers serving queue Q (work queued)
+``orchestrator_cancel``    ``control`` cancelling runs   the workers (payload: task run ids, or
+                                                         empty: "check what is still yours")
+``orchestrator_schedules`` schedule edits, dataset       the schedulers (a schedule changed, or a
+                           events                        dataset event may fire one)
+=========================  ============================  ===========================================
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+
+from django.db import connection
+
+DISPATCH_CHANNEL = "orchestrator_dispatch"
+SCHEDULES_CHANNEL = "orchestrator_schedules"
+CANCEL_CHANNEL = "orchestrator_cancel"
+QUEUE_CHANNEL_PREFIX = "orchestrator_queue_"
+
+# PostgreSQL takes a NOTIFY payload of under 8000 bytes.
+MAX_PAYLOAD = 7000
+
+
+def queue_channel(queue: str) -> str:
+    """The NOTIFY channel of a queue. PostgreSQL channel names end at 63 bytes, so a long queue
+    name is replaced by its hash (the same on both sides: dispatchers and workers)."""
+    channel = f"{QUEUE_CHANNEL_PREFIX}{queue}"
+    if len(channel.encode()) > 63:
+        channel = f"{QUEUE_CHANNEL_PREFIX}{hashlib.sha256(queue.encode()).hexdigest()[:40]}"
+    return channel
+
+
+# --- NOTIFY (all delivered at commit) ----------------------------------------------------------
+
+# One statement for any number of channels: one NOTIFY per queue that received work.
+_NOTIFY_MANY = "SELECT pg_notify(channel, '') FROM unnest(%(channels)s::text[]) AS channel"
+
+
+def wake_dispatchers() -> None:
+    """Work became due now (a run was created, a task was released): the dispatchers look."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, '')", [DISPATCH_CHANNEL])
+
+
+def wake_schedulers() -> None:
+    """A schedule was created, changed or resumed, or a dataset event may fire one."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, '')", [SCHEDULES_CHANNEL])
+
+
+def wake_queues(queues: Iterable[str]) -> None:
+    """Task runs were queued: the workers of these queues claim them."""
+    channels = sorted({queue_channel(queue) for queue in queues})
+    if channels:
+        with connection.cursor() as cursor:
+            cursor.execute(_NOTIFY_MANY, {"channels": channels})
+
+
+def announce_cancelled(task_run_ids: list[int]) -> None:
+    """Running task runs were cancelled: the workers running them stop them. Past the payload
+    limit, an empty payload tells every worker to check which of its task runs are still its own."""
+    payload = json.dumps(task_run_ids)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [CANCEL_CHANNEL, payload if len(payload) < MAX_PAYLOAD else ""])
+
+
+# --- LISTEN ------------------------------------------------------------------------------------
+
+
+def listen_connection(*channels: str):
+    """A separate autocommit connection that LISTENs (Django's connection stays free for work)."""
+    import psycopg
+    from psycopg import sql
+
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    params.pop("server_side_binding", None)
+    conn = psycopg.connect(**params, autocommit=True)
+    for channel in channels:
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+    return conn
+
+
+def drain_notifies(conn) -> list:
+    """Every notification already received, without waiting."""
+    return list(conn.notifies(timeout=0))
