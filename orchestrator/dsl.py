@@ -428,6 +428,11 @@ class Workflow:
         for task_spec in spec["tasks"].values() if retry_refs else ():
             task_callbacks = task_spec.setdefault("callbacks", {})
             task_callbacks["on_retry"] = task_callbacks.get("on_retry", []) + retry_refs
+        # PostgreSQL's jsonb keeps no key order, so the trigger form would lose the declared order
+        # of the params; it is kept as a list. Written only when it is not the alphabetical order
+        # the form falls back on, so existing graphs keep their hash.
+        if list(self.params) != sorted(self.params):
+            spec["param_order"] = list(self.params)
         # As in Task.to_spec: written only when used, so existing graphs keep their hash.
         if self.triggers:
             spec["triggers"] = [on.to_spec() for on in self.triggers]

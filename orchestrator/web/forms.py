@@ -108,16 +108,32 @@ class ParamField:
         return str(self.value)
 
     @property
+    def described_by(self) -> str:
+        """The ids of the help text and the error that describe this input (aria-describedby)."""
+        return " ".join(([f"h-{self.name}"] if self.description else []) + ([f"e-{self.name}"] if self.error else []))
+
+    @property
     def choice_values(self) -> list[str]:
         return [str(choice) for choice in self.choices or []]
 
 
-def param_fields(declared: dict[str, dict], submitted: dict | None = None,
+def param_order(spec: dict) -> list[str]:
+    """The workflow's params in declaration order: the spec's ``param_order`` when sync wrote one
+    (jsonb forgets key order), else alphabetical, never the database's key order."""
+    declared = spec.get("params", {})
+    order = [name for name in spec.get("param_order", []) if name in declared]
+    return order + sorted(set(declared) - set(order))
+
+
+def param_fields(workflow_spec: dict, submitted: dict | None = None,
                  errors: dict[str, str] | None = None) -> list[ParamField]:
+    """The trigger form's inputs for the params of a workflow's spec, in declaration order."""
     submitted = submitted or {}
     errors = errors or {}
+    declared = workflow_spec.get("params", {})
     fields = []
-    for name, spec in declared.items():
+    for name in param_order(workflow_spec):
+        spec = declared[name]
         value = submitted[name] if name in submitted else spec.get("default")
         fields.append(ParamField(
             name=name, type=spec.get("type", "str"), required=bool(spec.get("required")),

@@ -150,8 +150,11 @@ def dashboard(request):
         cursor.execute(
             "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY schedule_delay),"
             " percentile_cont(0.95) WITHIN GROUP (ORDER BY schedule_delay), count(*)"
-            " FROM orchestrator_run WHERE started_at >= %s AND started_at <= %s AND schedule_delay IS NOT NULL",
-            [hour_ago, now],
+            " FROM orchestrator_run WHERE started_at >= %s AND started_at <= %s AND schedule_delay IS NOT NULL"
+            # A backfill's runs start long after their logical dates by design: their delay says
+            # nothing about the scheduler (/metrics leaves them out too).
+            " AND trigger <> %s",
+            [hour_ago, now, Trigger.BACKFILL.value],
         )
         p50, p95, delayed = cursor.fetchone()
     queues: dict[str, dict[str, int]] = {}
@@ -307,10 +310,14 @@ def _workflow_context(request, wf: Workflow, *, submitted=None, errors=None, for
         "schedules": schedules,
         "not_run": list(not_run.order_by("-logical_date").only("id", "state", "logical_date", "reason")[:NOT_RUN_SHOWN]),
         "not_run_count": not_run.count(),
-        "fields": param_fields(wf.spec.get("params", {}), submitted, errors),
+        "fields": param_fields(wf.spec, submitted, errors),
         "unknown_errors": {k: v for k, v in (errors or {}).items() if k not in wf.spec.get("params", {})},
         "form_error": form_error,
         "poll": "3s" if any(run.is_active for run in runs) else None,
+        # The live part polls the workflow's GET view, also when this page answers a POST (a
+        # trigger with bad params) whose own URL takes no GET.
+        "live_url": reverse("orchestrator:web:workflow", args=[wf.name])
+        + (f"?{request.GET.urlencode()}" if request.GET else ""),
     }
 
 

@@ -18,6 +18,10 @@
   }
   document.addEventListener("DOMContentLoaded", function () {
     refresh(document);
+    // A form answered with errors: the first wrong field gets the focus (and is announced with
+    // its error through aria-describedby).
+    var invalid = document.querySelector("[aria-invalid=true]");
+    if (invalid) invalid.focus();
     var zone = Intl.DateTimeFormat().resolvedOptions().timeZone || "local time";
     document.querySelectorAll("[data-tz]").forEach(function (el) { el.textContent = "times in " + zone; });
   });
