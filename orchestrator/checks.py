@@ -5,7 +5,9 @@ import importlib.util
 import os
 
 from django.apps import apps
+from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
+from django.core.exceptions import ImproperlyConfigured
 
 from orchestrator import conf
 from orchestrator.conf import app_settings
@@ -74,3 +76,31 @@ def check_configuration(app_configs=None, **kwargs):
             id="orchestrator.W001",
         ))
     return problems
+
+
+@register(Tags.security)
+def check_secrets(app_configs=None, **kwargs):
+    """In production webhook calls are signed with a secret of their own, never the SECRET_KEY
+    (which signs sessions and password resets: a webhook receiver must not hold it)."""
+    if conf.problems():
+        return []  # reported by check_configuration
+    secret = app_settings.WEBHOOK_SECRET
+    if not secret and not settings.DEBUG:
+        return [Error(
+            "ORCHESTRATOR_WEBHOOK_SECRET is not set and DEBUG is off: webhook calls would be unsigned.",
+            hint="Set ORCHESTRATOR_WEBHOOK_SECRET to a long random string of its own "
+                 "(python -c 'import secrets; print(secrets.token_urlsafe(50))'), not the SECRET_KEY.",
+            id="orchestrator.E008",
+        )]
+    try:
+        secret_key = settings.SECRET_KEY
+    except ImproperlyConfigured:  # empty: reported by the project
+        secret_key = ""
+    if secret and secret == secret_key:
+        return [Error(
+            "ORCHESTRATOR_WEBHOOK_SECRET is the SECRET_KEY: every webhook receiver would hold the key "
+            "that signs this site's sessions.",
+            hint="Give ORCHESTRATOR_WEBHOOK_SECRET a random value of its own.",
+            id="orchestrator.E009",
+        )]
+    return []

@@ -33,12 +33,10 @@ def _data_dir_default() -> Path:
 
 def _log_storage_options_default() -> dict:
     if app_settings.LOG_STORAGE == FILE_STORAGE:
-        return {"location": str(app_settings.DATA_DIR / "logs")}
+        # Task logs are readable by the service user only.
+        return {"location": str(app_settings.DATA_DIR / "logs"), "file_permissions_mode": 0o600,
+                "directory_permissions_mode": 0o700}
     return {}
-
-
-def _webhook_secret_default() -> str:
-    return getattr(django_settings, "SECRET_KEY", "") or ""
 
 
 FILE_STORAGE = "django.core.files.storage.FileSystemStorage"
@@ -74,7 +72,7 @@ OPTIONS = [
     Option("LOG_STORAGE", "text", FILE_STORAGE, "files in `DATA_DIR/logs`",
            "Where task logs go: an alias of `STORAGES` (e.g. one your project already uses for S3) or a "
            "storage class by dotted path, e.g. `storages.backends.s3.S3Storage` (install the `[s3]` extra)."),
-    Option("LOG_STORAGE_OPTIONS", "json", _log_storage_options_default, "`{\"location\": DATA_DIR/logs}`",
+    Option("LOG_STORAGE_OPTIONS", "json", _log_storage_options_default, "`{\"location\": DATA_DIR/logs}` (files 0600, folders 0700)",
            "Options of the `LOG_STORAGE` class (a dict in settings, JSON in the environment), e.g. "
            "`{\"bucket_name\": \"logs\"}`."),
     Option("LEASE_SECONDS", "seconds", 15.0, "15",
@@ -101,10 +99,18 @@ OPTIONS = [
            "Queued plus running task runs per tenant, where the admin sets no `TenantLimit` (0: unlimited)."),
     Option("RETENTION_DAYS", "count", 30, "30",
            "Finished runs older than this are deleted with their task runs, attempts and logs."),
-    Option("WEBHOOK_SECRET", "text", _webhook_secret_default, "`SECRET_KEY`",
-           "The HMAC-SHA256 key of the `X-Orchestrator-Signature` header of webhook calls."),
+    Option("WEBHOOK_SECRET", "text", "", "unset",
+           "The HMAC-SHA256 key of the `X-Orchestrator-Signature` header of webhook calls, its own secret "
+           "(never `SECRET_KEY`). Required when `DEBUG` is off (check `orchestrator.E008`); unset in "
+           "development, webhook calls carry no signature."),
     Option("WEBHOOK_RETRY_SECONDS", "seconds", 5.0, "5",
            "The first retry delay of a failed webhook delivery (doubling, at most 10 minutes)."),
+    Option("SHELL_ENV_ALLOW", "list", ["PATH", "HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR",
+                                       "USER", "LOGNAME", "SHELL"],
+           "`PATH`, `HOME`, `LANG`, `LANGUAGE`, `LC_ALL`, `LC_CTYPE`, `TZ`, `TMPDIR`, `USER`, `LOGNAME`, `SHELL`",
+           "The only variables of the worker's environment a shell task sees (besides what the task declares "
+           "with `env=`, its `PARAM_*` and `RUN_ID`, `TASK`, `ATTEMPT`, `LOGICAL_DATE`): the worker's other "
+           "variables, such as `DATABASE_URL` or `SECRET_KEY`, never reach a task's command or its log."),
     Option("METRICS_TOKEN", "text", "", "unset",
            "When set, the `metrics` endpoint answers only requests with `Authorization: Bearer <token>`."),
     Option("LOGIN_URL", "text", "orchestrator:web:login", "the app's own login page",

@@ -177,8 +177,10 @@ def call_python(message: dict, ctx: TaskContext | None = None, declared: dict | 
 
 
 def shell_env(message: dict) -> dict:
+    """A shell task's whole environment: the allow-listed variables of the worker
+    (ORCHESTRATOR_SHELL_ENV_ALLOW), what the task declares (``env=``), its params and its place."""
     spec = message["spec"]
-    env = dict(os.environ)
+    env = {name: os.environ[name] for name in app_settings.SHELL_ENV_ALLOW if name in os.environ}
     env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
     for name, value in (message.get("params") or {}).items():
         env[f"PARAM_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value, default=str)

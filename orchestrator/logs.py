@@ -36,6 +36,23 @@ def local_path(name: str) -> str | None:
         return None
 
 
+def private_folders(folder: str) -> None:
+    """Make ``folder`` (mode 0700), and close the folders between it and the storage's root to
+    everyone but the service user, folders made by an earlier version included."""
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    root = os.path.abspath(getattr(log_storage(), "location", folder))
+    current = os.path.abspath(folder)
+    while True:
+        try:
+            if os.stat(current).st_mode & 0o077:
+                os.chmod(current, 0o700)
+        except OSError:
+            break  # not ours to change: the storage's parent folders are the deployer's
+        if current == root or os.path.dirname(current) == current or not current.startswith(root):
+            break
+        current = os.path.dirname(current)
+
+
 class AttemptLog(io.TextIOBase):
     """A write-only text stream for stdout, stderr and logging of one attempt, opened lazily."""
 
@@ -51,9 +68,12 @@ class AttemptLog(io.TextIOBase):
     def _open(self) -> None:
         path = local_path(self.name)
         if path is not None:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            # "w": one opener per attempt; a leftover file of a reset database is replaced.
-            self.file = open(path, "w", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed in finish()
+            private_folders(os.path.dirname(path))
+            # "w": one opener per attempt; a leftover file of a reset database is replaced. Logs
+            # can hold anything a task prints: readable by the service user only.
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.fchmod(fd, 0o600)  # a leftover file keeps its mode through O_CREAT
+            self.file = open(fd, "w", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed in finish()
         else:
             self.buffer_ = io.StringIO()
         self.written = True

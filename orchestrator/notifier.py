@@ -3,7 +3,8 @@
 Each delivery is a WebhookDelivery row plus a job (``orchestrator.notifier:deliver``) created in
 the same transaction as the run's end, so a delivery is never lost and is retried with the jobs'
 backoff. The body is JSON; the header ``X-Orchestrator-Signature: sha256=<hex>`` is the
-HMAC-SHA256 of the exact body bytes with ``ORCHESTRATOR_WEBHOOK_SECRET``. A receiver checks
+HMAC-SHA256 of the exact body bytes with ``ORCHESTRATOR_WEBHOOK_SECRET`` (a secret of its own,
+never ``SECRET_KEY``; without one, in development, calls carry no signature). A receiver checks
 it with ``hmac.compare_digest``. A delivery can arrive more than once (jobs run at least once).
 """
 
@@ -89,7 +90,7 @@ def deliver(delivery_id: int) -> dict:
         return {"status": delivery.status_code, "already": True}
     body = json.dumps(payload(delivery.run, delivery.event), sort_keys=True).encode()
     request = urllib.request.Request(delivery.url, data=body, method="POST", headers={
-        "Content-Type": "application/json", SIGNATURE_HEADER: sign(body),
+        "Content-Type": "application/json", **({SIGNATURE_HEADER: sign(body)} if app_settings.WEBHOOK_SECRET else {}),
         "User-Agent": "orchestrator-webhook/1", "X-Orchestrator-Event": delivery.event,
         "X-Orchestrator-Delivery": str(delivery.pk),
     })

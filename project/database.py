@@ -3,6 +3,7 @@ server in the data folder, started here by the project's entry points (manage.py
 asgi.py and the test command) before Django loads, and never by importing a module."""
 
 import os
+import secrets
 from pathlib import Path
 
 from orchestrator import embedded
@@ -17,6 +18,32 @@ def data_dir() -> Path:
 
 def pgdata() -> Path:
     return data_dir() / "pgdata"
+
+
+def installation_secret_key() -> str:
+    """This installation's random SECRET_KEY: DATA_DIR/secret-key, made on first use, readable by the
+    service user only (0600). Two processes starting at once agree: the key is written to a private
+    temporary file first and linked into place, so the file never exists half written."""
+    path = data_dir() / "secret-key"
+    try:
+        key = path.read_text().strip()
+    except FileNotFoundError:
+        key = ""
+    if key:
+        return key
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    temporary = path.with_name(f".secret-key-{os.getpid()}-{secrets.token_hex(4)}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(50) + "\n")
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            pass  # another process made it first: use its key
+    finally:
+        temporary.unlink(missing_ok=True)
+    return path.read_text().strip()
 
 
 def uses_embedded() -> bool:

@@ -65,9 +65,13 @@ if os.environ.get("TEST_DATABASE_NAME"):
     _database["TEST"] = {"NAME": os.environ["TEST_DATABASE_NAME"]}
 DATABASES = {"default": _database}
 
+# The SECRET_KEY environment variable wins. Without it, an installation whose processes share the
+# data folder (the embedded database, or DEBUG on) uses its own random key, made on first start in
+# DATA_DIR/secret-key (mode 0600) and read from there afterwards. Production with DATABASE_URL
+# (processes on several machines) must set SECRET_KEY: the check orchestrator.E002 says so.
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
-if not SECRET_KEY and DEBUG:
-    SECRET_KEY = "development-only-secret-key-never-use-in-production"
+if not SECRET_KEY and (DEBUG or EMBEDDED_DATABASE):
+    SECRET_KEY = database.installation_secret_key()
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])

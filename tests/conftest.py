@@ -112,6 +112,7 @@ def process_env(**extra) -> dict:
         "DATABASE_URL": test_database_url(),
         "DEBUG": "1",
         "SECRET_KEY": "tests-only-secret-key",
+        "ORCHESTRATOR_WEBHOOK_SECRET": "tests-only-webhook-secret",
         "PYTHONUNBUFFERED": "1",
         "ORCHESTRATOR_DATA_DIR": env.get("ORCHESTRATOR_DATA_DIR", str(ROOT / ".data")),
         # The functions the tests' workers may run.

@@ -51,6 +51,7 @@ def test_compose_runs_every_role_from_one_image_configured_by_the_environment():
         assert env["DATABASE_URL"].startswith("postgres://orchestrator:${POSTGRES_PASSWORD:?")
         assert env["DATABASE_URL"].endswith("@postgres:5432/orchestrator")
         assert env["SECRET_KEY"].startswith("${SECRET_KEY:?"), "the secret comes from the environment, never the file"
+        assert env["ORCHESTRATOR_WEBHOOK_SECRET"].startswith("${ORCHESTRATOR_WEBHOOK_SECRET:?")
         assert env["LOG_FORMAT"] == "json"
         assert service["init"] is True, f"{name}: SIGTERM must reach the role through a real init"
     # Only the web server needs host names and the TLS settings.
@@ -81,7 +82,8 @@ def test_the_compose_file_passes_docker_compose_config_where_docker_runs():
     if docker is None or subprocess.run([docker, "info"], capture_output=True, timeout=20).returncode != 0:
         assert compose()["name"] == "orchestrator"
         return
-    env = {"POSTGRES_PASSWORD": "x", "SECRET_KEY": "y" * 50, "ALLOWED_HOSTS": "example.com", "PATH": "/usr/bin:/bin"}
+    env = {"POSTGRES_PASSWORD": "x", "SECRET_KEY": "y" * 50, "ORCHESTRATOR_WEBHOOK_SECRET": "z" * 50,
+           "ALLOWED_HOSTS": "example.com", "PATH": "/usr/bin:/bin"}
     result = subprocess.run([docker, "compose", "-f", str(DOCKER / "compose.yaml"), "config", "--quiet"],
                             env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -116,8 +118,9 @@ def documented_production_env() -> dict:
 
 def test_check_deploy_passes_with_the_documented_production_environment():
     documented = documented_production_env()
-    assert {"DATABASE_URL", "SECRET_KEY", "ALLOWED_HOSTS", "DEBUG"} <= set(documented)
-    env = {**documented, "SECRET_KEY": secrets.token_urlsafe(50), "PATH": "/usr/bin:/bin",
+    assert {"DATABASE_URL", "SECRET_KEY", "ORCHESTRATOR_WEBHOOK_SECRET", "ALLOWED_HOSTS", "DEBUG"} <= set(documented)
+    env = {**documented, "SECRET_KEY": secrets.token_urlsafe(50),
+           "ORCHESTRATOR_WEBHOOK_SECRET": secrets.token_urlsafe(50), "PATH": "/usr/bin:/bin",
            "ORCHESTRATOR_DATA_DIR": str(ROOT / ".data")}
     manage = [sys.executable, str(ROOT / "manage.py")]
     result = subprocess.run([*manage, "check", "--deploy", "--fail-level", "WARNING"], cwd=ROOT, env=env,
@@ -171,11 +174,22 @@ def test_the_container_checks_report_an_unknown_role_and_a_missing_process():
     assert result.returncode == 1 and result.stdout.startswith("unhealthy: ")
 
 
-def test_roles_other_than_web_start_with_the_database_url_and_the_secret_key_alone():
+def test_roles_other_than_web_start_with_the_database_url_and_the_two_secrets_alone():
     env = {"DATABASE_URL": "postgres://u@db/x", "SECRET_KEY": secrets.token_urlsafe(50), "PATH": "/usr/bin:/bin",
            "ORCHESTRATOR_DATA_DIR": str(ROOT / ".data")}
-    result = subprocess.run([sys.executable, str(ROOT / "manage.py"), "check"], cwd=ROOT, env=env,
+    manage = [sys.executable, str(ROOT / "manage.py"), "check"]
+    # Without the webhook secret, production refuses to start: webhook calls would be unsigned.
+    result = subprocess.run(manage, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "(orchestrator.E008) ORCHESTRATOR_WEBHOOK_SECRET is not set and DEBUG is off" in result.stderr
+    # Nor with the SECRET_KEY as the webhook secret.
+    result = subprocess.run(manage, cwd=ROOT, env={**env, "ORCHESTRATOR_WEBHOOK_SECRET": env["SECRET_KEY"]},
                             capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "(orchestrator.E009) ORCHESTRATOR_WEBHOOK_SECRET is the SECRET_KEY" in result.stderr
+
+    env["ORCHESTRATOR_WEBHOOK_SECRET"] = secrets.token_urlsafe(50)
+    result = subprocess.run(manage, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     # The web server, though, refuses to start without the host names it answers to.
     result = subprocess.run([sys.executable, "-c", "import project.wsgi"], cwd=ROOT, env=env,

@@ -286,14 +286,26 @@ class AttemptSerializer(serializers.ModelSerializer):
         return reverse("orchestrator:api:attempt-log", args=[attempt.task_run_id, attempt.number])
 
 
+HIDDEN = "(hidden)"
+
+
 class TaskRunDetailSerializer(TaskRunSerializer):
     run = serializers.IntegerField(source="run_id")
     workflow = serializers.CharField(source="run.workflow.name", allow_null=True, default=None)
-    spec = serializers.JSONField()
+    spec = serializers.SerializerMethodField(
+        help_text="What the task runs; the values of a shell task's declared `env` are hidden (names only).")
     attempt_list = AttemptSerializer(source="attempt_set", many=True, read_only=True)
 
     class Meta(TaskRunSerializer.Meta):
         fields = ["run", "workflow", *TaskRunSerializer.Meta.fields, "spec", "attempt_list"]
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_spec(self, task_run) -> dict:
+        spec = dict(task_run.spec or {})
+        if isinstance(spec.get("env"), dict):
+            # Declared values may be credentials: the names say what the command gets, never the values.
+            spec["env"] = dict.fromkeys(spec["env"], HIDDEN)
+        return spec
 
 
 class RunFilterSerializer(serializers.Serializer):

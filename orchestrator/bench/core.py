@@ -19,6 +19,7 @@ Sections (``--only jobs,latency,dag,pg,scheduler,pages,cron``):
 from __future__ import annotations
 
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -45,7 +46,8 @@ def child_env(**extra) -> dict:
     """The environment of a process that works on the benchmark database."""
     env = dict(os.environ)
     env.update({"DATABASE_URL": format_database_url(connection.settings_dict, BENCH_DB), "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "WARNING", "DEBUG": "0",
-                "SECRET_KEY": settings.SECRET_KEY or "bench-only-secret-key",
+                "SECRET_KEY": settings.SECRET_KEY or secrets.token_urlsafe(50),
+                "ORCHESTRATOR_WEBHOOK_SECRET": app_settings.WEBHOOK_SECRET or secrets.token_urlsafe(50),
                 "ORCHESTRATOR_DATA_DIR": str(app_settings.DATA_DIR),
                 # The workers run this module's registered jobs.
                 "ORCHESTRATOR_JOB_MODULES": ",".join([*app_settings.JOB_MODULES, JOBS_MODULE])})
