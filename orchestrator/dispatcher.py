@@ -27,29 +27,50 @@ log = logging.getLogger(__name__)
 
 # --- SQL ---------------------------------------------------------------------------------------
 
-# Due work in dispatch order. Fairness: row_number() per (lane, tenant) interleaves the tenants
-# (every tenant's first task, then every tenant's second, ...), so a tenant with ten thousand
-# due tasks cannot push out one with a single task; within a tenant, higher priority first.
-# Queues and tenants already at their limit are left out: their rows cannot move, and read first
-# they would fill every batch and hold back everyone else's work.
+# Due work in dispatch order, locked. Fairness: row_number() per (lane, tenant) interleaves the
+# tenants (every tenant's first task, then every tenant's second, ...), so a tenant with ten
+# thousand due tasks cannot push out one with a single task; within a tenant, higher priority
+# first. Queues and tenants already at their limit are left out: their rows cannot move, and read
+# first they would fill every batch and hold back everyone else's work.
+#
+# The cost does not follow the backlog. ``keys`` walks the distinct (lane, tenant, queue,
+# priority) of the scheduled rows on the taskrun_due_key index, one index probe per key (a loose
+# index scan: PostgreSQL has no skip scan), and each key reads at most ``batch`` due rows in
+# (due_at, id) order from the same index. A tick therefore reads at most keys x batch rows
+# whether 1,000 or 10,000,000 are due; future-dated rows cost one probe per key. Rows another
+# dispatcher holds are skipped, not waited for (FOR UPDATE SKIP LOCKED in the same statement).
 CANDIDATES = f"""
-SELECT id FROM (
-    SELECT id, lane, priority, due_at,
-           row_number() OVER (PARTITION BY lane, tenant ORDER BY priority DESC, due_at, id) AS turn
-    FROM orchestrator_taskrun
-    WHERE state = '{TaskState.SCHEDULED}' AND due_at <= %(now)s
-      AND queue <> ALL (%(full_queues)s::text[]) AND tenant <> ALL (%(full_tenants)s::text[])
-) due
-WHERE turn <= %(batch)s
-ORDER BY lane, turn, priority DESC, due_at, id
-LIMIT %(batch)s
-"""
-
-# Lock the candidates; rows another dispatcher holds are skipped, not waited for.
-LOCK = f"""
-SELECT id, queue, tenant FROM orchestrator_taskrun
-WHERE id = ANY (%(ids)s) AND state = '{TaskState.SCHEDULED}'
-FOR UPDATE SKIP LOCKED
+WITH RECURSIVE keys AS (
+    (SELECT lane, tenant, queue, priority FROM orchestrator_taskrun
+     WHERE state = '{TaskState.SCHEDULED}' ORDER BY lane, tenant, queue, priority LIMIT 1)
+    UNION ALL
+    SELECT later.lane, later.tenant, later.queue, later.priority FROM keys CROSS JOIN LATERAL (
+        SELECT lane, tenant, queue, priority FROM orchestrator_taskrun
+        WHERE state = '{TaskState.SCHEDULED}'
+          AND (lane, tenant, queue, priority) > (keys.lane, keys.tenant, keys.queue, keys.priority)
+        ORDER BY lane, tenant, queue, priority LIMIT 1
+    ) later
+), due AS (
+    SELECT due.id, keys.lane, due.priority, due.due_at,
+           row_number() OVER (PARTITION BY keys.lane, keys.tenant
+                              ORDER BY due.priority DESC, due.due_at, due.id) AS turn
+    FROM keys CROSS JOIN LATERAL (
+        SELECT id, priority, due_at FROM orchestrator_taskrun
+        WHERE state = '{TaskState.SCHEDULED}' AND lane = keys.lane AND tenant = keys.tenant
+          AND queue = keys.queue AND priority = keys.priority AND due_at <= %(now)s
+        ORDER BY due_at, id LIMIT %(batch)s
+    ) due
+    WHERE keys.queue <> ALL (%(full_queues)s::text[]) AND keys.tenant <> ALL (%(full_tenants)s::text[])
+), chosen AS (
+    SELECT id, row_number() OVER (ORDER BY lane, turn, priority DESC, due_at, id) AS place
+    FROM due WHERE turn <= %(batch)s
+    ORDER BY lane, turn, priority DESC, due_at, id
+    LIMIT %(batch)s
+)
+SELECT t.id, t.queue, t.tenant FROM orchestrator_taskrun t JOIN chosen USING (id)
+WHERE t.state = '{TaskState.SCHEDULED}'
+ORDER BY chosen.place
+FOR UPDATE OF t SKIP LOCKED
 """
 
 # What is queued or running now, per queue and per tenant (the taskrun_busy index: the cost
@@ -73,7 +94,7 @@ WHERE state IN ({sql_list(BUSY_TASK_STATES)}) AND tenant = ANY (%(keys)s) GROUP 
 
 MARK_QUEUED = f"""
 UPDATE orchestrator_taskrun SET state = '{TaskState.QUEUED}', queued_at = %(now)s
-WHERE id = ANY (%(ids)s) AND state = '{TaskState.SCHEDULED}'
+WHERE id = ANY (%(ids)s::bigint[]) AND state = '{TaskState.SCHEDULED}'
 """
 
 HELD_BACK_PAUSE = 0.05
@@ -113,26 +134,31 @@ def _full(cursor, limits: dict[str, int], default: int | None, busy_sql: str) ->
                   if (limit := limits.get(name, default)) is not None and busy.get(name, 0) >= limit)
 
 
+def _bound_cursor():
+    """A cursor that sends parameters apart from the SQL text (server-side binding): an array of a
+    thousand ids goes as one binary value, not as a thousand literals formatted on the client.
+    Django's psycopg cursors bind on the client; this one shares the connection and transaction."""
+    import psycopg
+
+    connection.ensure_connection()
+    return psycopg.Cursor(connection.connection)
+
+
 def tick(now: datetime | None = None, batch: int = 1000, limits: tuple | None = None) -> int:
     """Queue the due task runs that the limits allow; returns how many were queued. ``limits``
     (as returned by ``load_limits``) saves reading them on every tick."""
     now = now or clock.now()
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(), connection.cursor() as cursor, _bound_cursor() as bound:
         # Not waiting for the WAL flush: a queued mark lost in a database crash leaves the task
         # run scheduled, and the next tick queues it again.
         cursor.execute("SET LOCAL synchronous_commit = off")
         queue_limits, queue_default, tenant_limits, tenant_default = limits or load_limits()
-        cursor.execute(CANDIDATES, {
+        bound.execute(CANDIDATES, {
             "now": now, "batch": batch,
             "full_queues": _full(cursor, queue_limits, queue_default, BUSY_ALL_QUEUES),
             "full_tenants": _full(cursor, tenant_limits, tenant_default, BUSY_ALL_TENANTS),
         })
-        order = [row[0] for row in cursor.fetchall()]
-        if not order:
-            return 0
-        cursor.execute(LOCK, {"ids": order})
-        locked = {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
-        rows = [(i, *locked[i]) for i in order if i in locked]
+        rows = bound.fetchall()
         if not rows:
             return 0
         limited_queues = sorted({q for _, q, _ in rows if queue_limits.get(q, queue_default) is not None})
@@ -161,7 +187,7 @@ def tick(now: datetime | None = None, batch: int = 1000, limits: tuple | None = 
             admitted.append(task_run_id)
             queues.add(queue)
         if admitted:
-            cursor.execute(MARK_QUEUED, {"ids": admitted, "now": now})
+            bound.execute(MARK_QUEUED, {"ids": admitted, "now": now})
             wake_queues(queues)
         return len(admitted)
 

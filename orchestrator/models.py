@@ -266,9 +266,11 @@ class TaskRun(models.Model):
         ordering = ["id"]
         constraints = [models.UniqueConstraint(fields=["run", "task", "map_index"], name="taskrun_unique_task")]
         indexes = [
-            # The dispatcher's read: due scheduled work, live lane first, by priority.
+            # The dispatcher's read: the distinct (lane, tenant, queue, priority) of scheduled
+            # work, then each one's due rows in due order (see dispatcher.CANDIDATES).
             models.Index(
-                fields=["lane", "-priority", "due_at"], condition=Q(state=TaskState.SCHEDULED), name="taskrun_due"
+                fields=["lane", "tenant", "queue", "priority", "due_at", "id"], condition=Q(state=TaskState.SCHEDULED),
+                name="taskrun_due_key",
             ),
             # The workers' read: queued work of a queue by priority.
             models.Index(fields=["queue", "-priority", "id"], condition=Q(state=TaskState.QUEUED), name="taskrun_queued"),

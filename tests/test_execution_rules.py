@@ -113,6 +113,26 @@ def test_work_of_a_full_queue_does_not_hold_back_other_queues(clock):
     assert TaskRun.objects.filter(queue="batch", state="queued").count() == 1
 
 
+def test_a_tick_takes_a_tenants_work_by_priority_then_due_time_across_its_queues(clock):
+    # The dispatcher reads each (lane, tenant, queue, priority) apart and merges them: the order
+    # within a tenant is still priority first, then due time, whatever queue the work is in; work
+    # of a higher priority that is not due yet holds nothing back.
+    low = make_run({"a": job_spec()}, clock)
+    clock.advance(seconds=1)
+    urgent_batch = make_run({"a": job_spec(queue="batch", priority=5)}, clock)
+    tomorrow = make_run({"a": job_spec(priority=9)}, clock, due_at=clock.now() + timedelta(days=1))
+    clock.advance(seconds=1)
+    urgent_default = make_run({"a": job_spec(priority=5)}, clock)
+    order = []
+    for _ in range(3):
+        assert dispatcher.tick(now=clock.now(), batch=1) == 1
+        order += [run for run in (low, urgent_batch, urgent_default) if states(run) == {"a": "queued"}
+                  and run not in order]
+    assert order == [urgent_batch, urgent_default, low]
+    assert dispatcher.tick(now=clock.now()) == 0
+    assert states(tomorrow) == {"a": "scheduled"}
+
+
 @override_settings(ORCHESTRATOR_DEFAULT_QUEUE_LIMIT=2)
 def test_the_default_queue_limit_applies_without_a_limit_row(clock):
     for _ in range(4):
