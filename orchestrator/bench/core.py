@@ -2,7 +2,7 @@
 dispatcher processes, in a dedicated database ``orchestrator_bench`` on the current server
 (dropped, created and migrated at the start; the product's own data is never touched).
 
-Sections (``--only jobs,latency,dag,pg,scheduler,pages,cron``):
+Sections (``--only pg,jobs,latency,steady,backlog,history,dag,scheduler,pages,cron``):
 
 - jobs: no-op single-task jobs completed per second end to end (enqueue, dispatch, execute,
   record) with one and with two worker processes. Jobs are enqueued while the workers run, in
@@ -10,6 +10,8 @@ Sections (``--only jobs,latency,dag,pg,scheduler,pages,cron``):
   first enqueue to the last recorded success.
 - latency: enqueue-to-start delay (the job's own first instruction) at a light steady load, one
   job per ``create_run`` transaction every 20 ms.
+- steady, backlog, history: start delay under a steady arrival rate with a per-stage breakdown,
+  and cost with a due backlog, a delayed backlog and a finished history (see ``bench.load``).
 - dag: trigger-to-success wall time of a DAG of 1 + 200 parallel + 1 join tasks, and of a
   100-task chain.
 - pg: PostgreSQL's own ceiling on the same server: a bare SKIP LOCKED claim-and-complete loop,
@@ -37,7 +39,7 @@ from orchestrator.database_url import format_database_url
 BENCH_DB = os.environ.get("ORCHESTRATOR_BENCH_DATABASE", "orchestrator_bench")
 ROOT = Path(__file__).resolve().parent.parent.parent
 JOBS_MODULE = "orchestrator.bench.jobs"
-SECTIONS = ("pg", "jobs", "latency", "dag", "scheduler", "pages", "cron")
+SECTIONS = ("pg", "jobs", "latency", "steady", "backlog", "history", "dag", "scheduler", "pages", "cron")
 
 
 # --- the database ----------------------------------------------------------------------------------
@@ -326,7 +328,9 @@ def _external(out, module: str) -> None:
     runner(out)
 
 
-def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int = 16) -> None:
+def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int = 16, rates=(500, 2000),
+        seconds: float = 5.0, backlog=(0, 100_000, 1_000_000), delayed: int = 1_000_000,
+        history: int = 1_000_000) -> None:
     only = list(only or SECTIONS)
     unknown = [name for name in only if name not in SECTIONS]
     if unknown:
@@ -343,6 +347,17 @@ def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int 
     if "latency" in only:
         out("Start delay at light load:")
         bench_latency(out)
+    if "steady" in only or "backlog" in only or "history" in only:
+        from orchestrator.bench import load
+    if "steady" in only:
+        out("Start delay under a steady arrival rate (per stage: enqueue -> dispatched -> claimed -> child started):")
+        load.run_steady(out, rates, seconds)
+    if "backlog" in only:
+        out("With a backlog waiting (2 workers x 16):")
+        load.run_backlog(out, backlog, delayed, max(seconds, 8.0))
+    if "history" in only:
+        out("With finished history in the tables (2 workers x 16):")
+        load.run_history(out, history, max(seconds, 8.0))
     if "dag" in only:
         out("DAG wall time:")
         bench_dag(out)

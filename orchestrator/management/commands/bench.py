@@ -3,9 +3,17 @@ from django.core.management.base import BaseCommand, CommandError
 from orchestrator import bench
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part.replace("_", "")) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise CommandError(f"expected comma-separated whole numbers, got {text!r}") from None
+
+
 class Command(BaseCommand):
-    help = ("Measure jobs/s, start delay, DAG wall time and PostgreSQL's own ceiling with real worker "
-            "processes, in a dedicated database 'orchestrator_bench' (dropped and recreated).")
+    help = ("Measure jobs/s, start delay (also under steady load, per stage), cost with a backlog and with a "
+            "finished history, DAG wall time and PostgreSQL's own ceiling with real worker processes, in a "
+            "dedicated database 'orchestrator_bench' (dropped and recreated).")
 
     def add_arguments(self, parser):
         parser.add_argument("--only", default=",".join(bench.SECTIONS),
@@ -13,11 +21,23 @@ class Command(BaseCommand):
         parser.add_argument("--jobs", type=int, default=20000, help="No-op jobs in the throughput section.")
         parser.add_argument("--concurrency", type=int, default=16,
                             help="Children per worker process in the jobs section (default 16).")
+        parser.add_argument("--rates", default="500,2000", help="Arrival rates (jobs/s) of the steady section.")
+        parser.add_argument("--seconds", type=float, default=5.0,
+                            help="How long each steady rate runs (the backlog and history windows: at least 8 s).")
+        parser.add_argument("--backlog", default="0,100000,1000000",
+                            help="Due task runs waiting, one window each (backlog section).")
+        parser.add_argument("--delayed", type=int, default=1_000_000,
+                            help="Delayed task runs (due tomorrow) in the backlog section; 0 leaves it out.")
+        parser.add_argument("--history", type=int, default=1_000_000,
+                            help="Finished runs, task runs and attempts filled in the history section.")
 
-    def handle(self, *args, only, jobs, concurrency, **options):
+    def handle(self, *args, only, jobs, concurrency, rates, seconds, backlog, delayed, history, **options):
         sections = [s.strip() for s in only.split(",") if s.strip()]
+        if seconds <= 0 or seconds > 600:
+            raise CommandError("--seconds must be more than 0 and at most 600")
         try:
             bench.run(lambda line: (self.stdout.write(line), self.stdout.flush()), only=sections, jobs=jobs,
-                      concurrency=concurrency)
+                      concurrency=concurrency, rates=_ints(rates), seconds=seconds, backlog=_ints(backlog),
+                      delayed=delayed, history=history)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
