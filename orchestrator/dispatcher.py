@@ -228,7 +228,7 @@ class Dispatcher(Role):
     def next_wait(self) -> float | None:
         """Until the next due time, or the poll. Work that is due but held back by a limit waits
         for a NOTIFY (a worker finished something) or the poll, and the ticks it causes are
-        spaced out: each reads the whole due backlog."""
+        spaced out: each would read the same held-back keys again for nothing."""
         upcoming = next_due()
         self.held_back = False
         if upcoming is None:
