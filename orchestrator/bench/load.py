@@ -9,7 +9,8 @@
 - backlog: the same workers with 0, 100,000 and 1,000,000 due task runs already waiting in their
   queue, and with 1,000,000 delayed ones (due tomorrow): one dispatcher tick's wall time on that
   table, jobs completed per second over a window, and the start delay of a high-priority job
-  enqueued every 50 ms during the window (it should overtake the backlog).
+  enqueued every 50 ms during the window (it should overtake the backlog). Without a due backlog
+  the producer keeps 1,000 no-op jobs due or running, so the workers are as busy.
 - history: the same window after filling finished runs, task runs and attempts (1,000,000 by
   default: what fits in a benchmark's minutes; ``--history``), against the same figures at zero.
 
@@ -31,6 +32,9 @@ from orchestrator.bench.core import Roles, reset_work
 
 NOOP = "orchestrator.bench.jobs:noop"
 STAMP = "orchestrator.bench.jobs:stamp"
+# Due or running no-op jobs kept up while a window runs without a backlog: more than two workers
+# finish in 50 ms, fewer than a backlog.
+SUPPLY = 1000
 
 ENQUEUE_RUNS = """
 INSERT INTO orchestrator_run (logical_date, trigger, params, tenant, priority, lane, state, reason,
@@ -212,17 +216,28 @@ def tick_ms(repeat: int = 3) -> float:
     return min(times)
 
 
-def window(out, label: str, seconds: float, workers: int = 2, concurrency: int = 16, feed: int = 0) -> dict:
-    """Workers run for ``seconds`` on what is there (plus ``feed`` no-op jobs enqueued up front in
-    batches of 500 when nothing is waiting); a priority-10 job every 50 ms measures the start delay."""
+IN_FLIGHT = """
+SELECT (SELECT count(*) FROM orchestrator_taskrun WHERE state = 'scheduled' AND due_at <= now())
+     + (SELECT count(*) FROM orchestrator_taskrun WHERE state IN ('queued', 'running'))
+"""
+
+
+def window(out, label: str, seconds: float, workers: int = 2, concurrency: int = 16, supply: int = 0) -> dict:
+    """Workers run for ``seconds`` on what is waiting; a priority-10 job every 50 ms measures the
+    start delay. With ``supply``, no-op jobs are added every 50 ms so that about that many are due or
+    running at any time (work for the workers without a backlog that grows)."""
     tick = tick_ms()
     roles = _start(workers, concurrency)
     try:
         since = _now()
         started = time.monotonic()
-        for offset in range(0, feed, 500):
-            enqueue(min(500, feed - offset))
         while time.monotonic() - started < seconds:
+            if supply:
+                with connection.cursor() as cursor:
+                    cursor.execute(IN_FLIGHT)
+                    missing = supply - cursor.fetchone()[0]
+                if missing > 0:
+                    enqueue(missing)
             enqueue(1, STAMP, priority=10)
             time.sleep(0.05)
         done = _finished_since(since)
@@ -255,23 +270,25 @@ def run_backlog(out, sizes=(0, 100_000, 1_000_000), delayed: int = 1_000_000, se
         began = time.monotonic()
         fill_backlog(size)
         filled = time.monotonic() - began
-        # With no backlog the workers get a steady supply instead, so the rate is comparable.
-        figures[size] = window(out, f"{size:>9,} due waiting (filled in {filled:.0f} s)", seconds,
-                               feed=40_000 if size == 0 else 0)
+        # With no backlog the workers get a steady supply instead, so the rate compares.
+        what = f"filled in {filled:.0f} s" if size else f"{SUPPLY:,} kept due or running"
+        figures[size] = window(out, f"{size:>9,} due waiting ({what})", seconds,
+                               supply=SUPPLY if size == 0 else 0)
     if delayed:
         reset_work()
         fill_backlog(delayed, delayed=True)
-        figures["delayed"] = window(out, f"{delayed:>9,} delayed (due tomorrow)", seconds, feed=40_000)
+        figures["delayed"] = window(out, f"{delayed:>9,} delayed (due tomorrow)", seconds, supply=SUPPLY)
     return figures
 
 
 def run_history(out, size: int = 1_000_000, seconds: float = 8.0) -> dict:
     reset_work()
-    figures = {0: window(out, "        0 finished in history", seconds, feed=40_000)}
+    figures = {0: window(out, f"        0 finished in history ({SUPPLY:,} kept due or running)", seconds,
+                         supply=SUPPLY)}
     reset_work()
     began = time.monotonic()
     fill_history(size)
     filled = time.monotonic() - began
     figures[size] = window(out, f"{size:>9,} finished runs, task runs and attempts (filled in {filled:.0f} s)",
-                           seconds, feed=40_000)
+                           seconds, supply=SUPPLY)
     return figures
