@@ -49,6 +49,14 @@ class HostProject:
             "ORCHESTRATOR_POLL_SECONDS": "0.2",
             "ORCHESTRATOR_HEARTBEAT_SECONDS": "0.5",
         }
+        if python == sys.executable:
+            # The app of this checkout, whatever checkout the environment's editable install names:
+            # a folder holding only the package goes first on the path (not the repository, whose
+            # own top-level packages the shop must not see).
+            only_app = tmp_path / "app-of-this-checkout"
+            only_app.mkdir(exist_ok=True)
+            (only_app / "orchestrator").symlink_to(Path(__file__).resolve().parent.parent / "orchestrator")
+            self.env["PYTHONPATH"] = str(only_app)
 
     # --- the database ------------------------------------------------------------------------
 
