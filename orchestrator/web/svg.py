@@ -54,9 +54,11 @@ def _label(name: str, limit: int = 22) -> str:
     return name if len(name) <= limit else name[: limit - 1] + "…"
 
 
-def graph(upstream: dict[str, list[str]], states: dict[str, str], links: dict[str, str]) -> SafeString:
+def graph(upstream: dict[str, list[str]], states: dict[str, str], links: dict[str, str],
+          notes: dict[str, tuple[str, str]] | None = None) -> SafeString:
     """The DAG left to right, one column per generation; each node coloured by its state and
-    linked to its task run when there is one."""
+    linked to its task run when there is one. ``notes`` adds (short, long) text to a node: a
+    mapped task's instance counts (see ``mapped_node``)."""
     if not upstream:
         return mark_safe('<p class="muted">This workflow has no tasks.</p>')
     columns = layers(upstream)
@@ -84,6 +86,9 @@ def graph(upstream: dict[str, list[str]], states: dict[str, str], links: dict[st
             ))
             parts.append(format_html('<path class="arrow" d="M{} {} l-6 -4 v8 z"/>', x2, y2))
     for name, (x, y) in where.items():
+        if notes and name in notes:
+            parts.append(mapped_node(name, x, y, states.get(name, "none"), *notes[name], links.get(name)))
+            continue
         node_state = states.get(name, "none")
         label = str(node_state).replace("_", " ") if node_state != "none" else "no run"
         node = format_html(
@@ -97,6 +102,23 @@ def graph(upstream: dict[str, list[str]], states: dict[str, str], links: dict[st
         parts.append(node)
     parts.append(mark_safe("</svg>"))
     return mark_safe("".join(str(part) for part in parts))
+
+
+def mapped_node(name: str, x: int, y: int, node_state: str, short: str, long: str, link: str | None) -> SafeString:
+    """A mapped task: one node drawn as a stack of cards, its label shortened to make room for
+    the instance counts (ended/total); the full counts in its title."""
+    node = format_html(
+        '<g class="node mapped st-{}"><title>{}: {}, {}</title>'
+        '<rect class="stack" x="{}" y="{}" width="{}" height="{}" rx="5"/>'
+        '<rect x="{}" y="{}" width="{}" height="{}" rx="5"/>'
+        '<circle cx="{}" cy="{}" r="4"/><text x="{}" y="{}">{}</text>'
+        '<text class="count" x="{}" y="{}" text-anchor="end">{}</text></g>',
+        node_state, name, str(node_state).replace("_", " "), long,
+        x + 3, y - 3, NODE_W, NODE_H, x, y, NODE_W, NODE_H,
+        x + 12, y + NODE_H // 2, x + 22, y + NODE_H // 2 + 4, _label(name, 13),
+        x + NODE_W - 8, y + NODE_H // 2 + 4, short,
+    )
+    return format_html('<a href="{}">{}</a>', link, node) if link else node
 
 
 @dataclass

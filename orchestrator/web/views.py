@@ -42,7 +42,7 @@ from orchestrator.models import (
 )
 from orchestrator.params import ParamError
 from orchestrator.runs import RunError
-from orchestrator.web import svg
+from orchestrator.web import mapped, svg
 from orchestrator.web.errors import query_int
 from orchestrator.web.forms import (
     JOBS,
@@ -252,9 +252,12 @@ def _workflow_context(request, wf: Workflow, *, submitted=None, errors=None, for
     runs.reverse()
     cells = {
         (tr.run_id, tr.task): tr
-        for tr in TaskRun.objects.filter(run_id__in=[r.pk for r in runs]).only("id", "run_id", "task", "state",
-                                                                               "attempts")
+        for tr in TaskRun.objects.filter(run_id__in=[r.pk for r in runs], map_index=-1)
+        .only("id", "run_id", "task", "state", "attempts")
     }
+    for key, summary in mapped.summaries([r.pk for r in runs if r.dynamic]).items():
+        if key in cells:
+            cells[key].mapped = summary
     order = svg.task_order(upstream)
     extra = sorted({task for (_run, task) in cells} - set(order))
     grid_rows = [(task, [(run, cells.get((run.pk, task))) for run in runs]) for task in order + extra]
@@ -266,13 +269,15 @@ def _workflow_context(request, wf: Workflow, *, submitted=None, errors=None, for
     if selected is None and runs:
         selected = runs[-1]
     graph_upstream = upstream
-    states, links = {}, {}
+    states, links, notes = {}, {}, {}
     if selected is not None:
         if selected.version_id and selected.version_id != wf.current_version_id:
             graph_upstream = _upstream_of(selected.version.spec)
-        for tr in TaskRun.objects.filter(run=selected).only("id", "task", "state"):
+        for tr in TaskRun.objects.filter(run=selected, map_index=-1).only("id", "task", "state"):
             states[tr.task] = tr.state
             links[tr.task] = reverse("orchestrator:web:task_run", args=[tr.pk])
+        notes = {task: (summary.short, summary.words)
+                 for (_run, task), summary in mapped.summaries([selected.pk] if selected.dynamic else []).items()}
 
     finished = list(Run.objects.filter(workflow=wf, finished_at__isnull=False)
                     .exclude(state__in=[RunState.SKIPPED, RunState.MISSED])
@@ -303,7 +308,7 @@ def _workflow_context(request, wf: Workflow, *, submitted=None, errors=None, for
         "runs": runs,
         "grid_rows": grid_rows,
         "selected": selected,
-        "graph": svg.graph(graph_upstream, states, links),
+        "graph": svg.graph(graph_upstream, states, links, notes),
         "chart": svg.history_chart(bars),
         "success_rate": (100.0 * succeeded / len(finished)) if finished else None,
         "finished_count": len(finished),
@@ -441,7 +446,9 @@ def run_list(request):
 def _run_context(run: Run) -> dict:
     now = clock.now()
     attempts = Prefetch("attempt_set", queryset=Attempt.objects.order_by("number"))
-    task_runs = list(run.task_runs.prefetch_related(attempts))
+    # A mapped task is its own row here; its instances are counted (mapped.summaries), not loaded.
+    task_runs = list(run.task_runs.filter(map_index=-1).prefetch_related(attempts))
+    instance_summaries = {task: summary for (_run, task), summary in mapped.summaries([run.pk]).items()}
     spec = run.version.spec if run.version_id else {"tasks": {tr.task: {"upstream": tr.upstream} for tr in task_runs}}
     upstream = _upstream_of(spec)
     for tr in task_runs:
@@ -451,6 +458,8 @@ def _run_context(run: Run) -> dict:
 
     starts = [a.started_at for tr in task_runs for a in tr.attempt_set.all()]
     ends = [a.finished_at or now for tr in task_runs for a in tr.attempt_set.all()]
+    starts += [s.first_start for s in instance_summaries.values() if s.first_start]
+    ends += [s.last_end or now for s in instance_summaries.values() if s.first_start]
     span_start = min(starts) if starts else None
     span = max(((max(ends) - span_start).total_seconds() if starts else 0.0), 0.001)
     for tr in task_runs:
@@ -465,6 +474,7 @@ def _run_context(run: Run) -> dict:
                 "width": round(max(100 * length / span, 0.4), 3),
                 "seconds": length,
             })
+    _add_instances(task_runs, instance_summaries, run.pk, span_start, span, now)
     states = {tr.task: tr.state for tr in task_runs}
     links = {tr.task: reverse("orchestrator:web:task_run", args=[tr.pk]) for tr in task_runs}
     counts: dict[str, int] = {}
@@ -474,7 +484,8 @@ def _run_context(run: Run) -> dict:
         "run": run,
         "task_runs": task_runs,
         "counts": sorted(counts.items()),
-        "graph": svg.graph(upstream, states, links),
+        "graph": svg.graph(upstream, states, links,
+                           {task: (summary.short, summary.words) for task, summary in instance_summaries.items()}),
         "span_start": span_start,
         "span": span if starts else None,
         "seconds": _dur(run.started_at or (span_start if starts else None), run.finished_at, now),
@@ -482,6 +493,30 @@ def _run_context(run: Run) -> dict:
                          for tr in task_runs),
         "poll": POLL if run.is_active else None,
     }
+
+
+def _add_instances(task_runs, summaries: dict, run_id: int, span_start, span: float, now) -> None:
+    """Mapped tasks on the run page: their counts, the first instances under their row, and one
+    timeline bar from the first instance's start to the last one's end."""
+    shown = mapped.first_instances(run_id, sorted(summaries))
+    for tr in task_runs:
+        tr.mapped = summaries.get(tr.task)
+        if tr.mapped is None:
+            continue
+        tr.instances = shown.get(tr.task, [])
+        for instance in tr.instances:
+            instance.seconds = _dur(instance.started_at, instance.finished_at, now)
+        if tr.mapped.first_start and span_start:
+            tr.seconds = _dur(tr.mapped.first_start, tr.mapped.last_end if tr.state != TaskState.MAPPED else None, now)
+            offset = (tr.mapped.first_start - span_start).total_seconds()
+            tr.span_bar = {"left": round(100 * offset / span, 3),
+                           "width": round(max(100 * (tr.seconds or 0.0) / span, 0.4), 3), "seconds": tr.seconds}
+
+
+@viewer_required
+def mapped_instances(request, task_run_id):
+    return page(request, "orchestrator/web/mapped_instances.html", mapped.instances_context(request, task_run_id),
+                partial="rows")
 
 
 @viewer_required
