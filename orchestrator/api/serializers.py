@@ -26,6 +26,7 @@ from orchestrator.models import (
     Attempt,
     AuditEvent,
     Backfill,
+    DatasetEvent,
     Run,
     RunState,
     Schedule,
@@ -562,6 +563,48 @@ class AuditFilterSerializer(serializers.Serializer):
     target_id = serializers.CharField(required=False, max_length=255, trim_whitespace=False)
     since = AwareDateTimeField(required=False, help_text="at or after (with timezone)")
     until = AwareDateTimeField(required=False, help_text="before (with timezone)")
+
+    def validate(self, data):
+        for key, value in data.items():
+            if isinstance(value, str) and "\x00" in value:
+                raise serializers.ValidationError({key: ["contains a NUL character"]})
+        return data
+
+
+# --- dataset events ------------------------------------------------------------------------------
+
+
+class DatasetEventSerializer(serializers.ModelSerializer):
+    dataset = serializers.CharField(source="dataset.name", help_text="the dataset's name")
+    workflow = serializers.CharField(help_text="the producing workflow (by name; empty for a job)")
+    task = serializers.CharField(help_text="the producing task")
+    run = serializers.IntegerField(source="run_id", allow_null=True,
+                                   help_text="the producer's run (null once retention pruned it)")
+    task_run = serializers.IntegerField(source="task_run_id", allow_null=True, help_text="the producing task run")
+    metadata = serializers.JSONField(help_text="what the producer put in ctx.metadata[dataset]")
+    consumer_runs = serializers.SerializerMethodField(help_text="the runs of consumer workflows this event started "
+                                                                "(or that a pending consumer will start)")
+
+    class Meta:
+        model = DatasetEvent
+        fields = ["id", "dataset", "workflow", "task", "run", "task_run", "logical_date", "metadata", "created_at",
+                  "handled", "consumer_runs"]
+
+    @extend_schema_field({"type": "array", "items": {"type": "object", "properties": {
+        "workflow": {"type": "string"}, "run": {"type": "integer", "nullable": True},
+        "consumed_at": {"type": "string", "format": "date-time", "nullable": True}}}})
+    def get_consumer_runs(self, event) -> list[dict]:
+        return [{"workflow": c.workflow.name, "run": c.run_id, "consumed_at": c.consumed_at}
+                for c in event.consumers.all()]
+
+
+class DatasetEventFilterSerializer(serializers.Serializer):
+    dataset = serializers.CharField(required=False, max_length=200, trim_whitespace=False,
+                                    help_text="only this dataset's events (exact name)")
+    workflow = serializers.CharField(required=False, max_length=200, trim_whitespace=False,
+                                     help_text="only events produced by this workflow")
+    since = AwareDateTimeField(required=False, help_text="created at or after (with timezone)")
+    until = AwareDateTimeField(required=False, help_text="created before (with timezone)")
 
     def validate(self, data):
         for key, value in data.items():

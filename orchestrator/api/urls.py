@@ -25,6 +25,7 @@ urlpatterns = [
     path("backfills/", views.BackfillListView.as_view(), name="backfills"),
     path("backfills/<int:pk>/", views.BackfillDetailView.as_view(), name="backfill"),
     path("audit/", views.AuditListView.as_view(), name="audit"),
+    path("dataset-events/", views.DatasetEventListView.as_view(), name="dataset-events"),
     path("schema/", schema.SchemaView.as_view(), name="schema"),
     path("docs/", schema.DocsView.as_view(), name="docs"),
     re_path(r"^.*$", not_found),

@@ -32,7 +32,19 @@ from orchestrator.api.parsing import (
 )
 from orchestrator.api.permissions import OperatorsOnly, ViewerReadsOperatorWrites
 from orchestrator.api.schema import Schema, extend_schema
-from orchestrator.models import Attempt, Backfill, Run, Schedule, TaskRun, TaskState, Trigger, Workflow
+from orchestrator.models import (
+    Attempt,
+    Backfill,
+    ConsumerRun,
+    Dataset,
+    DatasetEvent,
+    Run,
+    Schedule,
+    TaskRun,
+    TaskState,
+    Trigger,
+    Workflow,
+)
 from orchestrator.runs import trigger_workflow
 
 IDEMPOTENCY_KEY_PATTERN = r"^[!-~]([ -~]{0,253}[!-~])?$"  # 1 to 255 printable ASCII characters, no edge spaces
@@ -498,3 +510,31 @@ class AuditListView(APIBase):
             if key in filters:
                 events = events.filter(**{lookup: filters[key]})
         return self.page(events, s.AuditEventSerializer)
+
+
+# --- dataset events ----------------------------------------------------------------------------
+
+
+class DatasetEventListView(APIBase):
+    @extend_schema(tags=["datasets"], operation_id="dataset_events_list",
+                   summary="Dataset events, newest first (cursor pagination)",
+                   description="Each successful production of a dataset (a task with produces=[...]): the "
+                               "producing workflow, task and run, the logical date, the metadata, and the runs "
+                               "of consumer workflows (triggers=[On(...)]) it started. An unknown dataset "
+                               "is a 404.",
+                   parameters=[s.DatasetEventFilterSerializer, CURSOR, LIMIT],
+                   responses={200: paginated_schema(s.DatasetEventSerializer), **errors(400, 401, 403, 404)})
+    def get(self, request):
+        filters = validated_query(s.DatasetEventFilterSerializer, request.query_params)
+        events = DatasetEvent.objects.select_related("dataset").prefetch_related(
+            Prefetch("consumers", queryset=ConsumerRun.objects.select_related("workflow").order_by("id")))
+        if "dataset" in filters:
+            dataset = Dataset.objects.filter(name=filters["dataset"]).first()
+            if dataset is None:
+                name = filters["dataset"]
+                raise NotFound({"detail": f"unknown dataset {name!r}", "dataset": [f"unknown dataset {name!r}"]})
+            events = events.filter(dataset=dataset)
+        for key, lookup in [("workflow", "workflow"), ("since", "created_at__gte"), ("until", "created_at__lt")]:
+            if key in filters:
+                events = events.filter(**{lookup: filters[key]})
+        return self.page(events, s.DatasetEventSerializer)

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path, register_converter
 
-from orchestrator.web import audit, views
+from orchestrator.web import audit, lineage, views
 
 
 class StoredName:
@@ -43,4 +43,6 @@ urlpatterns = [
     path("attempts/<int:attempt_id>/log/download/", views.attempt_log_download, name="attempt_log_download"),
     path("dead-letter/", views.dead_letter, name="dead_letter"),
     path("audit/", audit.audit_log, name="audit"),
+    path("datasets/", lineage.dataset_list, name="datasets"),
+    path("datasets/<stored_name:name>/", lineage.dataset_detail, name="dataset"),
 ]

@@ -185,6 +185,10 @@ def dashboard(request):
         "recent_failures": Run.objects.filter(state=RunState.FAILED).select_related("workflow")
         .order_by("-id")[:8],
         "recent": Run.objects.select_related("workflow").order_by("-id")[:10],
+        # Runs that missed their deadline in the last day (the deadline_missed_at index).
+        "deadline_misses": Run.objects.filter(deadline_missed_at__gte=day_ago).select_related("workflow")
+        .order_by("-deadline_missed_at")[:8],
+        "deadline_missed_24h": Run.objects.filter(deadline_missed_at__gte=day_ago).count(),
         "poll": "10s",
     }
     return page(request, "orchestrator/web/dashboard.html", context, partial="stats")
@@ -302,8 +306,11 @@ def _workflow_context(request, wf: Workflow, *, submitted=None, errors=None, for
             upcoming, schedule.error = [], str(exc)
         schedules.append((schedule, _describe(schedule.cron), upcoming))
 
+    from orchestrator.web import lineage
+
     return {
         "wf": wf,
+        "data": lineage.of_workflow(wf),
         "spec": wf.spec,
         "runs": runs,
         "grid_rows": grid_rows,

@@ -1,0 +1,88 @@
+"""Datasets on the pages: which workflows and tasks produce each dataset (``produces=[...]``),
+which workflows it triggers (``triggers=[On(...)]``), and its recent events with the runs they
+started. What is declared is read from the current versions of the workflows present; what
+happened from the events, so a dataset keeps its history after its producer is removed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.db.models import Count, Max, Prefetch
+from django.http import Http404
+
+from orchestrator.models import ConsumerRun, Dataset, DatasetEvent, Workflow
+from orchestrator.web.views import page, viewer_required
+
+EVENTS_SHOWN = 50
+
+
+@dataclass
+class Declared:
+    """One dataset as the workflows declare it."""
+
+    name: str
+    producers: list[tuple[str, str]] = field(default_factory=list)  # (workflow, task)
+    consumers: list[tuple[str, str, list[str]]] = field(default_factory=list)  # (workflow, mode, datasets)
+
+
+def declared() -> dict[str, Declared]:
+    """Every dataset named by a present workflow's current version."""
+    found: dict[str, Declared] = {}
+    for wf in Workflow.objects.filter(present=True, current_version__isnull=False).select_related("current_version") \
+            .order_by("name"):
+        spec = wf.current_version.spec
+        for task_name, task in sorted(spec.get("tasks", {}).items()):
+            for dataset in task.get("produces", []):
+                found.setdefault(dataset, Declared(dataset)).producers.append((wf.name, task_name))
+        for trigger in spec.get("triggers", []):
+            for dataset in trigger.get("datasets", []):
+                found.setdefault(dataset, Declared(dataset)).consumers.append(
+                    (wf.name, trigger.get("mode", "any"), list(trigger.get("datasets", []))))
+    return found
+
+
+def of_workflow(wf: Workflow) -> dict:
+    """The workflow page's data section: what its tasks produce and who consumes it, what it is
+    triggered by and who produces that."""
+    spec = wf.spec if wf.current_version_id else {}
+    produces = {task: list(t.get("produces", [])) for task, t in sorted(spec.get("tasks", {}).items())
+                if t.get("produces")}
+    triggers = spec.get("triggers", [])
+    if not produces and not triggers:
+        return {}
+    everything = declared()
+    produced = [(task, [(name, [c for c in everything[name].consumers if c[0] != wf.name] if name in everything else [])
+                        for name in names]) for task, names in produces.items()]
+    consumed = [(trigger.get("mode", "any"),
+                 [(name, [p for p in everything[name].producers] if name in everything else [])
+                  for name in trigger.get("datasets", [])]) for trigger in triggers]
+    return {"produced": produced, "consumed": consumed}
+
+
+@viewer_required
+def dataset_list(request):
+    everything = declared()
+    stats = {row["name"]: row for row in Dataset.objects.values("name")
+             .annotate(n=Count("events"), last_at=Max("events__created_at"))}
+    names = sorted(set(everything) | set(stats))
+    datasets = [{"name": name, "declared": everything.get(name, Declared(name)),
+                 "events": stats.get(name, {}).get("n", 0), "last": stats.get(name, {}).get("last_at")}
+                for name in names]
+    return page(request, "orchestrator/web/datasets.html", {"datasets": datasets})
+
+
+@viewer_required
+def dataset_detail(request, name):
+    everything = declared()
+    dataset = Dataset.objects.filter(name=name).first() if "\x00" not in name else None
+    if dataset is None and name not in everything:
+        raise Http404(f"No dataset named {name!r}.")
+    events = []
+    if dataset is not None:
+        events = list(DatasetEvent.objects.filter(dataset=dataset).order_by("-id").prefetch_related(
+            Prefetch("consumers", queryset=ConsumerRun.objects.select_related("workflow", "run").order_by("id")))
+            [:EVENTS_SHOWN])
+    return page(request, "orchestrator/web/dataset.html", {
+        "name": name, "dataset": dataset, "declared": everything.get(name, Declared(name)), "events": events,
+        "event_count": dataset.events.count() if dataset else 0, "shown": EVENTS_SHOWN,
+    })
