@@ -1,6 +1,6 @@
-"""Operator actions on runs and the dead-letter queue: cancel, retry, discard. Each one is a
-guarded update (it changes only rows still in the state it expects) and takes many ids at once,
-so the UI's and the API's bulk actions are one transaction each.
+"""Operator actions on runs, task runs and the dead-letter queue: cancel, retry, discard, clear
+and mark. Each one is a guarded update (it changes only rows still in the state it expects) and
+takes many ids at once, so the UI's and the API's bulk actions are one transaction each.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from orchestrator.models import Run
 from orchestrator.states import (
     ACTIVE_RUN_STATES,
     ACTIVE_TASK_STATES,
+    FINISHED_TASK_STATES,
+    MARKABLE_TASK_STATES,
     RETRYABLE_TASK_STATES,
     AttemptOutcome,
     RunState,
@@ -181,3 +183,110 @@ def _descendants(cursor, runs: list[int], roots: set[tuple[int, str]]) -> list[i
                 seen.add(child)
                 stack.append(child)
     return sorted(ids[key] for key in seen)
+
+
+# --- Task-level actions: clear and mark --------------------------------------------------------
+# As Airflow's: clearing a task (and, by default, everything downstream of it) makes it run again
+# in the same run, its old attempts kept in the history; marking sets a task's outcome by hand and
+# its downstream tasks decide again by their trigger rules.
+
+# Finished task runs start over: a task with parents (or a mapped task's own row) waits for them
+# again, a root task or a mapped instance is due now. Each gets a fresh allowance of attempts;
+# attempt numbers go on, so the earlier attempts stay in the history. A held-back run's tasks are
+# left alone (they wait for the run to start).
+CLEAR_TASK_RUNS = f"""
+UPDATE orchestrator_taskrun t SET
+    state = CASE WHEN t.map_index >= 0 OR cardinality(t.upstream) = 0 THEN '{TaskState.SCHEDULED}'
+                 ELSE '{TaskState.WAITING}' END,
+    due_at = CASE WHEN t.map_index >= 0 OR cardinality(t.upstream) = 0 THEN %(now)s END,
+    max_attempts = t.attempts + GREATEST(1, COALESCE((t.spec->>'max_attempts')::int, 1)),
+    result = NULL, error = '', worker_id = NULL, queued_at = NULL, started_at = NULL, finished_at = NULL
+FROM orchestrator_run r
+WHERE t.id = ANY (%(ids)s) AND r.id = t.run_id AND r.state <> '{RunState.PENDING}'
+  AND t.state IN ({sql_list(FINISHED_TASK_STATES)})
+RETURNING t.id, t.run_id, t.task, t.map_index
+"""
+
+
+# A mapped task's own row is never marked (its instances decide it), nor a running task run (a
+# worker holds it: cancel the run instead).
+def _mark_sql(state: str) -> str:
+    return f"""
+UPDATE orchestrator_taskrun t SET state = '{state}', finished_at = %(now)s, due_at = NULL,
+    error = %(error)s
+FROM orchestrator_run r
+WHERE t.id = ANY (%(ids)s) AND r.id = t.run_id AND r.state <> '{RunState.PENDING}'
+  AND t.state IN ({sql_list(s for s in MARKABLE_TASK_STATES if s != state)})
+  AND NOT (t.map_index = -1 AND t.spec ? 'map_over')
+RETURNING t.id, t.run_id, t.task, t.map_index
+"""
+
+
+MARK_SUCCEEDED = _mark_sql(TaskState.SUCCEEDED)
+MARK_FAILED = _mark_sql(TaskState.FAILED)
+MARKS = {TaskState.SUCCEEDED: MARK_SUCCEEDED, TaskState.FAILED: MARK_FAILED}
+
+# The finished runs of cleared task runs (cancelled ones too) are running again.
+REOPEN_RUNS = f"""
+UPDATE orchestrator_run SET state = '{RunState.RUNNING}', finished_at = NULL
+WHERE id = ANY (%(runs)s) AND state IN ('{RunState.FAILED}', '{RunState.SUCCEEDED}', '{RunState.CANCELLED}')
+"""
+
+
+def clear_task_runs(ids: Iterable[int], *, downstream: bool = True, now=None) -> list[int]:
+    """Run finished task runs again in their run, and (``downstream``) every finished task run
+    downstream of them; returns the ids of the task runs cleared. Active ones are left alone."""
+    ids = sorted({int(i) for i in ids})
+    if not ids:
+        return []
+    now = now or clock.now()
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(resolver.RUNS_OF, [ids])
+        resolver.lock_runs(cursor, [row[0] for row in cursor.fetchall()])
+        cursor.execute(CLEAR_TASK_RUNS, {"ids": ids, "now": now})
+        cleared = cursor.fetchall()
+        if not cleared:
+            return []
+        runs = sorted({run_id for _, run_id, _, _ in cleared})
+        if downstream:
+            below = _descendants(cursor, runs, {(run_id, task) for _, run_id, task, _ in cleared})
+            below = sorted(set(below) - {row[0] for row in cleared})
+            if below:
+                cursor.execute(CLEAR_TASK_RUNS, {"ids": below, "now": now})
+                cleared += cursor.fetchall()
+        mapping.reopen(cursor, [task_run_id for task_run_id, _, _, map_index in cleared if map_index >= 0])
+        cursor.execute(REOPEN_RUNS, {"runs": runs})
+        resolver.resolve_runs(runs, now=now)
+        resolver.wake_dispatchers()
+    return sorted(row[0] for row in cleared)
+
+
+def mark_task_runs(ids: Iterable[int], state: str, *, by=None, now=None) -> list[int]:
+    """Set the outcome of task runs by hand (succeeded or failed); downstream tasks that had
+    given up on them wait again and follow their trigger rules. Returns the ids marked."""
+    if state not in MARKS:
+        raise ValueError(f"a task run can be marked succeeded or failed, not {str(state)!r}")
+    ids = sorted({int(i) for i in ids})
+    if not ids:
+        return []
+    now = now or clock.now()
+    who = getattr(by, "username", None) or (str(by) if by else "")
+    error = "" if state == TaskState.SUCCEEDED else (f"marked failed by {who}" if who else "marked failed")
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(resolver.RUNS_OF, [ids])
+        resolver.lock_runs(cursor, [row[0] for row in cursor.fetchall()])
+        cursor.execute(MARKS[state], {"ids": ids, "now": now, "error": error})
+        marked = cursor.fetchall()
+        if not marked:
+            return []
+        runs = sorted({run_id for _, run_id, _, _ in marked})
+        mapping.reopen(cursor, [task_run_id for task_run_id, _, _, map_index in marked if map_index >= 0])
+        below = _descendants(cursor, runs, {(run_id, task) for _, run_id, task, _ in marked})
+        if below:
+            cursor.execute(REWAIT_DOWNSTREAM, {"ids": below})
+        # A failed or succeeded run decides again (the resolver ends it at once when nothing is
+        # left to run); a cancelled one stays cancelled.
+        cursor.execute(RESUME_RUNS, {"runs": runs})
+        resolver.resolve_runs(runs, now=now)
+        resolver.wake_dispatchers()
+    return sorted(row[0] for row in marked)

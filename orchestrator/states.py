@@ -17,6 +17,8 @@ Task runs::
     waiting ──(the trigger rule cannot hold)──> upstream_failed or skipped
     any unfinished ──(cancel, missed start deadline)──> cancelled
     dead / failed ──(retry)──> scheduled;  dead ──(discard)──> failed
+    any finished ──(cleared by an operator)──> scheduled or waiting
+    any but running or mapped ──(marked by an operator)──> succeeded or failed
     upstream_failed / skipped ──(a parent is retried)──> waiting
     any finished ──(a backfill reprocesses the run)──> scheduled or waiting
     waiting ──(a mapped task's parent succeeded)──> mapped ──(its instances ended)──> succeeded or failed
@@ -82,6 +84,9 @@ FINISHED_TASK_STATES = (
 BUSY_TASK_STATES = (TaskState.QUEUED, TaskState.RUNNING)
 # States a retry takes a task run out of: the dead-letter queue, and task runs discarded from it.
 RETRYABLE_TASK_STATES = (TaskState.DEAD, TaskState.FAILED)
+# States an operator can mark a task run succeeded or failed from: any but running (a worker
+# holds it) and mapped (its instances decide it).
+MARKABLE_TASK_STATES = (TaskState.WAITING, TaskState.SCHEDULED, TaskState.QUEUED, *FINISHED_TASK_STATES)
 
 ACTIVE_RUN_STATES = (RunState.PENDING, RunState.RUNNING)
 FINISHED_RUN_STATES = (RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED, RunState.SKIPPED, RunState.MISSED)
@@ -120,8 +125,10 @@ TASK_RUN_TRANSITIONS = [
     (T.DEAD, T.FAILED, "control: discarded from the dead-letter queue"),
     (T.UPSTREAM_FAILED, T.WAITING, "control: a parent is retried"),
     (T.SKIPPED, T.WAITING, "control: a parent is retried"),
-    *[(state, after, "backfill: the run is reprocessed from scratch")
+    *[(state, after, "backfill: the run is reprocessed from scratch; control: cleared, runs again")
       for state in FINISHED_TASK_STATES for after in (T.SCHEDULED, T.WAITING)],
+    *[(state, after, f"control: marked {after} by an operator")
+      for after in (T.SUCCEEDED, T.FAILED) for state in MARKABLE_TASK_STATES if state != after],
     # Mapping: the mapped task's own row (map_index -1) while its instances run.
     (T.WAITING, T.MAPPED, "resolver: the mapped-over parent succeeded; the instances are created"),
     (T.MAPPED, T.SUCCEEDED, "resolver: every instance succeeded"),
@@ -144,7 +151,8 @@ RUN_TRANSITIONS = [
     (R.RUNNING, R.MISSED, "scheduler: no task started within the start deadline"),
     (R.FAILED, R.RUNNING, "control: a task run of it is retried"),
     (R.SUCCEEDED, R.RUNNING, "control: a task run of it is retried"),
-    *[(state, R.RUNNING, "backfill: reprocessed") for state in FINISHED_RUN_STATES],
+    *[(state, R.RUNNING, "backfill: reprocessed; control: a task run of it is cleared")
+      for state in FINISHED_RUN_STATES],
 ]
 
 ATTEMPT_TRANSITIONS = [

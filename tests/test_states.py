@@ -49,9 +49,9 @@ def test_the_check_reads_each_transition_a_statement_makes():
     ("INSERT INTO orchestrator_taskrun (run_id, task, state) VALUES (%s, %s, 'running')",
      "a row cannot start in 'running'"),
     # A CASE computed in a CTE and then set.
-    ("WITH d AS (SELECT id, CASE WHEN x THEN 'succeeded' END AS next FROM orchestrator_taskrun) "
+    ("WITH d AS (SELECT id, CASE WHEN x THEN 'running' END AS next FROM orchestrator_taskrun) "
      "UPDATE orchestrator_taskrun t SET state = d.next FROM d WHERE t.id = d.id AND t.state = 'waiting'",
-     "waiting -> succeeded is not in the state table"),
+     "waiting -> running is not in the state table"),
 ])
 def test_the_check_finds_a_bad_statement(sql, complaint):
     problems = [str(p) for p in state_check.statement_problems("example", sql)]
@@ -95,11 +95,11 @@ def test_the_test_database_rejects_a_transition_outside_the_table_whoever_makes_
     run, _ = runs.create_run(None, trigger="job", tasks={"t": {"kind": "python", "ref": "a:b"}})
     task_run = TaskRun.objects.get(run=run)
     assert task_run.state == states.TaskState.SCHEDULED
-    # Straight from a product-like statement (not the tests' own set-up): scheduled -> succeeded
-    # skips the queue and the worker, which the table does not allow.
-    with pytest.raises(psycopg.errors.CheckViolation, match="illegal state change of orchestrator_taskrun: scheduled -> succeeded"):
+    # Straight from a product-like statement (not the tests' own set-up): scheduled -> running
+    # skips the queue and the claim, which the table does not allow.
+    with pytest.raises(psycopg.errors.CheckViolation, match="illegal state change of orchestrator_taskrun: scheduled -> running"):
         with transaction.atomic(), connection.connection.cursor() as cursor:
-            cursor.execute("UPDATE orchestrator_taskrun SET state = 'succeeded' WHERE id = %s", [task_run.pk])
+            cursor.execute("UPDATE orchestrator_taskrun SET state = 'running' WHERE id = %s", [task_run.pk])
     # A transition the table lists goes through.
     with transaction.atomic(), connection.connection.cursor() as cursor:
         cursor.execute("UPDATE orchestrator_taskrun SET state = 'queued' WHERE id = %s", [task_run.pk])

@@ -476,6 +476,21 @@ class TaskRunIdsSerializer(serializers.Serializer):
     )
 
 
+class ClearSerializer(serializers.Serializer):
+    downstream = serializers.BooleanField(required=False, default=True,
+                                          help_text="Also clear every finished task run downstream of it.")
+
+
+class MarkSerializer(serializers.Serializer):
+    state = serializers.ChoiceField(choices=["succeeded", "failed"], help_text="The outcome to set.")
+
+
+class TaskRunActionSerializer(serializers.Serializer):
+    changed = serializers.ListField(child=serializers.IntegerField(),
+                                    help_text="ids of the task runs the action changed (none when it did not apply)")
+    task_run = TaskRunDetailSerializer()
+
+
 class RetriedSerializer(serializers.Serializer):
     requested = serializers.IntegerField()
     retried = serializers.IntegerField(help_text="how many were dead or failed and got a fresh attempt")

@@ -308,6 +308,53 @@ class TaskRunDetailView(APIBase):
         return Response(s.TaskRunDetailSerializer(task_run).data)
 
 
+def get_task_run(pk: int) -> TaskRun:
+    task_run = (TaskRun.objects.select_related("run__workflow")
+                .prefetch_related(Prefetch("attempt_set", Attempt.objects.select_related("worker")))
+                .filter(pk=pk).first())
+    if task_run is None:
+        raise NotFound(f"no task run {pk}")
+    return task_run
+
+
+class TaskRunRetryView(APIBase):
+    @extend_schema(tags=["runs"], summary="Retry a dead or failed task run: it gets a fresh set of attempts",
+                   request=None, responses={200: s.TaskRunActionSerializer, **errors(401, 403, 404)})
+    def post(self, request, pk):
+        from orchestrator import control
+
+        task_run = get_task_run(pk)
+        changed = [pk] if control.retry_task_runs([pk]) else []
+        audit.record("retry", request=request, target=task_run, changed=len(changed))
+        return Response({"changed": changed, "task_run": s.TaskRunDetailSerializer(get_task_run(pk)).data})
+
+
+class TaskRunClearView(APIBase):
+    @extend_schema(tags=["runs"], summary="Clear a finished task run (and what is downstream of it): it runs again",
+                   request=s.ClearSerializer, responses={200: s.TaskRunActionSerializer, **errors(400, 401, 403, 404)})
+    def post(self, request, pk):
+        from orchestrator import control
+
+        task_run = get_task_run(pk)
+        data = validated(s.ClearSerializer, body(request))
+        changed = control.clear_task_runs([pk], downstream=data["downstream"])
+        audit.record("clear", request=request, target=task_run, downstream=data["downstream"], changed=changed)
+        return Response({"changed": changed, "task_run": s.TaskRunDetailSerializer(get_task_run(pk)).data})
+
+
+class TaskRunMarkView(APIBase):
+    @extend_schema(tags=["runs"], summary="Mark a task run succeeded or failed; its downstream follows its rules",
+                   request=s.MarkSerializer, responses={200: s.TaskRunActionSerializer, **errors(400, 401, 403, 404)})
+    def post(self, request, pk):
+        from orchestrator import control
+
+        task_run = get_task_run(pk)
+        data = validated(s.MarkSerializer, body(request))
+        changed = control.mark_task_runs([pk], data["state"], by=request.user)
+        audit.record("mark", request=request, target=task_run, state=data["state"], changed=changed)
+        return Response({"changed": changed, "task_run": s.TaskRunDetailSerializer(get_task_run(pk)).data})
+
+
 class AttemptLogView(APIBase):
     @extend_schema(tags=["runs"], summary="The log of an attempt, one page of text at a time",
                    description="Read from `offset` up to `limit` bytes; continue at `next_offset` until `eof`.",

@@ -39,6 +39,7 @@ urlpatterns = [
     path("runs/<int:run_id>/retry/", views.run_retry, name="run_retry"),
     path("task-runs/<int:task_run_id>/", views.task_run_detail, name="task_run"),
     path("task-runs/<int:task_run_id>/instances/", views.mapped_instances, name="mapped_instances"),
+    path("task-runs/<int:task_run_id>/<str:action>/", views.task_run_action, name="task_run_action"),
     path("attempts/<int:attempt_id>/log/", views.attempt_log, name="attempt_log"),
     path("attempts/<int:attempt_id>/log/download/", views.attempt_log_download, name="attempt_log_download"),
     path("dead-letter/", views.dead_letter, name="dead_letter"),

@@ -43,7 +43,7 @@ from orchestrator.models import (
 from orchestrator.params import ParamError
 from orchestrator.runs import RunError
 from orchestrator.web import mapped, svg
-from orchestrator.web.errors import query_int
+from orchestrator.web.errors import InvalidInput, query_int
 from orchestrator.web.forms import (
     JOBS,
     BulkTaskRunForm,
@@ -600,8 +600,66 @@ def task_run_detail(request, task_run_id):
         "poll": POLL if tr.state in (TaskState.WAITING, TaskState.SCHEDULED, TaskState.QUEUED, TaskState.RUNNING)
         else None,
         "seconds": _dur(tr.started_at, tr.finished_at, now),
+        "actions": task_actions(tr),
     }
     return page(request, "orchestrator/web/task_run.html", context, partial="live")
+
+
+# The task-level actions: what each one does, and the question the button asks first.
+TASK_ACTIONS = {
+    "retry": "Retry {task} of run #{run}? It gets a fresh set of attempts.",
+    "clear": "Clear {task} of run #{run} and every task downstream of it? They run again; earlier attempts "
+             "stay in the history.",
+    "mark-succeeded": "Mark {task} of run #{run} succeeded? Its downstream tasks follow their trigger rules.",
+    "mark-failed": "Mark {task} of run #{run} failed? Its downstream tasks follow their trigger rules.",
+}
+
+
+def task_actions(tr: TaskRun) -> list[tuple[str, str, str]]:
+    """The actions that apply to a task run in its state: (action, button label, question)."""
+    from orchestrator.states import FINISHED_TASK_STATES, MARKABLE_TASK_STATES, RETRYABLE_TASK_STATES
+
+    mapped_row = tr.map_index == -1 and "map_over" in (tr.spec or {})
+    labels = []
+    if tr.state in RETRYABLE_TASK_STATES and not mapped_row:
+        labels.append(("retry", "Retry"))
+    if tr.state in FINISHED_TASK_STATES:
+        labels.append(("clear", "Clear with downstream"))
+    if tr.state in MARKABLE_TASK_STATES and not mapped_row:
+        if tr.state != TaskState.SUCCEEDED:
+            labels.append(("mark-succeeded", "Mark succeeded"))
+        if tr.state != TaskState.FAILED:
+            labels.append(("mark-failed", "Mark failed"))
+    return [(action, label, TASK_ACTIONS[action].format(task=tr.task, run=tr.run_id)) for action, label in labels]
+
+
+@operator_action
+def task_run_action(request, task_run_id, action):
+    """Retry, clear (with everything downstream) or mark one task run; the button asks first
+    (hx-confirm) and the action is written to the audit log."""
+    from orchestrator import control
+
+    if action not in TASK_ACTIONS:
+        raise InvalidInput("action", f"no task-run action {action!r}: use one of {', '.join(TASK_ACTIONS)}")
+    tr = get_object_or_404(TaskRun, pk=task_run_id)
+    if action == "retry":
+        changed = [tr.pk] if control.retry_task_runs([tr.pk]) else []
+        done = f"Retrying {tr.task}."
+    elif action == "clear":
+        changed = control.clear_task_runs([tr.pk])
+        below = len(changed) - 1
+        done = f"Cleared {tr.task}{f' and {below} downstream' if below > 0 else ''}: {'they run' if below > 0 else 'it runs'} again."
+    else:
+        changed = control.mark_task_runs([tr.pk], action.removeprefix("mark-"), by=request.user)
+        done = f"Marked {tr.task} {action.removeprefix('mark-')}."
+    audit.record(action.split("-")[0], request=request, target=tr, changed=changed,
+                 **({"state": action.removeprefix("mark-")} if action.startswith("mark-") else {}))
+    if changed:
+        messages.success(request, done)
+    else:
+        tr.refresh_from_db()
+        messages.warning(request, f"{tr.task} is {tr.state.replace('_', ' ')}: nothing to {action.replace('-', ' ')}.")
+    return back(request, reverse("orchestrator:web:task_run", args=[tr.pk]))
 
 
 @viewer_required
