@@ -85,19 +85,19 @@ class WorkflowAdmin(OperatorActions, admin.ModelAdmin):
 
     @admin.action(description="Pause the selected workflows", permissions=["operate"])
     def pause(self, request, queryset):
-        from orchestrator import scheduler
+        from orchestrator import control
 
         for wf in queryset:
-            scheduler.pause_workflow(wf)
+            control.pause_workflow(wf)
             audit.record("pause", request=request, target=wf)
         self.message_user(request, f"Paused {queryset.count()} workflow(s).", messages.SUCCESS)
 
     @admin.action(description="Resume the selected workflows", permissions=["operate"])
     def resume(self, request, queryset):
-        from orchestrator import scheduler
+        from orchestrator import control
 
         for wf in queryset:
-            scheduler.resume_workflow(wf)
+            control.resume_workflow(wf)
             audit.record("resume", request=request, target=wf)
         self.message_user(request, f"Resumed {queryset.count()} workflow(s).", messages.SUCCESS)
 

@@ -15,9 +15,9 @@ from django.utils.html import format_html, format_html_join
 
 from orchestrator import access, audit, clock, cron
 from orchestrator.channels import wake_schedulers
+from orchestrator.control import pause_schedule, resume_schedule
 from orchestrator.models import Schedule, Workflow
 from orchestrator.params import ParamError, clean_params
-from orchestrator.scheduler import pause_schedule, resume_schedule
 
 PREVIEW_COUNT = 5
 EDITABLE = ["workflow", "name", "cron", "timezone", "catchup", "max_catchup", "overlap", "start_deadline",

@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 from django.utils import timezone as dj_timezone
 
-from orchestrator import clock, cron
+from orchestrator import clock, control, cron
 from orchestrator.channels import wake_dispatchers
 from orchestrator.conf import app_settings
 from orchestrator.limits import logical_date_error
@@ -68,16 +68,18 @@ class BackfillPlan:
 
 
 def _workflow(workflow) -> Workflow:
-    if isinstance(workflow, Workflow):
-        return workflow
-    found = Workflow.objects.filter(name=workflow).select_related("current_version").first()
-    if found is None:
-        known = ", ".join(Workflow.objects.active().values_list("name", flat=True)[:20]) or "none"
-        raise BackfillError(f"unknown workflow {workflow!r} (known: {known})", "workflow")
-    return found
+    try:
+        return control.workflow_of(workflow)
+    except control.NotFound as exc:
+        raise BackfillError(str(exc), exc.field) from None
 
 
 def _schedule(workflow: Workflow, schedule) -> Schedule | None:
+    if isinstance(schedule, int) and not isinstance(schedule, bool):
+        found = workflow.schedules.filter(pk=schedule).first()
+        if found is None:
+            raise BackfillError(f"workflow {workflow.name!r} has no schedule with primary key {schedule}", "schedule")
+        return found
     if isinstance(schedule, Schedule):
         if schedule.workflow_id != workflow.pk:
             raise BackfillError(f"schedule {schedule.name!r} belongs to another workflow", "schedule")
@@ -110,7 +112,8 @@ def plan(workflow, start, end, *, schedule=None, reprocess: str = "none", expr: 
          timezone: str = "UTC") -> BackfillPlan:
     """Validate a backfill and list its fire times in [start, end] (both included); writes nothing.
 
-    ``schedule`` (a Schedule or its name) defaults to the workflow's only schedule; a workflow
+    ``workflow`` is a Workflow, its primary key or its name; ``schedule`` (a Schedule, its primary
+    key or its name) defaults to the workflow's only schedule; a workflow
     without one needs ``expr`` (a cron expression) and ``timezone``. Raises BackfillError."""
     workflow = _workflow(workflow)
     if workflow.current_version_id is None:
@@ -229,8 +232,10 @@ WHERE run_id = ANY(%(runs)s) AND state IN ({sql_list(FINISHED_TASK_STATES)})
 
 
 def _reset(run_ids: list[int], backfill: Backfill, now: datetime) -> None:
+    # Locked in id order, as every writer of several runs locks them (see resolver.lock_runs), so
+    # two such transactions never wait on each other in a cycle.
     runs = list(Run.objects.select_for_update(of=("self",)).filter(pk__in=run_ids, state__in=FINISHED_RUN_STATES)
-                .select_related("version"))
+                .select_related("version").order_by("pk"))
     if not runs:
         return
     ids = [run.pk for run in runs]
@@ -251,7 +256,8 @@ def _reset(run_ids: list[int], backfill: Backfill, now: datetime) -> None:
     wake_dispatchers()
 
 
-def progress(backfill: Backfill) -> tuple[int, int]:
-    """(finished runs, total runs) of a backfill."""
+def progress(backfill: Backfill | int) -> tuple[int, int]:
+    """(finished runs, total runs) of a backfill (an instance or a primary key)."""
+    backfill = control.backfill_of(backfill)
     done = backfill.runs.filter(state__in=FINISHED_RUN_STATES).count()
     return done, backfill.total

@@ -1,6 +1,13 @@
-"""Operator actions on runs, task runs and the dead-letter queue: cancel, retry, discard, clear
-and mark. Each one is a guarded update (it changes only rows still in the state it expects) and
-takes many ids at once, so the UI's and the API's bulk actions are one transaction each.
+"""Operator actions: pause and resume a workflow or a schedule; cancel or retry a run; retry,
+discard, clear or mark task runs. The web UI, the API, the admin and Python code all call these.
+
+Each action is a guarded update (it changes only rows still in the state it expects), and the
+bulk ones take many ids at once, so the UI's and the API's bulk actions are one transaction each.
+
+Every function takes its object the same way: the model instance, its primary key (an ``int``),
+or its name where it has one (a workflow's name; a schedule's name, with ``workflow=`` when
+several workflows have a schedule of that name). An unknown one raises :class:`NotFound`, whose
+message names what was asked for. ``orchestrator.backfill`` takes its workflow the same way.
 """
 
 from __future__ import annotations
@@ -10,9 +17,9 @@ from collections.abc import Iterable
 from django.db import OperationalError, connection, transaction
 from psycopg.errors import DeadlockDetected
 
-from orchestrator import clock, mapping, resolver
-from orchestrator.channels import announce_cancelled, wake_dispatchers
-from orchestrator.models import Run
+from orchestrator import clock, cron, mapping, resolver
+from orchestrator.channels import announce_cancelled, wake_dispatchers, wake_schedulers
+from orchestrator.models import Backfill, Run, Schedule, TaskRun, Workflow
 from orchestrator.states import (
     ACTIVE_RUN_STATES,
     ACTIVE_TASK_STATES,
@@ -79,6 +86,141 @@ SELECT id FROM orchestrator_taskrun WHERE run_id = %s AND state IN ({sql_list(RE
 """
 
 
+# --- Finding the object an action is about --------------------------------------------------
+
+
+class NotFound(LookupError):
+    """No such workflow, schedule, run or backfill; ``field`` says which argument was at fault."""
+
+    def __init__(self, message: str, field: str):
+        self.field = field
+        super().__init__(message)
+
+
+def _is_pk(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _get(model, ref, field: str, *, by_name: bool = True):
+    if isinstance(ref, model):
+        return ref
+    found = None
+    if _is_pk(ref):
+        found = model.objects.filter(pk=ref).first()
+    elif by_name and isinstance(ref, str):
+        found = model.objects.filter(name=ref).first()
+    else:
+        kinds = "an instance, a primary key or a name" if by_name else "an instance or a primary key"
+        raise TypeError(f"{field}: expected {kinds} of {model.__name__}, got {type(ref).__name__} {ref!r}")
+    if found is None:
+        raise NotFound(f"no {model._meta.verbose_name} {ref!r}", field)
+    return found
+
+
+def workflow_of(workflow: Workflow | int | str) -> Workflow:
+    """The workflow given as an instance, a primary key or a name."""
+    if isinstance(workflow, str):
+        found = Workflow.objects.filter(name=workflow).select_related("current_version").first()
+        if found is None:
+            known = ", ".join(Workflow.objects.active().values_list("name", flat=True)[:20]) or "none"
+            raise NotFound(f"unknown workflow {workflow!r} (known: {known})", "workflow")
+        return found
+    return _get(Workflow, workflow, "workflow")
+
+
+def schedule_of(schedule: Schedule | int | str, workflow: Workflow | int | str | None = None) -> Schedule:
+    """The schedule given as an instance, a primary key, or a name (of ``workflow``'s schedules,
+    or of all schedules when that name is unique)."""
+    if not isinstance(schedule, str):
+        return _get(Schedule, schedule, "schedule", by_name=False)
+    if workflow is not None:
+        owner = workflow_of(workflow)
+        found = owner.schedules.filter(name=schedule).first()
+        if found is None:
+            names = ", ".join(owner.schedules.order_by("name").values_list("name", flat=True)) or "none"
+            raise NotFound(f"workflow {owner.name!r} has no schedule {schedule!r} (its schedules: {names})",
+                           "schedule")
+        return found
+    found = list(Schedule.objects.filter(name=schedule).select_related("workflow")[:2])
+    if not found:
+        raise NotFound(f"no schedule {schedule!r}", "schedule")
+    if len(found) > 1:
+        raise NotFound(f"several workflows have a schedule {schedule!r}: name the workflow too (workflow=...)",
+                       "schedule")
+    return found[0]
+
+
+def run_of(run: Run | int) -> Run:
+    """The run given as an instance or a primary key (runs have no name)."""
+    return _get(Run, run, "run", by_name=False)
+
+
+def backfill_of(backfill: Backfill | int) -> Backfill:
+    """The backfill given as an instance or a primary key."""
+    return _get(Backfill, backfill, "backfill", by_name=False)
+
+
+def _run_id(run: Run | int) -> int:
+    if isinstance(run, Run):
+        return run.pk
+    if _is_pk(run):
+        return run
+    raise TypeError(f"run: expected an instance or a primary key of Run, got {type(run).__name__} {run!r}")
+
+
+def _task_run_ids(items: Iterable[TaskRun | int]) -> list[int]:
+    return sorted({item.pk if isinstance(item, TaskRun) else int(item) for item in items})
+
+
+# --- Pause and resume --------------------------------------------------------------------------
+
+
+def pause_workflow(workflow: Workflow | int | str) -> Workflow:
+    """No schedule of the workflow fires until it is resumed; runs already started go on."""
+    workflow = workflow_of(workflow)
+    Workflow.objects.filter(pk=workflow.pk).update(paused=True)
+    workflow.paused = True
+    return workflow
+
+
+def resume_workflow(workflow: Workflow | int | str, now=None) -> Workflow:
+    """Resume a workflow; its schedules' missed fire times follow their missed-run policy."""
+    workflow = workflow_of(workflow)
+    with transaction.atomic():
+        Workflow.objects.filter(pk=workflow.pk).update(paused=False)
+        wake_schedulers()
+    workflow.paused = False
+    return workflow
+
+
+def pause_schedule(schedule: Schedule | int | str, workflow: Workflow | int | str | None = None) -> Schedule:
+    """The schedule does not fire until it is resumed."""
+    schedule = schedule_of(schedule, workflow)
+    Schedule.objects.filter(pk=schedule.pk).update(paused=True)
+    schedule.paused = True
+    return schedule
+
+
+def resume_schedule(schedule: Schedule | int | str, workflow: Workflow | int | str | None = None,
+                    now=None) -> Schedule:
+    """Resume; the fire times passed while paused stay due, so the next tick applies the
+    schedule's missed-run policy to them (all, latest or none)."""
+    schedule = schedule_of(schedule, workflow)
+    now = now or clock.now()
+    with transaction.atomic():
+        fields = {"paused": False}
+        if schedule.next_fire_at is None:
+            fields["next_fire_at"] = cron.next_fire_time(schedule.cron, schedule.timezone, now)
+        Schedule.objects.filter(pk=schedule.pk).update(**fields)
+        wake_schedulers()
+    for key, value in fields.items():
+        setattr(schedule, key, value)
+    return schedule
+
+
+# --- Runs and task runs ------------------------------------------------------------------------
+
+
 def cancel_run(run: Run | int, reason: str = "", by=None) -> bool:
     """Cancel a pending or running run: its unfinished task runs are cancelled and workers kill
     the processes of those that are running. False when the run had already ended."""
@@ -94,7 +236,7 @@ def cancel_run(run: Run | int, reason: str = "", by=None) -> bool:
 
 
 def _cancel_run(run: Run | int, reason: str, by) -> bool:
-    run_id = run if isinstance(run, int) else run.pk
+    run_id = _run_id(run)
     now = clock.now()
     who = getattr(by, "username", None) or (str(by) if by else "")
     reason = reason or (f"cancelled by {who}" if who else "cancelled")
@@ -110,15 +252,16 @@ def _cancel_run(run: Run | int, reason: str, by) -> bool:
             if running:
                 cursor.execute(CANCEL_ATTEMPTS, {"ids": running, "now": now, "reason": reason})
                 announce_cancelled(running)
-    if not isinstance(run, int):
+    if isinstance(run, Run):
         run.state, run.reason, run.finished_at = RunState.CANCELLED, reason, now
     return True
 
 
-def retry_task_runs(ids: Iterable[int], *, now=None) -> int:
-    """Give dead or failed task runs a fresh set of attempts; their runs resume and the
-    downstream tasks that gave up on them wait again. Returns how many were retried."""
-    ids = sorted({int(i) for i in ids})
+def retry_task_runs(ids: Iterable[TaskRun | int], *, now=None) -> int:
+    """Give dead or failed task runs (instances or primary keys) a fresh set of attempts; their
+    runs resume and the downstream tasks that gave up on them wait again. Returns how many were
+    retried."""
+    ids = _task_run_ids(ids)
     if not ids:
         return 0
     now = now or clock.now()
@@ -140,9 +283,10 @@ def retry_task_runs(ids: Iterable[int], *, now=None) -> int:
     return len(retried)
 
 
-def discard_task_runs(ids: Iterable[int]) -> int:
-    """Take dead task runs out of the dead-letter queue (they stay failed); returns the count."""
-    ids = sorted({int(i) for i in ids})
+def discard_task_runs(ids: Iterable[TaskRun | int]) -> int:
+    """Take dead task runs (instances or primary keys) out of the dead-letter queue (they stay
+    failed); returns the count."""
+    ids = _task_run_ids(ids)
     if not ids:
         return 0
     with transaction.atomic(), connection.cursor() as cursor:
@@ -158,7 +302,7 @@ def discard_task_runs(ids: Iterable[int]) -> int:
 def retry_run(run: Run | int, *, now=None) -> int:
     """Retry every dead, failed or upstream-failed task of a finished run; returns how many task
     runs were retried (upstream-failed ones wait for their retried parents)."""
-    run_id = run if isinstance(run, int) else run.pk
+    run_id = _run_id(run)
     with connection.cursor() as cursor:
         cursor.execute(RETRYABLE_OF_RUN, [run_id])
         ids = [row[0] for row in cursor.fetchall()]

@@ -25,16 +25,16 @@ from collections import Counter, defaultdict, deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import Count, Min
 
 from orchestrator import cron
-from orchestrator.channels import SCHEDULES_CHANNEL, wake_dispatchers, wake_schedulers
-from orchestrator.clock import current, system
+from orchestrator.channels import SCHEDULES_CHANNEL, wake_dispatchers
+from orchestrator.clock import system
 from orchestrator.conf import app_settings
 from orchestrator.lease import LeaderLease, LeaseLost, NoLease
 from orchestrator.loop import DATABASE_ERRORS, Loop, Role
-from orchestrator.models import Run, Schedule, TaskRun, Trigger, Workflow, WorkflowVersion
+from orchestrator.models import Run, Schedule, TaskRun, Trigger, WorkflowVersion
 from orchestrator.params import ParamError, clean_params
 from orchestrator.runs import NewRun, insert_runs
 from orchestrator.states import ACTIVE_RUN_STATES, RunState, TaskState, sql_list
@@ -120,42 +120,6 @@ def _advance(rows: list[tuple[int, datetime | None, datetime | None]]) -> None:
             " WHERE s.id = v.id",
             [ids, next_at, last_at],
         )
-
-
-# ---------------------------------------------------------------------------------------------
-# Pause and resume
-
-
-def pause_schedule(schedule: Schedule) -> None:
-    Schedule.objects.filter(pk=schedule.pk).update(paused=True)
-    schedule.paused = True
-
-
-def resume_schedule(schedule: Schedule, now: datetime | None = None) -> None:
-    """Resume; the fire times passed while paused stay due, so the next tick applies the
-    schedule's missed-run policy to them (all, latest or none)."""
-    now = now or current().now()
-    with transaction.atomic():
-        fields = {"paused": False}
-        if schedule.next_fire_at is None:
-            fields["next_fire_at"] = cron.next_fire_time(schedule.cron, schedule.timezone, now)
-        Schedule.objects.filter(pk=schedule.pk).update(**fields)
-        wake_schedulers()
-    for key, value in fields.items():
-        setattr(schedule, key, value)
-
-
-def pause_workflow(workflow: Workflow) -> None:
-    Workflow.objects.filter(pk=workflow.pk).update(paused=True)
-    workflow.paused = True
-
-
-def resume_workflow(workflow: Workflow, now: datetime | None = None) -> None:
-    """Resume a workflow; its schedules' missed fire times follow their missed-run policy."""
-    with transaction.atomic():
-        Workflow.objects.filter(pk=workflow.pk).update(paused=False)
-        wake_schedulers()
-    workflow.paused = False
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,16 +7,11 @@ import pytest
 from django.db import connection
 
 from orchestrator import cron
+from orchestrator.control import pause_schedule, pause_workflow, resume_schedule, resume_workflow
 from orchestrator.lease import LeaderLease
 from orchestrator.models import Run, RunState, Schedule, TaskRun, TaskState, Workflow, WorkflowVersion
 from orchestrator.runs import trigger_workflow
-from orchestrator.scheduler import (
-    Scheduler,
-    pause_schedule,
-    pause_workflow,
-    resume_schedule,
-    resume_workflow,
-)
+from orchestrator.scheduler import Scheduler
 
 pytestmark = pytest.mark.django_db
 

@@ -1,6 +1,6 @@
 """The REST API: workflows, runs, task runs and their logs, jobs, the dead-letter queue and
 backfills. Views only translate HTTP to the product's functions (``runs.trigger_workflow``,
-``jobs.enqueue``, ``control.*``, ``backfill.*``, ``scheduler.*``, ``logs.read``), so the API,
+``jobs.enqueue``, ``control.*``, ``backfill.*``, ``logs.read``), so the API,
 the web UI and the admin behave the same."""
 
 from __future__ import annotations
@@ -179,10 +179,10 @@ class WorkflowPauseView(APIBase):
     @extend_schema(tags=["workflows"], summary="Pause a workflow: its schedules stop creating runs",
                    request=None, responses={200: s.WorkflowDetailSerializer, **errors(401, 403, 404)})
     def post(self, request, name):
-        from orchestrator import scheduler
+        from orchestrator import control
 
         workflow = get_workflow(name)
-        scheduler.pause_workflow(workflow)
+        control.pause_workflow(workflow)
         audit.record("pause", request=request, target=workflow)
         workflow.refresh_from_db()
         return Response(workflow_detail(workflow))
@@ -192,10 +192,10 @@ class WorkflowResumeView(APIBase):
     @extend_schema(tags=["workflows"], summary="Resume a paused workflow",
                    request=None, responses={200: s.WorkflowDetailSerializer, **errors(401, 403, 404)})
     def post(self, request, name):
-        from orchestrator import scheduler
+        from orchestrator import control
 
         workflow = get_workflow(name)
-        scheduler.resume_workflow(workflow)
+        control.resume_workflow(workflow)
         audit.record("resume", request=request, target=workflow)
         workflow.refresh_from_db()
         return Response(workflow_detail(workflow))

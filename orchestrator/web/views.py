@@ -361,10 +361,10 @@ def workflow_trigger(request, name):
 
 @operator_action
 def workflow_pause(request, name):
-    from orchestrator import scheduler
+    from orchestrator import control
 
     wf = get_object_or_404(Workflow, name=name)
-    scheduler.pause_workflow(wf)
+    control.pause_workflow(wf)
     audit.record("pause", request=request, target=wf)
     messages.success(request, f"Paused {wf.name}: its schedules fire no new runs until resumed.")
     return back(request, reverse("orchestrator:web:workflow", args=[wf.name]))
@@ -372,10 +372,10 @@ def workflow_pause(request, name):
 
 @operator_action
 def workflow_resume(request, name):
-    from orchestrator import scheduler
+    from orchestrator import control
 
     wf = get_object_or_404(Workflow, name=name)
-    scheduler.resume_workflow(wf)
+    control.resume_workflow(wf)
     audit.record("resume", request=request, target=wf)
     messages.success(request, f"Resumed {wf.name}.")
     return back(request, reverse("orchestrator:web:workflow", args=[wf.name]))
