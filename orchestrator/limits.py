@@ -12,6 +12,8 @@ import math
 import re
 from datetime import UTC, datetime
 
+from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
+
 # Workflow and task names appear in URLs (/workflows/<name>/): no '/', no spaces, no '%'.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 NAME_RULE = "use letters, digits, '_', '-' or '.', starting with a letter or digit, at most 200 characters"
@@ -23,7 +25,8 @@ REF_RULE = "must look like 'package.module:function'"
 # A job's task run is named by its reference (TaskRun.task).
 MAX_REF_LENGTH = 255
 
-PRIORITY_MIN, PRIORITY_MAX = -100, 100
+# Django's task priority range, so a django.tasks task and a workflow task or job share one scale.
+PRIORITY_MIN, PRIORITY_MAX = TASK_MIN_PRIORITY, TASK_MAX_PRIORITY
 # PositiveIntegerField and IntegerField columns (max_active_runs, jitter, max_attempts, ...).
 MAX_INT = 2**31 - 1
 

@@ -48,7 +48,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils.json import normalize_json
 
-from orchestrator import clock, registry
+from orchestrator import clock, limits, registry
 from orchestrator.models import AttemptOutcome, TaskRun, TaskState, Trigger
 
 STATUS = {
@@ -240,7 +240,7 @@ class OrchestratorBackend(BaseTaskBackend):
             # A plain-function job (enqueued by the API or jobs.enqueue): still readable here.
             try:
                 return self.task_class(func=found, backend=self.alias, queue_name=queue,
-                                       priority=max(-100, min(100, priority)))
+                                       priority=max(limits.PRIORITY_MIN, min(limits.PRIORITY_MAX, priority)))
             except InvalidTask as exc:
                 raise TaskResultDoesNotExist(f"this job's function is not a task: {exc}") from None
         raise TaskResultDoesNotExist(f"{ref!r} is neither a task nor a function")

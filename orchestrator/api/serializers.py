@@ -251,10 +251,13 @@ class RunSerializer(serializers.ModelSerializer):
     workflow = serializers.CharField(source="workflow.name", allow_null=True, default=None)
     schedule = serializers.CharField(source="schedule.name", allow_null=True, default=None)
     created_by = serializers.CharField(source="created_by.username", allow_null=True, default=None)
+    version = serializers.IntegerField(
+        source="version.number", allow_null=True, default=None,
+        help_text="the number of the workflow's graph version this run follows (null for a job)")
 
     class Meta:
         model = Run
-        fields = ["id", "workflow", "trigger", "state", "logical_date", "params", "priority", "tenant",
+        fields = ["id", "workflow", "version", "trigger", "state", "logical_date", "params", "priority", "tenant",
                   "schedule", "backfill", "idempotency_key", "reason", "created_by", "created_at", "started_at",
                   "finished_at"]
 

@@ -94,7 +94,7 @@ def get_workflow(name: str) -> Workflow:
 
 
 def get_run(pk: int, **filters) -> Run:
-    run = Run.objects.select_related("workflow", "schedule", "created_by").filter(pk=pk, **filters).first()
+    run = Run.objects.select_related("workflow", "version", "schedule", "created_by").filter(pk=pk, **filters).first()
     if run is None:
         raise NotFound(f"no run {pk}" if not filters else f"no job {pk}")
     return run
@@ -206,7 +206,7 @@ class WorkflowResumeView(APIBase):
 
 def filtered_runs(request, workflow: Workflow | None = None):
     filters = validated_query(s.RunFilterSerializer, request.query_params)
-    runs = Run.objects.select_related("workflow", "schedule", "created_by")
+    runs = Run.objects.select_related("workflow", "version", "schedule", "created_by")
     if workflow is None and "workflow" in filters:
         workflow = filter_workflow(filters["workflow"])
     if workflow is not None:
