@@ -311,6 +311,8 @@ def retry_run(run: Run | int, *, now=None) -> int:
 
 def _descendants(cursor, runs: list[int], roots: set[tuple[int, str]]) -> list[int]:
     """Ids of the task runs downstream of ``roots`` ((run_id, task) pairs), transitively."""
+    # The graph of the runs as their task runs record it (upstream names), walked in Python:
+    # the runs are locked, so it cannot change meanwhile.
     cursor.execute("SELECT id, run_id, task, upstream FROM orchestrator_taskrun WHERE run_id = ANY (%s) AND map_index = -1",
                    [runs])
     children: dict[tuple[int, str], list[tuple[int, str]]] = {}

@@ -87,6 +87,8 @@ SELECT * FROM unnest(%(events)s::bigint[], %(workflows)s::bigint[], %(nows)s::ti
 ON CONFLICT (event_id, workflow_id) DO NOTHING
 """
 
+# An event is handled once its consumers have their pending rows; the guard makes a second
+# scheduler handling the same events a no-op.
 MARK_HANDLED = "UPDATE orchestrator_datasetevent SET handled = true WHERE id = ANY (%(ids)s) AND NOT handled"
 
 # Pending rows of the consumers that may start runs now (not paused, still defined, with a valid

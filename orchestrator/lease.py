@@ -64,6 +64,8 @@ UPDATE orchestrator_lease SET expires_at = clock_timestamp() + make_interval(sec
  WHERE name = %(name)s AND holder = %(holder)s AND epoch = %(epoch)s AND expires_at > clock_timestamp()
 """
 
+# On a clean shutdown the lease expires now, so a standby takes over at its next try instead of
+# waiting out the term; guarded like renewal, so a deposed leader cannot end its successor's term.
 _RELEASE = """
 UPDATE orchestrator_lease SET expires_at = clock_timestamp()
  WHERE name = %(name)s AND holder = %(holder)s AND epoch = %(epoch)s

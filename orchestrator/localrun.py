@@ -41,6 +41,7 @@ SELECT id FROM orchestrator_taskrun
 WHERE state = '{TaskState.SCHEDULED}' AND due_at <= %(now)s AND (run_id = %(run)s OR id = ANY (%(jobs)s))
 ORDER BY priority DESC, due_at, id
 """
+# When the next task of this run (or its callback jobs) comes due: the local clock jumps there.
 NEXT_DUE = f"""
 SELECT min(due_at) FROM orchestrator_taskrun
 WHERE state = '{TaskState.SCHEDULED}' AND (run_id = %(run)s OR id = ANY (%(jobs)s))
@@ -49,6 +50,7 @@ WHERE state = '{TaskState.SCHEDULED}' AND (run_id = %(run)s OR id = ANY (%(jobs)
 # Queue, then claim, the way the dispatcher and a worker would (attempt number incremented).
 QUEUE = (f"UPDATE orchestrator_taskrun SET state = '{TaskState.QUEUED}', queued_at = %(now)s "
          f"WHERE id = %(id)s AND state = '{TaskState.SCHEDULED}'")
+# One statement, as a worker claims: the task run starts and its attempt row exists together.
 CLAIM = f"""
 WITH t AS (
     UPDATE orchestrator_taskrun SET state = '{TaskState.RUNNING}', attempts = attempts + 1, started_at = %(now)s
@@ -68,6 +70,7 @@ WHERE r.trigger = 'job' AND r.workflow_id IS NULL AND t.spec ? 'callback'
   AND (t.spec->'args'->0->>'run_id')::bigint = %(run)s
 """
 
+# Every task run of the run, instances included, for the outcome the caller asserts on.
 RESULTS = """
 SELECT id, task, map_index, state, result, attempts, error FROM orchestrator_taskrun
 WHERE run_id = %(run)s ORDER BY task, map_index

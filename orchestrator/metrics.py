@@ -45,6 +45,8 @@ QUEUE_SQL = f"""
     SELECT queue, '{TaskState.RUNNING}', count(*) FROM orchestrator_taskrun WHERE state = '{TaskState.RUNNING}' GROUP BY queue
 """
 
+# Task runs that ended within the window, by workflow (jobs under one label) and final state,
+# through the finished-at index: a scrape reads only the recent rows.
 OUTCOME_SQL = """
     SELECT coalesce(w.name, %(job_label)s), t.state, count(*)
       FROM orchestrator_taskrun t
@@ -89,6 +91,8 @@ STATUS_SQL = f"""
     FROM (SELECT 1) AS one LEFT JOIN orchestrator_lease AS lease ON lease.name = %(lease)s
 """
 
+# Live workers per queue they serve (a worker serving three queues counts for each), with the
+# same database-clock rule as STATUS_SQL.
 WORKERS_BY_QUEUE_SQL = f"""
     SELECT queue, count(*) FROM orchestrator_worker, unnest(queues) AS queue
      WHERE state IN ({sql_list(LIVE_WORKER_STATES)})

@@ -66,6 +66,7 @@ class Ending:
 # than deadlock. NO KEY UPDATE: it does not block inserts that reference the run.
 # It also says which runs map or branch (Run.dynamic), for the steps of mapping.py.
 LOCK_RUNS = "SELECT id, dynamic FROM orchestrator_run WHERE id = ANY (%s) ORDER BY id FOR NO KEY UPDATE"
+# The runs of some task runs, to lock them (LOCK_RUNS) before touching the task runs.
 RUNS_OF = "SELECT DISTINCT run_id FROM orchestrator_taskrun WHERE id = ANY (%s)"
 
 # End many attempts at once. The guard (state running, same attempt number and, for a worker's
@@ -144,6 +145,9 @@ def _waiting_counts(which: str) -> str:
     GROUP BY c.id"""
 
 
+# Decide every waiting child of the given runs whose rule its parents now settle, in one
+# statement (RULE_CASE): scheduled and due now, upstream_failed or skipped. Those decided as not
+# running settle their own children in turn, so the caller repeats it until nothing changes.
 RELEASE_CHILDREN = f"""
 WITH c AS ({_waiting_counts("NOT c.spec ? 'map_over'")}
 ), d AS (

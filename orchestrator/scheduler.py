@@ -113,6 +113,8 @@ def _advance(rows: list[tuple[int, datetime | None, datetime | None]]) -> None:
         return
     ids, next_at, last_at = (list(column) for column in zip(*rows, strict=True))
     with connection.cursor() as cursor:
+        # In the batch's transaction, with its runs: a crash leaves both or neither, so a fire
+        # time is never advanced past without its run, nor run twice.
         cursor.execute(
             "UPDATE orchestrator_schedule AS s SET next_fire_at = v.next_at,"
             " last_fire_at = COALESCE(v.last_at, s.last_fire_at), updated_at = now()"

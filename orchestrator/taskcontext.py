@@ -11,6 +11,7 @@ import json
 
 # --- SQL ---------------------------------------------------------------------------------------
 
+# What every task of a run is given: its logical date, params and workflow, for many runs at once.
 RUN_CONTEXT = """
 SELECT r.id, r.logical_date, r.params, COALESCE(w.name, ''), r.trigger
 FROM orchestrator_run r LEFT JOIN orchestrator_workflow w ON w.id = r.workflow_id
