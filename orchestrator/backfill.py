@@ -115,24 +115,47 @@ def plan(workflow, start, end, *, schedule=None, reprocess: str = "none", expr: 
     ``workflow`` is a Workflow, its primary key or its name; ``schedule`` (a Schedule, its primary
     key or its name) defaults to the workflow's only schedule; a workflow
     without one needs ``expr`` (a cron expression) and ``timezone``. Raises BackfillError."""
-    workflow = _workflow(workflow)
+    workflow = _runnable(_workflow(workflow))
+    if reprocess not in REPROCESS_CHOICES:
+        raise BackfillError(f"reprocess must be one of {', '.join(REPROCESS_CHOICES)}, got {reprocess!r}",
+                            "reprocess")
+    start, end = _range(start, end)
+    chosen, expr, tz = _fire_rule(workflow, schedule, expr, timezone)
+    fires = _fire_times(expr, tz, start, end)
+    result = BackfillPlan(workflow=workflow, schedule=chosen, cron=expr, timezone=tz, start=start, end=end,
+                          reprocess=reprocess, fire_times=fires)
+    existing = _existing_runs(workflow, chosen, fires)
+    result.existing = sorted(existing)
+    result.to_create = [at for at in fires if at not in existing]
+    if reprocess != "none":
+        states = UNSUCCESSFUL_RUN_STATES if reprocess == "failed" else FINISHED_RUN_STATES
+        result.to_reprocess = [pk for at, (pk, state) in sorted(existing.items()) if state in states]
+    return result
+
+
+def _runnable(workflow: Workflow) -> Workflow:
     if workflow.current_version_id is None:
         raise BackfillError(f"workflow {workflow.name!r} cannot run: {workflow.sync_error or 'it has no valid version'}",
                             "workflow")
     if not workflow.present:
         raise BackfillError(f"workflow {workflow.name!r} is no longer defined by any module", "workflow")
-    if reprocess not in REPROCESS_CHOICES:
-        raise BackfillError(f"reprocess must be one of {', '.join(REPROCESS_CHOICES)}, got {reprocess!r}",
-                            "reprocess")
+    return workflow
+
+
+def _range(start, end) -> tuple[datetime, datetime]:
     start, end = _aware(start, "start"), _aware(end, "end")
     for name, value in (("start", start), ("end", end)):
         if message := logical_date_error(value):
             raise BackfillError(f"{name} {message}", name)
     if end < start:
         raise BackfillError(f"end {end.isoformat()} is before start {start.isoformat()}", "end")
+    return start, end
+
+
+def _fire_rule(workflow: Workflow, schedule, expr: str | None, timezone: str) -> tuple[Schedule | None, str, str]:
+    """The schedule (None for a given cron expression), the cron expression and its time zone."""
     if expr is not None:
-        chosen = None
-        tz = timezone
+        chosen, tz = None, timezone
     else:
         chosen = _schedule(workflow, schedule)
         if chosen is None:
@@ -143,6 +166,10 @@ def plan(workflow, start, end, *, schedule=None, reprocess: str = "none", expr: 
         cron.validate(expr, tz)
     except cron.CronError as exc:
         raise BackfillError(str(exc), "timezone" if "timezone" in str(exc) else "cron") from None
+    return chosen, expr, tz
+
+
+def _fire_times(expr: str, tz: str, start: datetime, end: datetime) -> list[datetime]:
     cap = app_settings.MAX_BACKFILL_RUNS
     # fire_times is exclusive of `after`; a microsecond earlier makes the start itself count.
     fires = list(cron.fire_times(expr, tz, start - timedelta(microseconds=1), until=end, limit=cap + 1))
@@ -150,20 +177,18 @@ def plan(workflow, start, end, *, schedule=None, reprocess: str = "none", expr: 
         raise BackfillError(
             f"the range {start.isoformat()} to {end.isoformat()} has more than {cap} fire times of "
             f"'{expr}' ({tz}); the limit is MAX_BACKFILL_RUNS={cap}: backfill a shorter range", "end")
-    result = BackfillPlan(workflow=workflow, schedule=chosen, cron=expr, timezone=tz, start=start, end=end,
-                          reprocess=reprocess, fire_times=fires)
+    return fires
+
+
+def _existing_runs(workflow: Workflow, chosen: Schedule | None, fires: list[datetime]) -> dict:
+    """The runs the fire times already have: {logical date: (run id, state)}."""
     existing = {}
     for chunk_start in range(0, len(fires), 2000):
         chunk = fires[chunk_start:chunk_start + 2000]
         runs = Run.objects.filter(workflow=workflow, logical_date__in=chunk)
         runs = runs.filter(schedule=chosen) if chosen else runs.filter(schedule__isnull=True)
         existing.update({at: (pk, state) for at, pk, state in runs.values_list("logical_date", "id", "state")})
-    result.existing = sorted(existing)
-    result.to_create = [at for at in fires if at not in existing]
-    if reprocess != "none":
-        states = UNSUCCESSFUL_RUN_STATES if reprocess == "failed" else FINISHED_RUN_STATES
-        result.to_reprocess = [pk for at, (pk, state) in sorted(existing.items()) if state in states]
-    return result
+    return existing
 
 
 def start(workflow, start, end, *, reprocess: str = "none", params: dict | None = None, created_by=None,

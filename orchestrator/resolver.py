@@ -234,26 +234,40 @@ def end_attempts(endings: Sequence[Ending], *, worker_id: int | None = None,
         return []
     now = now or clock.now()
     with connection.cursor() as cursor:
-        runs = {e.run_id for e in endings}
-        if None in runs:
-            cursor.execute(RUNS_OF, [[e.task_run_id for e in endings]])
-            runs = {row[0] for row in cursor.fetchall()}
-        lock_runs(cursor, runs)
-        endings = _sensor_timeouts(cursor, endings, now)
-        cursor.execute(END_TASK_RUNS, {
-            "ids": [e.task_run_id for e in endings], "numbers": [e.number for e in endings],
-            "outcomes": [e.outcome for e in endings], "results": [e.result for e in endings],
-            "errors": [e.error for e in endings], "tracebacks": [e.traceback for e in endings],
-            "log_paths": [e.log_path for e in endings], "exception_classes": [e.exception_class for e in endings],
-            "worker": worker_id, "now": now,
-        })
-        rows = cursor.fetchall()
-        if not rows:
-            return []
+        endings, rows = _record_endings(cursor, endings, worker_id, now)
+    if not rows:
+        return []
     accepted = [row[:3] for row in rows]
     won = {row[0] for row in accepted}
     mine = [e for e in endings if e.task_run_id in won]
-    # Dataset events and callbacks, only for the task runs that declare them (flags from above).
+    _announce(rows, mine, now)
+    _resolve_after(accepted, mine, now)
+    return accepted
+
+
+def _record_endings(cursor, endings: Sequence[Ending], worker_id: int | None,
+                    now: datetime) -> tuple[Sequence[Ending], list[tuple]]:
+    """Lock the runs, apply sensor timeouts, and end the attempts and task runs (END_TASK_RUNS):
+    the endings as applied, and one row per accepted one (task_run_id, run_id, state, produces,
+    calls)."""
+    runs = {e.run_id for e in endings}
+    if None in runs:
+        cursor.execute(RUNS_OF, [[e.task_run_id for e in endings]])
+        runs = {row[0] for row in cursor.fetchall()}
+    lock_runs(cursor, runs)
+    endings = _sensor_timeouts(cursor, endings, now)
+    cursor.execute(END_TASK_RUNS, {
+        "ids": [e.task_run_id for e in endings], "numbers": [e.number for e in endings],
+        "outcomes": [e.outcome for e in endings], "results": [e.result for e in endings],
+        "errors": [e.error for e in endings], "tracebacks": [e.traceback for e in endings],
+        "log_paths": [e.log_path for e in endings], "exception_classes": [e.exception_class for e in endings],
+        "worker": worker_id, "now": now,
+    })
+    return endings, cursor.fetchall()
+
+
+def _announce(rows: list[tuple], mine: list[Ending], now: datetime) -> None:
+    """Dataset events and callbacks, only for the task runs that declare them (flags from END_TASK_RUNS)."""
     producers = [task_run_id for task_run_id, _, state, produces, _ in rows if produces and state == TaskState.SUCCEEDED]
     if producers:
         datasets.record_events(producers, {e.task_run_id: e.metadata for e in mine if e.metadata}, now=now)
@@ -262,6 +276,11 @@ def end_attempts(endings: Sequence[Ending], *, worker_id: int | None = None,
     calling = [(task_run_id, state) for task_run_id, _, state, _, calls in rows if calls and task_run_id not in checks]
     if calling:
         callbacks.task_ended(calling, now=now)
+
+
+def _resolve_after(accepted: list[tuple], mine: list[Ending], now: datetime) -> None:
+    """Release the children of the task runs that ended (a job has none) and end complete runs;
+    wake the dispatchers when something became due (a retry, a released child)."""
     ended_runs = {run_id for _, run_id, state in accepted if state != TaskState.SCHEDULED}
     jobs = {e.task_run_id for e in mine if e.job}
     parents = {run_id for task_run_id, run_id, state in accepted
@@ -270,7 +289,6 @@ def end_attempts(endings: Sequence[Ending], *, worker_id: int | None = None,
     released = resolve_runs(ended_runs, now=now, release=parents) if ended_runs else 0
     if retrying or released:
         wake_dispatchers()
-    return accepted
 
 
 def lock_runs(cursor, run_ids) -> set[int]:

@@ -221,14 +221,7 @@ def create_run(
     SKIPPED and MISSED runs are recorded without task runs.
     """
     now = now or clock.now()
-    if workflow is not None:
-        version = version or workflow.current_version
-        if version is None:
-            raise RunError(f"workflow {workflow.name!r} has no valid version yet: {workflow.sync_error or 'not synced'}",
-                           field="workflow")
-        tasks = tasks if tasks is not None else version.spec["tasks"]
-    if not tasks:
-        raise RunError("a run needs at least one task", field="tasks")
+    version, tasks = _graph(workflow, version, tasks)
     digest = payload_hash(request_payload) if request_payload is not None else ""
     run = Run(
         workflow=workflow, version=version, schedule=schedule, backfill=backfill,
@@ -238,18 +231,38 @@ def create_run(
         created_by=created_by,
     )
     apply_graph_options(run, version.spec if version is not None else {"tasks": tasks}, now)
-    finished = state in FINISHED_AT_BIRTH
-    if finished:
+    if state in FINISHED_AT_BIRTH:
         run.finished_at = now
+    return _insert_run(run, tasks, due_at or now)
+
+
+def _graph(workflow: Workflow | None, version: WorkflowVersion | None,
+           tasks: dict | None) -> tuple[WorkflowVersion | None, dict]:
+    """The graph a new run follows: the given version or tasks, else the workflow's current version."""
+    if workflow is not None:
+        version = version or workflow.current_version
+        if version is None:
+            raise RunError(f"workflow {workflow.name!r} has no valid version yet: {workflow.sync_error or 'not synced'}",
+                           field="workflow")
+        tasks = tasks if tasks is not None else version.spec["tasks"]
+    if not tasks:
+        raise RunError("a run needs at least one task", field="tasks")
+    return version, tasks
+
+
+def _insert_run(run: Run, tasks: dict, due_at: datetime) -> tuple[Run, bool]:
+    """Insert the run and, unless it is over at birth, its task runs, in one transaction; an
+    existing run of the same idempotency key or (schedule, logical date) is answered instead."""
     with transaction.atomic():
         if insert_ignoring_conflicts(run) is None:
             existing = _existing(run)
-            if idempotency_key and digest and existing.payload_hash and existing.payload_hash != digest:
-                raise IdempotencyConflict(idempotency_key, existing)
+            if (run.idempotency_key and run.payload_hash and existing.payload_hash
+                    and existing.payload_hash != run.payload_hash):
+                raise IdempotencyConflict(run.idempotency_key, existing)
             return existing, False
-        if not finished:
-            hold = state == RunState.PENDING
-            TaskRun.objects.bulk_create(task_runs_for(run, tasks, due_at or now, hold=hold))
+        if run.state not in FINISHED_AT_BIRTH:
+            hold = run.state == RunState.PENDING
+            TaskRun.objects.bulk_create(task_runs_for(run, tasks, due_at, hold=hold))
             if not hold:
                 wake_dispatchers()
     return run, True
