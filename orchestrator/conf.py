@@ -130,46 +130,69 @@ _KIND_RULES = {
 }
 
 
+def _seconds(value, from_env: bool, kind: str) -> float:
+    number = float(value) if from_env or isinstance(value, int | float) and not isinstance(value, bool) else None
+    if number is None or not number > 0 or number != number or number == float("inf"):
+        raise ValueError
+    return number
+
+
+def _count(value, from_env: bool, kind: str) -> int | None:
+    """A whole number, 0 or more; a "limit" is None when unset, empty or 0 (no limit)."""
+    limit = kind == "limit"
+    if from_env:
+        value = value.strip()
+        if limit and value == "":
+            return None
+        value = int(value)
+    if limit and value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError
+    return None if limit and value == 0 else value
+
+
+def _text(value, from_env: bool, kind: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError
+    return value
+
+
+def _list(value, from_env: bool, kind: str) -> list[str]:
+    if from_env:
+        return [item.strip() for item in value.split(",") if item.strip()]
+    if isinstance(value, str) or not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise ValueError
+    return list(value)
+
+
+def _path(value, from_env: bool, kind: str) -> Path:
+    if not isinstance(value, str | os.PathLike) or not str(value):
+        raise ValueError
+    return Path(value).resolve()
+
+
+def _json(value, from_env: bool, kind: str) -> dict:
+    if from_env:
+        value = json.loads(value)
+    if not isinstance(value, dict):
+        raise ValueError
+    return value
+
+
+# One converter per kind of option: the value in the type the app uses, or ValueError (the
+# caller then says what the kind expects, from _KIND_RULES).
+_CONVERTERS = {"seconds": _seconds, "count": _count, "limit": _count, "text": _text, "list": _list,
+               "path": _path, "json": _json}
+
+
 def _convert(option: Option, value, from_env: bool):
     """The value in the type the app uses, or ValueError saying what is expected."""
-    kind = option.kind
-    if kind == "seconds":
-        number = float(value) if from_env or isinstance(value, int | float) and not isinstance(value, bool) else None
-        if number is None or not number > 0 or number != number or number == float("inf"):
-            raise ValueError
-        return number
-    if kind in ("count", "limit"):
-        if from_env:
-            value = value.strip()
-            if kind == "limit" and value == "":
-                return None
-            value = int(value)
-        if kind == "limit" and value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError
-        return None if kind == "limit" and value == 0 else value
-    if kind == "text":
-        if not isinstance(value, str):
-            raise ValueError
-        return value
-    if kind == "list":
-        if from_env:
-            return [item.strip() for item in value.split(",") if item.strip()]
-        if isinstance(value, str) or not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-            raise ValueError
-        return list(value)
-    if kind == "path":
-        if not isinstance(value, str | os.PathLike) or not str(value):
-            raise ValueError
-        return Path(value).resolve()
-    if kind == "json":
-        if from_env:
-            value = json.loads(value)
-        if not isinstance(value, dict):
-            raise ValueError
-        return value
-    raise AssertionError(f"unknown kind {kind!r}")
+    try:
+        convert = _CONVERTERS[option.kind]
+    except KeyError:
+        raise AssertionError(f"unknown kind {option.kind!r}") from None
+    return convert(value, from_env, option.kind)
 
 
 def value_of(option: Option):

@@ -36,7 +36,7 @@ from orchestrator.lease import LeaderLease, LeaseLost, NoLease
 from orchestrator.loop import DATABASE_ERRORS, Loop, Role
 from orchestrator.models import Run, Schedule, TaskRun, Trigger, WorkflowVersion
 from orchestrator.params import ParamError, clean_params
-from orchestrator.runs import NewRun, insert_runs
+from orchestrator.runs import NewRun, insert_runs, release_pending_run
 from orchestrator.states import ACTIVE_RUN_STATES, RunState, TaskState, sql_list
 
 log = logging.getLogger(__name__)
@@ -148,6 +148,39 @@ class _Due:
     gap: _Gap | None  # older fire times passed over: one summary row
     last: datetime | None  # the latest fire time that came due
     next_at: datetime | None
+
+
+def _pending_runs() -> list[Run]:
+    """Held-back runs, oldest first, locked (skipping those another scheduler or a cancel holds)."""
+    return list(
+        Run.objects.filter(state=RunState.PENDING)
+        .select_related("workflow", "schedule").select_for_update(skip_locked=True, of=("self",))
+        .order_by("logical_date", "id")[:500]
+    )
+
+
+class _Holds:
+    """What keeps a pending run waiting: an active run of its schedule (any overlap policy but
+    allow) or its workflow's max_active_runs. Counts the runs released meanwhile."""
+
+    def __init__(self, pending: list[Run]):
+        self.workflows = {r.workflow_id for r in pending if r.workflow_id}
+        self.limits = _WorkflowLimits([r.workflow for r in pending if r.workflow_id], pending_blocks=False)
+        self.busy_schedules = set(
+            Run.objects.filter(schedule_id__in={r.schedule_id for r in pending if r.schedule_id},
+                               state=RunState.RUNNING).values_list("schedule_id", flat=True)
+        )
+
+    def keeps(self, run: Run) -> bool:
+        if run.schedule_id and run.schedule.overlap != Schedule.Overlap.ALLOW and run.schedule_id in self.busy_schedules:
+            return True
+        return run.workflow_id in self.workflows and not self.limits.may_start(run.workflow)
+
+    def started(self, run: Run) -> None:
+        if run.schedule_id:
+            self.busy_schedules.add(run.schedule_id)
+        if run.workflow_id:
+            self.limits.started(run.workflow)
 
 
 class Scheduler:
@@ -355,34 +388,18 @@ class Scheduler:
     # -- 3. release held-back runs -----------------------------------------------------------
 
     def _release_pending(self, now: datetime) -> int:
-        from orchestrator.runs import release_pending_run
-
         with self.lease.fence():
-            pending = list(
-                Run.objects.filter(state=RunState.PENDING)
-                .select_related("workflow", "schedule").select_for_update(skip_locked=True, of=("self",))
-                .order_by("logical_date", "id")[:500]
-            )
+            pending = _pending_runs()
             if not pending:
                 return 0
-            workflows = {r.workflow_id for r in pending if r.workflow_id}
-            limits = _WorkflowLimits([r.workflow for r in pending if r.workflow_id], pending_blocks=False)
-            busy_schedules = set(
-                Run.objects.filter(schedule_id__in={r.schedule_id for r in pending if r.schedule_id},
-                                   state=RunState.RUNNING).values_list("schedule_id", flat=True)
-            )
+            hold = _Holds(pending)
             released = 0
             for run in pending:
-                if run.schedule_id and run.schedule.overlap != Schedule.Overlap.ALLOW and run.schedule_id in busy_schedules:
-                    continue
-                if run.workflow_id in workflows and not limits.may_start(run.workflow):
+                if hold.keeps(run):
                     continue
                 if release_pending_run(run, now=now):
                     released += 1
-                    if run.schedule_id:
-                        busy_schedules.add(run.schedule_id)
-                    if run.workflow_id:
-                        limits.started(run.workflow)
+                    hold.started(run)
             if released:
                 Run.objects.filter(pk__in=[r.pk for r in pending if r.state == RunState.RUNNING]).update(reason="")
                 wake_dispatchers()
