@@ -46,52 +46,25 @@ class Command(BaseCommand):
 
     def handle(self, *args, workflow, task, param=None, logical_date=None, upstream=None, item=None,
                map_index=0, **options):
-        from orchestrator.sync import discover
-
-        found, failed = discover()
-        workflows = {wf.name: wf for wfs in found.values() for wf in wfs}
-        if workflow not in workflows:
-            hint = "; ".join(f"{module}: {error.splitlines()[0]}" for module, error in failed.items())
-            raise CommandError(f"no workflow {workflow!r} (known: {', '.join(sorted(workflows)) or 'none'})"
-                               + (f"; modules that failed to import: {hint}" if hint else ""))
-        wf = workflows[workflow]
-        spec = wf.to_spec()
+        spec = _workflow_spec(workflow)
         if task not in spec["tasks"]:
             raise CommandError(f"workflow {workflow!r} has no task {task!r} (its tasks: {', '.join(spec['tasks'])})")
         try:
             params = clean_params(spec.get("params", {}), _pairs(param, "param", parse_json=False))
         except ParamError as exc:
             raise CommandError(f"params: {exc}") from None
-        when = clock.now()
-        if logical_date:
-            try:
-                when = datetime.fromisoformat(logical_date)
-            except ValueError:
-                raise CommandError(f"--logical-date {logical_date!r}: not an ISO date and time") from None
-            if when.tzinfo is None:
-                raise CommandError(f"--logical-date {logical_date!r}: add a timezone, e.g. +00:00")
         task_spec = spec["tasks"][task]
         message = {"id": 0, "run_id": 0, "task": task, "number": 1, "spec": task_spec,
-                   "timeout": task_spec.get("timeout"), "logical_date": when, "params": params,
-                   "workflow": workflow, "upstream": _pairs(upstream, "upstream", parse_json=True)}
+                   "timeout": task_spec.get("timeout"), "logical_date": _logical_date(logical_date),
+                   "params": params, "workflow": workflow,
+                   "upstream": _pairs(upstream, "upstream", parse_json=True)}
         if task_spec.get("map_over"):
             try:
                 message.update(map_index=map_index, item=json.loads(item) if item is not None else None)
             except ValueError as exc:
                 raise CommandError(f"--item: not JSON ({exc})") from None
         self.stderr.write(f"running {workflow}.{task} (params {json.dumps(params, default=str)})")
-        # The task's log goes to stdout once: the process's own log handlers keep quiet meanwhile.
-        handlers = list(logging.getLogger().handlers)
-        levels = [handler.level for handler in handlers]
-        for handler in handlers:
-            handler.setLevel(logging.CRITICAL + 1)
-        try:
-            _, _, outcome, result, error, tb, _, metadata, *_ = executor.run(message, log_stream=sys.stdout,
-                                                                              declared=task_spec)
-        finally:
-            for handler, level in zip(handlers, levels, strict=True):
-                handler.setLevel(level)
-        sys.stdout.flush()
+        _, _, outcome, result, error, tb, _, metadata, *_ = _run_quietly(message, task_spec)
         if outcome == "rescheduled":
             self.stderr.write(f"not yet: the sensor would check again in {task_spec['sensor']['every']}s")
             sys.exit(NOT_YET)
@@ -100,3 +73,43 @@ class Command(BaseCommand):
         self.stdout.write(f"result: {result if result is not None else 'null'}")
         if metadata:
             self.stdout.write(f"metadata: {metadata}")
+
+
+def _workflow_spec(workflow: str) -> dict:
+    """The spec of a workflow as its module defines it now (discovered, not read from the database)."""
+    from orchestrator.sync import discover
+
+    found, failed = discover()
+    workflows = {wf.name: wf for wfs in found.values() for wf in wfs}
+    if workflow not in workflows:
+        hint = "; ".join(f"{module}: {error.splitlines()[0]}" for module, error in failed.items())
+        raise CommandError(f"no workflow {workflow!r} (known: {', '.join(sorted(workflows)) or 'none'})"
+                           + (f"; modules that failed to import: {hint}" if hint else ""))
+    return workflows[workflow].to_spec()
+
+
+def _logical_date(text: str | None) -> datetime:
+    if not text:
+        return clock.now()
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise CommandError(f"--logical-date {text!r}: not an ISO date and time") from None
+    if when.tzinfo is None:
+        raise CommandError(f"--logical-date {text!r}: add a timezone, e.g. +00:00")
+    return when
+
+
+def _run_quietly(message: dict, task_spec: dict) -> tuple:
+    """Run the task as a worker's child would; its log goes to stdout once, so the process's own
+    log handlers keep quiet meanwhile."""
+    handlers = list(logging.getLogger().handlers)
+    levels = [handler.level for handler in handlers]
+    for handler in handlers:
+        handler.setLevel(logging.CRITICAL + 1)
+    try:
+        return executor.run(message, log_stream=sys.stdout, declared=task_spec)
+    finally:
+        for handler, level in zip(handlers, levels, strict=True):
+            handler.setLevel(level)
+        sys.stdout.flush()
