@@ -12,12 +12,14 @@ message names what was asked for. ``orchestrator.backfill`` takes its workflow t
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
+from datetime import datetime
 
 from django.db import OperationalError, connection, transaction
 from psycopg.errors import DeadlockDetected
 
-from orchestrator import clock, cron, mapping, resolver
+from orchestrator import callbacks, clock, cron, deadlines, mapping, resolver
 from orchestrator.channels import announce_cancelled, wake_dispatchers, wake_schedulers
 from orchestrator.models import Backfill, Run, Schedule, TaskRun, Workflow
 from orchestrator.states import (
@@ -31,6 +33,8 @@ from orchestrator.states import (
     TaskState,
     sql_list,
 )
+
+log = logging.getLogger(__name__)
 
 # --- SQL ---------------------------------------------------------------------------------------
 
@@ -255,6 +259,23 @@ def _cancel_run(run: Run | int, reason: str, by) -> bool:
     if isinstance(run, Run):
         run.state, run.reason, run.finished_at = RunState.CANCELLED, reason, now
     return True
+
+
+def cancel_timed_out(now: datetime, limit: int = 100) -> int:
+    """Cancel the runs still active past their run timeout (``deadlines.TIMED_OUT``); returns how
+    many were cancelled. The scheduler's leader calls it on every tick."""
+    with connection.cursor() as cursor:
+        cursor.execute(deadlines.TIMED_OUT, {"now": now, "limit": limit})
+        rows = cursor.fetchall()
+    cancelled = 0
+    for run_id, seconds, _ in rows:
+        reason = f"timed out: still active {float(seconds):g}s after it started (run_timeout)"
+        # cancel_run is itself a guarded update: a run that ended meanwhile is left alone.
+        if cancel_run(run_id, reason=reason):
+            callbacks.run_ended([(run_id, "timed_out")])
+            cancelled += 1
+            log.warning("run %s cancelled: %s", run_id, reason, extra={"action": "run_timed_out", "run_id": run_id})
+    return cancelled
 
 
 def retry_task_runs(ids: Iterable[TaskRun | int], *, now=None) -> int:

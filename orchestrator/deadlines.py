@@ -7,7 +7,8 @@
   late between two checks is recorded when it ends (``finished_late``).
 * **Run timeout** (``Workflow(run_timeout=seconds)``): a run still active that long after it
   started (``Run.timeout_at``) is cancelled with the reason, like an operator's cancel: its
-  running tasks are killed. The workflow's ``on_failure`` callbacks are called.
+  running tasks are killed. The workflow's ``on_failure`` callbacks are called. The query
+  (``TIMED_OUT``) is here; the cancel is ``control.cancel_timed_out``, with the other cancels.
 
 Both reads use partial indexes on active runs, so finished history costs nothing.
 """
@@ -81,22 +82,3 @@ def _announce(run_ids: list[int]) -> None:
     from orchestrator import notifier
 
     notifier.deadline_missed(run_ids)
-
-
-def cancel_timed_out(now: datetime, limit: int = 100) -> int:
-    """Cancel the runs still active past their run timeout; returns how many were cancelled."""
-    from orchestrator import callbacks
-    from orchestrator.control import cancel_run
-
-    with connection.cursor() as cursor:
-        cursor.execute(TIMED_OUT, {"now": now, "limit": limit})
-        rows = cursor.fetchall()
-    cancelled = 0
-    for run_id, seconds, _ in rows:
-        reason = f"timed out: still active {float(seconds):g}s after it started (run_timeout)"
-        # cancel_run is itself a guarded update: a run that ended meanwhile is left alone.
-        if cancel_run(run_id, reason=reason):
-            callbacks.run_ended([(run_id, "timed_out")])
-            cancelled += 1
-            log.warning("run %s cancelled: %s", run_id, reason, extra={"action": "run_timed_out", "run_id": run_id})
-    return cancelled
