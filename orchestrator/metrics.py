@@ -139,17 +139,7 @@ class DatabaseCollector:
         })[0]
         worker_rows = _fetchall(WORKERS_BY_QUEUE_SQL, {"db_now": db_now, "heartbeat": heartbeat_timeout})
 
-        # Queues served by a live worker are reported even when empty, so a dashboard shows 0
-        # rather than no data.
-        queues = {queue for queue, _ in worker_rows} | {row[0] for row in queue_rows}
-        depth = dict.fromkeys(queues, 0)
-        running = dict.fromkeys(queues, 0)
-        for queue, kind, count in queue_rows:
-            if kind == TaskState.RUNNING:
-                running[queue] += count
-            else:
-                depth[queue] += count
-
+        depth, running = _queue_counts(queue_rows, worker_rows)
         families = []
         gauge = GaugeMetricFamily(
             "orchestrator_queue_depth", "Task runs waiting for a worker: queued, or scheduled and due.", labels=["queue"]
@@ -222,29 +212,50 @@ class DatabaseCollector:
             gauge.add_metric([queue], count)
         families.append(gauge)
 
-        present = holder is not None and remaining is not None and remaining > 0
-        families.append(GaugeMetricFamily(
-            "orchestrator_scheduler_leader_present",
-            "1 if some scheduler process holds an unexpired lease (the web process never leads).",
-            value=1 if present else 0,
-        ))
-        families.append(GaugeMetricFamily(
-            "orchestrator_scheduler_lease_epoch",
-            "Fencing epoch of the scheduler lease; it grows by one on each change of leader.",
-            value=epoch or 0,
-        ))
-        families.append(GaugeMetricFamily(
-            "orchestrator_scheduler_lease_remaining_seconds",
-            "Seconds until the scheduler lease expires unless renewed (negative: expired).",
-            value=float(remaining) if remaining is not None else 0.0,
-        ))
-        gauge = GaugeMetricFamily(
-            "orchestrator_scheduler_leader_info", "The process holding the scheduler lease.", labels=["holder"]
-        )
-        if present:
-            gauge.add_metric([holder], 1)
-        families.append(gauge)
+        families += _lease_families(holder, epoch, remaining)
         return families
+
+
+def _queue_counts(queue_rows, worker_rows) -> tuple[dict, dict]:
+    """Task runs waiting (queued, or scheduled and due) and running, per queue. Queues served by a
+    live worker are reported even when empty, so a dashboard shows 0 rather than no data."""
+    queues = {queue for queue, _ in worker_rows} | {row[0] for row in queue_rows}
+    depth = dict.fromkeys(queues, 0)
+    running = dict.fromkeys(queues, 0)
+    for queue, kind, count in queue_rows:
+        if kind == TaskState.RUNNING:
+            running[queue] += count
+        else:
+            depth[queue] += count
+    return depth, running
+
+
+def _lease_families(holder, epoch, remaining) -> list:
+    """Whether a scheduler leads, which one, and how often leadership changed."""
+    families = []
+    present = holder is not None and remaining is not None and remaining > 0
+    families.append(GaugeMetricFamily(
+        "orchestrator_scheduler_leader_present",
+        "1 if some scheduler process holds an unexpired lease (the web process never leads).",
+        value=1 if present else 0,
+    ))
+    families.append(GaugeMetricFamily(
+        "orchestrator_scheduler_lease_epoch",
+        "Fencing epoch of the scheduler lease; it grows by one on each change of leader.",
+        value=epoch or 0,
+    ))
+    families.append(GaugeMetricFamily(
+        "orchestrator_scheduler_lease_remaining_seconds",
+        "Seconds until the scheduler lease expires unless renewed (negative: expired).",
+        value=float(remaining) if remaining is not None else 0.0,
+    ))
+    gauge = GaugeMetricFamily(
+        "orchestrator_scheduler_leader_info", "The process holding the scheduler lease.", labels=["holder"]
+    )
+    if present:
+        gauge.add_metric([holder], 1)
+    families.append(gauge)
+    return families
 
 
 registry = CollectorRegistry(auto_describe=False)
