@@ -28,6 +28,7 @@ with the workflow, the field and the value.
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -46,8 +47,9 @@ CALLBACK_EVENTS = ("on_failure", "on_success", "on_retry")
 
 _REQUIRED = object()
 
-# While sync imports a module, every Workflow created lands here (see collect()).
-_collector: list[Workflow] | None = None
+# While sync imports a module, every Workflow created in that thread lands in this thread's list
+# (see collect()): an import sync gave up on, still running in its own thread, adds to no other's.
+_collecting = threading.local()
 
 
 class DefinitionError(Exception):
@@ -334,8 +336,9 @@ class Workflow:
             frame = inspect.currentframe().f_back
             module = frame.f_globals.get("__name__", "") if frame else ""
         self.module = module
-        if _collector is not None:
-            _collector.append(self)
+        collector = getattr(_collecting, "workflows", None)
+        if collector is not None:
+            collector.append(self)
 
     def __repr__(self):
         return f"<Workflow {self.name}>"
@@ -454,11 +457,11 @@ class Workflow:
 
 
 def collect(importer: Callable[[], Any]) -> list[Workflow]:
-    """Run ``importer`` (which imports a module) and return the workflows it created."""
-    global _collector
-    previous, _collector = _collector, []
+    """Run ``importer`` (which imports a module) and return the workflows it created in this thread."""
+    previous = getattr(_collecting, "workflows", None)
+    _collecting.workflows = []
     try:
         importer()
-        return list(_collector)
+        return list(_collecting.workflows)
     finally:
-        _collector = previous
+        _collecting.workflows = previous

@@ -55,36 +55,53 @@ def validate(wf: dsl.Workflow) -> list[dsl.DefinitionError]:
     if not _positive(wf.run_timeout):
         error("run_timeout", wf.run_timeout, "must be a positive number of seconds, or None")
     _check_callbacks(error, "", wf.callbacks)
-
     children = wf.children_of()
     produced = set()
     for name, task in wf.tasks.items():
-        where = f"tasks.{name}"
-        _check_callbacks(error, f"{where}.", task.callbacks)
-        produced.update(_check_datasets(error, f"{where}.produces", task.produces))
-        if not isinstance(task.branch, bool):
-            error(f"{where}.branch", task.branch, "must be True or False")
-        elif task.branch and not children[name]:
-            error(f"{where}.branch", name, "a branch task needs children to choose from")
-        if task.sensor is not None:
-            if task.fn is None:
-                error(f"{where}.sensor", name, "a sensor is a Python function")
-            if not _positive(task.sensor.get("every"), allow_none=False):
-                error(f"{where}.every", task.sensor.get("every"), "must be a positive number of seconds")
-            if not _positive(task.sensor.get("timeout")):
-                error(f"{where}.timeout", task.sensor.get("timeout"), "must be a positive number of seconds, or None")
-            if task.branch:
-                error(f"{where}.branch", name, "a sensor cannot also be a branch")
-        if task.map_over is not None:
-            if task.branch:
-                error(f"{where}.map", name, "a branch task cannot be mapped")
-            if task.map_over.branch:
-                error(f"{where}.map", task.map_over.name, "cannot map over a branch task (its result names children)")
-            if task.max_parallel is not None and not (
-                    isinstance(task.max_parallel, int) and not isinstance(task.max_parallel, bool)
-                    and task.max_parallel >= 1):
-                error(f"{where}.max_parallel", task.max_parallel, "must be a whole number of at least 1, or None")
+        produced.update(_check_task(error, name, task, children[name]))
+    _check_triggers(error, wf, produced)
+    return errors
 
+
+def _check_task(error, name: str, task: dsl.Task, children: set) -> list[str]:
+    """A task's callbacks, branch, sensor and mapping; returns the datasets it produces."""
+    where = f"tasks.{name}"
+    _check_callbacks(error, f"{where}.", task.callbacks)
+    produced = _check_datasets(error, f"{where}.produces", task.produces)
+    if not isinstance(task.branch, bool):
+        error(f"{where}.branch", task.branch, "must be True or False")
+    elif task.branch and not children:
+        error(f"{where}.branch", name, "a branch task needs children to choose from")
+    if task.sensor is not None:
+        _check_sensor(error, where, name, task)
+    if task.map_over is not None:
+        _check_mapping(error, where, name, task)
+    return produced
+
+
+def _check_sensor(error, where: str, name: str, task: dsl.Task) -> None:
+    if task.fn is None:
+        error(f"{where}.sensor", name, "a sensor is a Python function")
+    if not _positive(task.sensor.get("every"), allow_none=False):
+        error(f"{where}.every", task.sensor.get("every"), "must be a positive number of seconds")
+    if not _positive(task.sensor.get("timeout")):
+        error(f"{where}.timeout", task.sensor.get("timeout"), "must be a positive number of seconds, or None")
+    if task.branch:
+        error(f"{where}.branch", name, "a sensor cannot also be a branch")
+
+
+def _check_mapping(error, where: str, name: str, task: dsl.Task) -> None:
+    if task.branch:
+        error(f"{where}.map", name, "a branch task cannot be mapped")
+    if task.map_over.branch:
+        error(f"{where}.map", task.map_over.name, "cannot map over a branch task (its result names children)")
+    if task.max_parallel is not None and not (
+            isinstance(task.max_parallel, int) and not isinstance(task.max_parallel, bool)
+            and task.max_parallel >= 1):
+        error(f"{where}.max_parallel", task.max_parallel, "must be a whole number of at least 1, or None")
+
+
+def _check_triggers(error, wf: dsl.Workflow, produced: set) -> None:
     seen: dict[str, int] = {}
     for index, on in enumerate(wf.triggers):
         where = f"triggers[{index}]"
@@ -106,7 +123,6 @@ def validate(wf: dsl.Workflow) -> list[dsl.DefinitionError]:
         for key, param in wf.params.items():
             if param.required:
                 error(f"params.{key}", key, "a workflow started by data triggers needs a default for every param")
-    return errors
 
 
 def dataset_cycles(workflows: list[dsl.Workflow]) -> dict[str, str]:
@@ -115,11 +131,12 @@ def dataset_cycles(workflows: list[dsl.Workflow]) -> dict[str, str]:
     graph = networkx.DiGraph()
     for wf in workflows:
         for task in wf.tasks.values():
-            for dataset in task.produces:
+            for dataset in task.produces if isinstance(task.produces, list | tuple) else ():
                 if isinstance(dataset, str):
                     graph.add_edge(("workflow", wf.name), ("dataset", dataset))
         for on in wf.triggers:
-            for dataset in getattr(on, "datasets", []):
+            datasets = getattr(on, "datasets", [])
+            for dataset in datasets if isinstance(datasets, list | tuple) else ():
                 if isinstance(dataset, str):
                     graph.add_edge(("dataset", dataset), ("workflow", wf.name))
     found: dict[str, str] = {}

@@ -11,25 +11,23 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import math
 import pkgutil
-import re
 import sys
+import threading
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import networkx
 from django.apps import apps
-from django.db import transaction
+from django.db import DataError, connections, transaction
 from django.utils.module_loading import module_has_submodule
 
-from orchestrator import clock, cron, dsl, graph_checks
+from orchestrator import clock, cron, dsl, graph_checks, limits
 from orchestrator.conf import app_settings
 from orchestrator.models import Schedule, Workflow, WorkflowVersion
-from orchestrator.params import clean_param
-
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
-QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+from orchestrator.params import ParamError, clean_param, clean_params
 
 
 @dataclass
@@ -51,56 +49,102 @@ def _is_number(value, *, minimum=0.0, allow_none=False, integer=False) -> bool:
         return allow_none
     if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
         return False
-    return value >= minimum
+    return minimum <= value <= limits.MAX_INT and not (isinstance(value, float) and not math.isfinite(value))
 
 
 def validate(wf: dsl.Workflow) -> list[dsl.DefinitionError]:
-    """Every problem of a workflow definition, each naming the workflow, the field and the value."""
+    """Every problem of a workflow definition, each naming the workflow, the field and the value.
+
+    Nothing is written before this passed: a value the database cannot hold (too long, a NUL
+    character, what JSON cannot hold) is one of these problems, not an error of the database."""
     errors = list(wf.errors)
 
     def error(field_name, value, message):
         errors.append(dsl.DefinitionError(wf.name, field_name, value, message))
 
-    if not isinstance(wf.name, str) or not NAME_RE.match(wf.name):
-        error("name", wf.name, "use letters, digits, '_', '-' or '.', starting with a letter or digit")
+    _check_workflow(wf, error)
+    for name, task in wf.tasks.items():
+        _check_task(wf, name, task, error)
+    _check_cycle(wf, error)
+    _check_params(wf, error)
+    seen_names: set[str] = set()
+    for index, schedule in enumerate(wf.schedules):
+        _check_schedule(wf, index, schedule, seen_names, error)
+    errors.extend(graph_checks.validate(wf))
+    if not errors:
+        _check_storable(wf, error)
+    return errors
+
+
+def _check_workflow(wf: dsl.Workflow, error) -> None:
+    """The workflow's own fields: its name (which must fit in a URL), texts and options."""
+    problem = limits.text_problem(wf.name, limits.WORKFLOW_NAME, allow_empty=False)
+    if problem:
+        error("name", wf.name, f"{problem}; a name is stored and appears in URLs")
+    elif not limits.routable(wf.name):
+        error("name", wf.name, f"cannot appear in a URL: {limits.NAME_RULE}")
     if not wf.tasks:
         error("tasks", [], "a workflow needs at least one task")
+    problem = limits.text_problem(wf.description, 10**9)
+    if problem:
+        error("description", wf.description, problem)
+    for index, tag in enumerate(wf.tags):
+        problem = limits.text_problem(tag, limits.WORKFLOW_NAME)
+        if problem:
+            error(f"tags[{index}]", tag, problem)
+    problem = limits.text_problem(wf.owner, limits.OWNER)
+    if problem:
+        error("owner", wf.owner, problem)
     if not isinstance(wf.tenant, str) or not wf.tenant.strip():
         error("tenant", wf.tenant, "must be a non-empty string")
+    elif problem := limits.text_problem(wf.tenant, limits.TENANT):
+        error("tenant", wf.tenant, problem)
     if not _is_number(wf.max_active_runs, minimum=1, allow_none=True, integer=True):
         error("max_active_runs", wf.max_active_runs, "must be a whole number of at least 1, or None")
     for url in wf.webhooks:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             error("webhooks", url, "must be an http:// or https:// URL")
+        elif problem := limits.text_problem(url, limits.URL):
+            error("webhooks", url, problem)
 
-    for name, task in wf.tasks.items():
-        where = f"tasks.{name}"
-        if not isinstance(name, str) or not NAME_RE.match(name):
-            error(f"{where}.name", name, "use letters, digits, '_', '-' or '.'")
-        if task.fn is not None and "<locals>" in task.fn.__qualname__:
-            error(f"{where}.fn", task.fn.__qualname__, f"a task function must be {graph_checks.MODULE_LEVEL}")
-        if task.fn is None and (not isinstance(task.command, str) or not task.command.strip()):
-            error(f"{where}.command", task.command, "a shell task needs a non-empty command")
-        if not _is_number(task.retries, integer=True):
-            error(f"{where}.retries", task.retries, "must be a whole number, 0 or more")
-        if not _is_number(task.retry_delay):
-            error(f"{where}.retry_delay", task.retry_delay, "must be a number of seconds, 0 or more")
-        if not _is_number(task.retry_backoff, minimum=1):
-            error(f"{where}.retry_backoff", task.retry_backoff, "must be a number, 1 or more")
-        if not _is_number(task.retry_max_delay):
-            error(f"{where}.retry_max_delay", task.retry_max_delay, "must be a number of seconds, 0 or more")
-        if task.timeout is not None and not (_is_number(task.timeout) and task.timeout > 0):
-            error(f"{where}.timeout", task.timeout, "must be a positive number of seconds, or None")
-        if not isinstance(task.queue, str) or not QUEUE_RE.match(task.queue):
-            error(f"{where}.queue", task.queue, "use letters, digits, '_', '-' or '.'")
-        if isinstance(task.priority, bool) or not isinstance(task.priority, int) or not -100 <= task.priority <= 100:
-            error(f"{where}.priority", task.priority, "must be a whole number from -100 to 100")
-        if task.trigger_rule not in dsl.TRIGGER_RULES:
-            error(f"{where}.trigger_rule", task.trigger_rule, f"must be one of {', '.join(dsl.TRIGGER_RULES)}")
-        for parent in task.upstream_names:
-            if parent not in wf.tasks:
-                error(f"{where}.upstream", parent, "depends on an unknown task")
 
+def _check_task(wf: dsl.Workflow, name, task: dsl.Task, error) -> None:
+    where = f"tasks.{name}"
+    if not isinstance(name, str) or not limits.NAME_RE.match(name):
+        error(f"{where}.name", name, "use letters, digits, '_', '-' or '.'")
+    if task.fn is not None and "<locals>" in task.fn.__qualname__:
+        error(f"{where}.fn", task.fn.__qualname__, f"a task function must be {graph_checks.MODULE_LEVEL}")
+    if task.fn is None and (not isinstance(task.command, str) or not task.command.strip()):
+        error(f"{where}.command", task.command, "a shell task needs a non-empty command")
+    elif task.fn is None and (problem := limits.text_error(task.command, "the command")):
+        error(f"{where}.command", task.command, problem)
+    _check_task_retries(where, task, error)
+    if not isinstance(task.queue, str) or not limits.QUEUE_RE.match(task.queue):
+        error(f"{where}.queue", task.queue, "use letters, digits, '_', '-' or '.'")
+    if limits.int_problem(task.priority, limits.PRIORITY_MIN, limits.PRIORITY_MAX):
+        error(f"{where}.priority", task.priority,
+              f"must be a whole number from {limits.PRIORITY_MIN} to {limits.PRIORITY_MAX}")
+    if task.trigger_rule not in dsl.TRIGGER_RULES:
+        error(f"{where}.trigger_rule", task.trigger_rule, f"must be one of {', '.join(dsl.TRIGGER_RULES)}")
+    for parent in task.upstream_names:
+        if parent not in wf.tasks:
+            error(f"{where}.upstream", parent, "depends on an unknown task")
+
+
+def _check_task_retries(where: str, task: dsl.Task, error) -> None:
+    if not _is_number(task.retries, integer=True):
+        error(f"{where}.retries", task.retries, "must be a whole number, 0 or more")
+    if not _is_number(task.retry_delay):
+        error(f"{where}.retry_delay", task.retry_delay, "must be a number of seconds, 0 or more")
+    if not _is_number(task.retry_backoff, minimum=1):
+        error(f"{where}.retry_backoff", task.retry_backoff, "must be a number, 1 or more")
+    if not _is_number(task.retry_max_delay):
+        error(f"{where}.retry_max_delay", task.retry_max_delay, "must be a number of seconds, 0 or more")
+    if task.timeout is not None and not (_is_number(task.timeout) and task.timeout > 0):
+        error(f"{where}.timeout", task.timeout, "must be a positive number of seconds, or None")
+
+
+def _check_cycle(wf: dsl.Workflow, error) -> None:
     graph = networkx.DiGraph()
     graph.add_nodes_from(wf.tasks)
     graph.add_edges_from((parent, child) for child, parents in wf.upstream_of().items()
@@ -108,13 +152,17 @@ def validate(wf: dsl.Workflow) -> list[dsl.DefinitionError]:
     try:
         cycle = networkx.find_cycle(graph)
     except networkx.NetworkXNoCycle:
-        cycle = None
-    if cycle:
-        path = [edge[0] for edge in cycle] + [cycle[0][0]]
-        error("tasks", " -> ".join(path), f"the graph has a cycle: {' -> '.join(path)}")
+        return
+    path = [edge[0] for edge in cycle] + [cycle[0][0]]
+    error("tasks", " -> ".join(path), f"the graph has a cycle: {' -> '.join(path)}")
 
+
+def _check_params(wf: dsl.Workflow, error) -> None:
     for key, param in wf.params.items():
         where = f"params.{key}"
+        if problem := limits.text_problem(key, limits.WORKFLOW_NAME, allow_empty=False):
+            error("params", key, f"a param name {problem}")
+            continue
         if param.type not in dsl.PARAM_TYPE_NAMES:
             error(f"{where}.type", param.type, f"must be one of {', '.join(dsl.PARAM_TYPE_NAMES)}")
             continue
@@ -124,30 +172,78 @@ def validate(wf: dsl.Workflow) -> list[dsl.DefinitionError]:
             except ValueError as exc:
                 error(f"{where}.default", param.default, str(exc))
 
-    seen_names = set()
-    for index, schedule in enumerate(wf.schedules):
-        where = f"schedules[{index}]"
+
+def _check_schedule(wf: dsl.Workflow, index: int, schedule: dsl.Schedule, seen_names: set, error) -> None:
+    where = f"schedules[{index}]"
+    if not isinstance(schedule, dsl.Schedule):
+        error(where, schedule, "a schedule is Schedule(cron, ...)")
+        return
+    _check_schedule_timing(where, schedule, error)
+    if schedule.catchup not in dsl.CATCHUP_POLICIES:
+        error(f"{where}.catchup", schedule.catchup, f"must be one of {', '.join(dsl.CATCHUP_POLICIES)}")
+    if schedule.overlap not in dsl.OVERLAP_POLICIES:
+        error(f"{where}.overlap", schedule.overlap, f"must be one of {', '.join(dsl.OVERLAP_POLICIES)}")
+    name = schedule_name(wf, index)
+    if problem := limits.text_problem(name, limits.SCHEDULE_NAME, allow_empty=False):
+        error(f"{where}.name", name, problem)
+        name = None
+    elif name in seen_names:
+        error(f"{where}.name", name, "two schedules of this workflow have this name")
+    seen_names.add(name)
+    _check_schedule_params(wf, where, name, schedule, error)
+
+
+def _check_schedule_timing(where: str, schedule: dsl.Schedule, error) -> None:
+    if problem := limits.text_problem(schedule.cron, limits.CRON, allow_empty=False):
+        error(f"{where}.cron", schedule.cron, problem)
+    elif problem := limits.text_problem(schedule.timezone, limits.TIMEZONE, allow_empty=False):
+        error(f"{where}.timezone", schedule.timezone, problem)
+    else:
         try:
             cron.validate(schedule.cron, schedule.timezone)
         except cron.CronError as exc:
             bad = "timezone" if "timezone" in str(exc) else "cron"
             error(f"{where}.{bad}", getattr(schedule, bad), str(exc))
-        if schedule.catchup not in dsl.CATCHUP_POLICIES:
-            error(f"{where}.catchup", schedule.catchup, f"must be one of {', '.join(dsl.CATCHUP_POLICIES)}")
-        if schedule.overlap not in dsl.OVERLAP_POLICIES:
-            error(f"{where}.overlap", schedule.overlap, f"must be one of {', '.join(dsl.OVERLAP_POLICIES)}")
-        if not _is_number(schedule.jitter, integer=True):
-            error(f"{where}.jitter", schedule.jitter, "must be a whole number of seconds, 0 or more")
-        if schedule.start_deadline is not None and not (_is_number(schedule.start_deadline) and schedule.start_deadline > 0):
-            error(f"{where}.start_deadline", schedule.start_deadline, "must be a positive number of seconds, or None")
-        if not _is_number(schedule.max_catchup, minimum=1, allow_none=True, integer=True):
-            error(f"{where}.max_catchup", schedule.max_catchup, "must be a whole number of at least 1, or None")
-        name = schedule_name(wf, index)
-        if name in seen_names:
-            error(f"{where}.name", name, "two schedules of this workflow have this name")
-        seen_names.add(name)
-    errors.extend(graph_checks.validate(wf))
-    return errors
+    if not _is_number(schedule.jitter, integer=True):
+        error(f"{where}.jitter", schedule.jitter, "must be a whole number of seconds, 0 or more")
+    if schedule.start_deadline is not None and not (_is_number(schedule.start_deadline) and schedule.start_deadline > 0):
+        error(f"{where}.start_deadline", schedule.start_deadline, "must be a positive number of seconds, or None")
+    if not _is_number(schedule.max_catchup, minimum=1, allow_none=True, integer=True):
+        error(f"{where}.max_catchup", schedule.max_catchup, "must be a whole number of at least 1, or None")
+
+
+def _check_schedule_params(wf: dsl.Workflow, where: str, name, schedule: dsl.Schedule, error) -> None:
+    """A schedule's params must make a run: every fire time would otherwise be a skipped run."""
+    if not isinstance(schedule.params, dict):
+        error(f"{where}.params", schedule.params, "must be a dict of param values")
+        return
+    if problem := limits.json_problem(schedule.params):
+        error(f"{where}.params", schedule.params, problem)
+        return
+    declared = {key: param.to_spec() for key, param in wf.params.items() if param.type in dsl.PARAM_TYPE_NAMES}
+    if len(declared) < len(wf.params):
+        return  # a param of unknown type is reported already; its values cannot be checked
+    try:
+        clean_params(declared, schedule.params)
+    except ParamError as exc:
+        label = f"schedule {limits.safe_repr(name)}" if name is not None else "this schedule"
+        for key, message in exc.errors.items():
+            value = schedule.params.get(key)
+            if message == "this param is required":
+                message = f"{label} gives no value for the required param {limits.safe_repr(key)}"
+            else:
+                message = f"{message} (in the params of {label})"
+            error(f"{where}.params.{key}", value, message)
+
+
+def _check_storable(wf: dsl.Workflow, error) -> None:
+    """What the checks above do not name but the database would refuse: the stored graph as JSON."""
+    try:
+        problem = limits.json_problem(wf.to_spec())
+    except Exception as exc:  # noqa: BLE001 - user values (a failing __eq__, __iter__) end up here
+        problem = f"the definition cannot be written down: {type(exc).__name__}: {exc}"
+    if problem:
+        error("definition", wf.name, problem)
 
 
 def schedule_name(wf: dsl.Workflow, index: int) -> str:
@@ -170,8 +266,55 @@ def _import(module_name: str):
     return importlib.import_module(module_name)
 
 
-def _import_error(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc)[-3:])
+def _storable(text: str) -> str:
+    """Text as PostgreSQL and a terminal can take it: NUL and unpaired surrogates escaped."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _import_error(exc: BaseException) -> str:
+    return _storable(f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc)[-3:]))
+
+
+# Imports sync gave up on, by module: their threads may still run (Python cannot stop a thread).
+# While one does, that module is reported again instead of imported a second time, which would
+# wait on the first import's module lock.
+_abandoned: dict[str, threading.Thread] = {}
+
+
+def _bounded_import(module_name: str, importer):
+    """Run ``importer`` in a daemon thread for at most ORCHESTRATOR_SYNC_IMPORT_TIMEOUT seconds.
+
+    Returns (module, workflows, None) or (None, [], error text). Any exception of the module's
+    code is its error, SystemExit and KeyboardInterrupt included; an import that does not end in
+    time is abandoned: its thread keeps running in the background until it ends or the process
+    exits, and the workflows it creates later are not collected (collect() is per thread)."""
+    earlier = _abandoned.get(module_name)
+    if earlier is not None:
+        if earlier.is_alive():
+            return None, [], (f"TimeoutError: an earlier import of {module_name}, abandoned after "
+                              f"ORCHESTRATOR_SYNC_IMPORT_TIMEOUT, is still running in this process")
+        del _abandoned[module_name]
+    timeout = app_settings.SYNC_IMPORT_TIMEOUT
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["workflows"] = dsl.collect(lambda: outcome.__setitem__("module", importer()))
+        except BaseException as exc:  # noqa: BLE001 - anything the module's code raises is its error
+            outcome["error"] = _import_error(exc)
+        finally:
+            connections.close_all()  # this thread's own, if the module queried the database
+
+    thread = threading.Thread(target=run, name=f"sync import {module_name}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        _abandoned[module_name] = thread
+        return None, [], (f"TimeoutError: importing {module_name} took longer than {timeout:g}s "
+                          f"(ORCHESTRATOR_SYNC_IMPORT_TIMEOUT); sync abandoned it and went on")
+    if "error" in outcome:
+        return None, [], outcome["error"]
+    return outcome.get("module"), outcome.get("workflows", []), None
 
 
 def _submodules(package) -> list[str]:
@@ -203,13 +346,12 @@ def discover(directory: Path | None = None, package: str | None = None):
     found, failed = {}, {}
 
     def load(module_name: str):
-        imported = []
-        try:
-            found[module_name] = dsl.collect(lambda: imported.append(_import(module_name)))
-        except Exception as exc:  # noqa: BLE001 - any error in user code is reported, not raised
-            failed[module_name] = _import_error(exc)
+        module, workflows, error = _bounded_import(module_name, lambda: _import(module_name))
+        if error is not None:
+            failed[module_name] = error
             return None
-        return imported[0]
+        found[module_name] = workflows
+        return module
 
     if directory is not None and package is not None:
         directory = Path(directory)
@@ -222,10 +364,9 @@ def discover(directory: Path | None = None, package: str | None = None):
 
     queue = [(name, True) for name in workflow_modules()]
     for name in _configured_packages():
-        try:
-            package_module = importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - reported like a module that fails to import
-            failed[name] = _import_error(exc)
+        package_module, _, error = _bounded_import(name, lambda name=name: importlib.import_module(name))
+        if error is not None:
+            failed[name] = error
             continue
         queue += [(sub, False) for sub in _submodules(package_module)] if hasattr(package_module, "__path__") \
             else [(name, False)]
@@ -249,42 +390,73 @@ def discover(directory: Path | None = None, package: str | None = None):
 
 
 def sync_workflows(directory: Path | None = None, package: str | None = None, now=None) -> SyncReport:
+    """Import, check every workflow, then write: a value the database cannot hold is reported
+    with its workflow, field and value before anything is written, and never stops the others."""
     report = SyncReport()
     now = now or clock.now()
     found, failed = discover(directory, package)
     report.import_errors = {name: error.splitlines()[0] for name, error in failed.items()}
 
-    seen: set[str] = set()
-    loops = graph_checks.dataset_cycles([wf for workflows in found.values() for wf in workflows])
-    for module_name, workflows in found.items():
-        for wf in workflows:
-            if wf.name in seen:
-                report.broken[wf.name] = str(dsl.DefinitionError(
-                    wf.name, "name", wf.name, f"defined twice (again in {module_name})"))
-                continue
-            seen.add(wf.name)
-            errors = validate(wf)
-            if errors or wf.name in loops:
-                message = "\n".join([str(error) for error in errors] + ([loops[wf.name]] if wf.name in loops else []))
-                report.broken[wf.name] = message
-                _mark_broken(wf.name, module_name, message)
-            else:
-                _store(wf, module_name, report, now)
-
-    # Workflows of modules that failed to import are broken, not gone.
-    for module_name, error in failed.items():
-        for workflow in Workflow.objects.filter(module=module_name).exclude(name__in=seen):
-            seen.add(workflow.name)
-            report.broken[workflow.name] = f"module {module_name} failed to import: {error.splitlines()[0]}"
-            _mark_broken(workflow.name, module_name, f"module {module_name} failed to import:\n{error}")
-
+    checked = _check_all(found)
+    seen = {key for key, _, _, _ in checked}
+    for key, wf, module_name, message in checked:
+        if message is not None:
+            report.broken[key] = message
+            _mark_broken(wf.name, module_name, message)
+            continue
+        try:
+            _store(wf, module_name, report, now)
+        except DataError as exc:  # a limit the checks above do not know yet: this workflow only
+            report.broken[key] = _storable(f"workflow {limits.safe_repr(wf.name)} could not be stored: {exc}")
+    _mark_failed_modules(failed, seen, report)
     gone = Workflow.objects.filter(present=True).exclude(name__in=seen)
     report.removed = sorted(gone.values_list("name", flat=True))
     gone.update(present=False, synced_at=now)
     return report
 
 
-def _mark_broken(name: str, module_name: str, message: str) -> None:
+def _key(name) -> str:
+    """How the report names a workflow: its name, or the name quoted when it is not plain text."""
+    return name if isinstance(name, str) and limits.text_error(name, "") is None else limits.safe_repr(name)
+
+
+def _check_all(found: dict[str, list[dsl.Workflow]]) -> list[tuple[str, dsl.Workflow, str, str | None]]:
+    """(report key, workflow, module, errors or None) of each workflow found, written nowhere yet."""
+    named = [wf for workflows in found.values() for wf in workflows if isinstance(wf.name, str)]
+    loops = graph_checks.dataset_cycles(named)
+    checked, seen = [], set()
+    for module_name, workflows in found.items():
+        for wf in workflows:
+            key = _key(wf.name)
+            if key in seen:
+                checked.append((key, wf, module_name, str(dsl.DefinitionError(
+                    wf.name, "name", wf.name, f"defined twice (again in {module_name})"))))
+                continue
+            seen.add(key)
+            try:
+                messages = [str(error) for error in validate(wf)]
+            except Exception as exc:  # noqa: BLE001 - a user value that breaks a check breaks its workflow only
+                messages = [f"workflow {limits.safe_repr(wf.name)} could not be checked: {type(exc).__name__}: {exc}"]
+            if isinstance(wf.name, str) and wf.name in loops:
+                messages.append(loops[wf.name])
+            checked.append((key, wf, module_name, _storable("\n".join(messages)) if messages else None))
+    return checked
+
+
+def _mark_failed_modules(failed: dict[str, str], seen: set[str], report: SyncReport) -> None:
+    """Workflows of modules that failed to import are broken, not gone."""
+    for module_name, error in failed.items():
+        for workflow in Workflow.objects.filter(module=module_name).exclude(name__in=seen):
+            seen.add(workflow.name)
+            report.broken[workflow.name] = f"module {module_name} failed to import: {error.splitlines()[0]}"
+            _mark_broken(workflow.name, module_name, f"module {module_name} failed to import:\n{error}")
+
+
+def _mark_broken(name, module_name: str, message: str) -> None:
+    """Record the error on the workflow's row; a name that cannot be a row (too long, not text, not
+    fit for a URL) is only reported, never stored."""
+    if not limits.routable(name) or limits.text_problem(module_name, limits.MODULE):
+        return
     workflow, _ = Workflow.objects.get_or_create(name=name, defaults={"module": module_name})
     Workflow.objects.filter(pk=workflow.pk).update(
         broken=True, sync_error=message, present=True, module=module_name, synced_at=clock.now()
