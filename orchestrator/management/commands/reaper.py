@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand
 
+from orchestrator.management.roles import require_migrated
 from orchestrator.reaper import Reaper, reap_once
 
 
@@ -12,6 +13,7 @@ class Command(BaseCommand):
                             help="Seconds between passes (default: the heartbeat interval).")
 
     def handle(self, *args, once, interval, **options):
+        require_migrated()
         if once:
             reaped = reap_once()
             if reaped:

@@ -2,6 +2,7 @@
 
 from django.core.management.base import BaseCommand
 
+from orchestrator.management.roles import require_migrated
 from orchestrator.scheduler import Scheduler, SchedulerRole
 
 
@@ -17,4 +18,5 @@ class Command(BaseCommand):
                             help="schedules locked and fired per transaction (default 1000)")
 
     def handle(self, *args, no_lease=False, batch_size=1000, **options):
+        require_migrated()
         SchedulerRole(Scheduler(use_lease=not no_lease, batch_size=max(1, batch_size))).serve()

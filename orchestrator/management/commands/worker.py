@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from orchestrator.management.roles import require_migrated
 from orchestrator.worker import Worker
 
 
@@ -14,6 +15,7 @@ class Command(BaseCommand):
         parser.add_argument("--name", default=None, help="Name prefix shown in the UI (default: the host name); the pid is appended.")
 
     def handle(self, *args, queues, concurrency, grace, name, **options):
+        require_migrated()
         names = [q.strip() for q in queues.split(",") if q.strip()]
         try:
             worker = Worker(names, concurrency=concurrency, grace=grace, name=name)

@@ -7,6 +7,7 @@ embedded PostgreSQL.
 
 import os
 import secrets
+import socket
 import time
 from pathlib import Path
 
@@ -27,7 +28,7 @@ class Command(BaseCommand):
         parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
 
     def handle(self, *args, port, host, **options):
-        started = time.monotonic()
+        started = process_started()
         call_command("migrate", interactive=False, verbosity=0)
         report = sync_workflows()
         synced = len(report.created) + len(report.new_versions) + len(report.unchanged)
@@ -46,15 +47,15 @@ class Command(BaseCommand):
         ]
         url = f"http://{host}:{port}/"
 
-        def ready():
-            self.stdout.write(self.style.SUCCESS(f"\nReady in {time.monotonic() - started:.1f}s: {url}"))
+        def announce():
+            self.stdout.write(self.style.SUCCESS(f"\nReady in {time.time() - started:.1f}s: {url}"))
             self.stdout.write(f"Admin: {url}admin/   {login}")
             self.stdout.write("Press Ctrl-C to stop everything (the embedded database included).\n")
             self.stdout.flush()
 
         supervisor = Supervisor(children, self.say, grace=10)
         try:
-            supervisor.run(on_started=ready)
+            supervisor.run(on_started=announce, ready=lambda: listening(host, port))
         finally:
             self.stop_database()
         if supervisor.gave_up:
@@ -89,3 +90,27 @@ class Command(BaseCommand):
         connections.close_all()
         embedded.stop(database.pgdata())
         self.stdout.write("embedded PostgreSQL stopped")
+
+
+def listening(host: str, port: int) -> bool:
+    """Whether the web server accepts connections yet (a wildcard address is reached locally)."""
+    address = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host.strip("[]"), host.strip("[]"))
+    try:
+        with socket.create_connection((address, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def process_started() -> float:
+    """When this process started (``./dev run`` execs it), as time.time(): the embedded database
+    started before handle(), and the check of the virtual environment before that, are part of the
+    wait. psutil comes with the embedded PostgreSQL; without it, when this module was imported."""
+    try:
+        import psutil
+    except ImportError:
+        return _IMPORTED
+    return psutil.Process().create_time()
+
+
+_IMPORTED = time.time()
