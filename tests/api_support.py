@@ -19,7 +19,7 @@ WORKFLOW = '''
 from orchestrator.dsl import Param, Schedule, Workflow
 
 wf = Workflow("{name}", description="Reports.",
-              schedules=[Schedule("30 2 * * *", timezone="Europe/Berlin")],
+              schedules=[Schedule("30 2 * * *", timezone="Europe/Berlin", params={{"day": "2026-03-01"}})],
               params={{"orders": Param(int, default=5), "currency": Param(str, default="EUR", choices=["EUR", "USD"]),
                       "day": Param("date")}})
 
