@@ -165,7 +165,8 @@ def test_a_backfill_can_follow_its_own_cron_expression(api, workflow):
     ({"schedule": "weekly"}, "schedule", "has no schedule 'weekly'"),
     ({"schedule": "default", "cron": "0 0 * * *"}, "cron", "not both"),
     ({"params": {"day": "2026-03-01", "colour": "red"}}, "params", "unknown param 'colour'"),
-    ({"params": {}}, "params", "this param is required"),
+    # On its own cron, a backfill has no schedule's params to fall back on.
+    ({"cron": "0 0 * * *", "timezone": "UTC", "params": {}}, "params", "this param is required"),
     ({"params": "day=1"}, "params", "expected a JSON object"),
     ({"reprocess": "everything"}, "reprocess", "is not a valid choice"),
     ({"end": "2031-01-01T00:00:00Z"}, "end", "MAX_BACKFILL_RUNS"),
