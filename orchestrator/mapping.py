@@ -62,7 +62,7 @@ EXPAND = f"""
 WITH m AS (
     SELECT t.id, t.run_id, t.task, t.spec, t.upstream, t.queue, t.priority, t.tenant, t.lane, t.timeout,
            GREATEST(1, COALESCE((t.spec->>'max_attempts')::int, 1)) AS allowance,
-           jsonb_array_length(p.result) AS n,
+           CASE WHEN jsonb_typeof(p.result) = 'array' THEN jsonb_array_length(p.result) ELSE 0 END AS n,
            COALESCE((t.spec->>'max_parallel')::int, 2147483647) AS cap
     FROM orchestrator_taskrun t
     JOIN orchestrator_taskrun p ON p.run_id = t.run_id AND p.task = t.spec->>'map_over' AND p.map_index = -1
@@ -81,13 +81,15 @@ ON CONFLICT (run_id, task, map_index) DO UPDATE SET
 WHERE t.state IN ({sql_list(FINISHED_TASK_STATES)})
 """
 
-# Instances beyond the new list's length, left from an earlier, longer expansion.
+# Instances beyond the new list's length, left from an earlier, longer expansion. The length is
+# taken only of an array: the planner may test this condition on rows of other tasks (whose
+# result is any JSON) before the join conditions have excluded them.
 DROP_EXTRA = """
 DELETE FROM orchestrator_taskrun i
 USING orchestrator_taskrun t
 JOIN orchestrator_taskrun p ON p.run_id = t.run_id AND p.task = t.spec->>'map_over' AND p.map_index = -1
 WHERE t.id = ANY (%(ids)s) AND i.run_id = t.run_id AND i.task = t.task
-  AND i.map_index >= jsonb_array_length(p.result)
+  AND i.map_index >= CASE WHEN jsonb_typeof(p.result) = 'array' THEN jsonb_array_length(p.result) END
 """
 
 # With max_parallel: release waiting instances, lowest index first, as far as the cap allows.
