@@ -115,23 +115,31 @@ RETURNING t.id
 """
 
 # A mapped task whose instances have all ended: succeeded when each ended well, with the list of
-# their results in order; failed otherwise, saying how many did not.
+# their results in order; failed otherwise, saying how many did not. This runs in every
+# completion batch of the run, under its lock, so it first asks whether any instance is still
+# active (the partial index taskrun_active_instances): one index probe while the map runs,
+# instead of aggregating every instance's result each time one ends.
 FINISH_MAPPED = f"""
 WITH m AS (
+    SELECT m.id, m.run_id, m.task FROM orchestrator_taskrun m
+    WHERE m.run_id = ANY (%(runs)s) AND m.map_index = -1 AND m.state = '{TaskState.MAPPED}'
+      AND NOT EXISTS (
+        SELECT 1 FROM orchestrator_taskrun i
+        WHERE i.run_id = m.run_id AND i.task = m.task AND i.map_index >= 0
+          AND i.state IN ({sql_list(ACTIVE_TASK_STATES)}))
+), s AS (
     SELECT m.id, count(i.id) AS n,
            count(i.id) FILTER (WHERE i.state IN ({sql_list(SUCCESSFUL_TASK_STATES)})) AS ok,
            COALESCE(jsonb_agg(i.result ORDER BY i.map_index) FILTER (WHERE i.id IS NOT NULL), '[]'::jsonb) AS results
-    FROM orchestrator_taskrun m
+    FROM m
     LEFT JOIN orchestrator_taskrun i ON i.run_id = m.run_id AND i.task = m.task AND i.map_index >= 0
-    WHERE m.run_id = ANY (%(runs)s) AND m.map_index = -1 AND m.state = '{TaskState.MAPPED}'
     GROUP BY m.id
-    HAVING NOT bool_or(COALESCE(i.state IN ({sql_list(ACTIVE_TASK_STATES)}), false))
 )
 UPDATE orchestrator_taskrun t SET
-    state = CASE WHEN m.ok = m.n THEN '{TaskState.SUCCEEDED}' ELSE '{TaskState.FAILED}' END,
-    result = m.results, finished_at = %(now)s,
-    error = CASE WHEN m.ok = m.n THEN '' ELSE (m.n - m.ok) || ' of ' || m.n || ' mapped instances did not succeed' END
-FROM m WHERE t.id = m.id AND t.state = '{TaskState.MAPPED}'
+    state = CASE WHEN s.ok = s.n THEN '{TaskState.SUCCEEDED}' ELSE '{TaskState.FAILED}' END,
+    result = s.results, finished_at = %(now)s,
+    error = CASE WHEN s.ok = s.n THEN '' ELSE (s.n - s.ok) || ' of ' || s.n || ' mapped instances did not succeed' END
+FROM s WHERE t.id = s.id AND t.state = '{TaskState.MAPPED}'
 RETURNING t.id
 """
 

@@ -281,6 +281,10 @@ class TaskRun(models.Model):
             models.Index(fields=["due_at"], condition=Q(state=TaskState.SCHEDULED), name="taskrun_next_due"),
             # /metrics: task outcomes of the last minutes.
             models.Index(fields=["finished_at"], condition=Q(finished_at__isnull=False), name="taskrun_finished"),
+            # A mapped task's active instances: every completion batch of a mapping run asks whether
+            # any is left (mapping.FINISH_MAPPED), which must not read every instance.
+            models.Index(fields=["run", "task"], condition=Q(map_index__gte=0, state__in=[*ACTIVE_TASK_STATES]),
+                         name="taskrun_active_instances"),
         ]
 
     def __str__(self):
