@@ -2,7 +2,7 @@
 dispatcher processes, in a dedicated database ``orchestrator_bench`` on the current server
 (dropped, created and migrated at the start; the product's own data is never touched).
 
-Sections (``--only pg,jobs,latency,steady,backlog,history,dag,scheduler,pages,cron``):
+Sections (``--only pg,jobs,latency,steady,backlog,history,dag,scheduler,pages,cron,map``):
 
 - jobs: no-op single-task jobs completed per second end to end (enqueue, dispatch, execute,
   record) with one and with two worker processes. Jobs are enqueued while the workers run, in
@@ -39,7 +39,7 @@ from orchestrator.database_url import format_database_url
 BENCH_DB = os.environ.get("ORCHESTRATOR_BENCH_DATABASE", "orchestrator_bench")
 ROOT = Path(__file__).resolve().parent.parent.parent
 JOBS_MODULE = "orchestrator.bench.jobs"
-SECTIONS = ("pg", "jobs", "latency", "steady", "backlog", "history", "dag", "scheduler", "pages", "cron")
+SECTIONS = ("pg", "jobs", "latency", "steady", "backlog", "history", "dag", "scheduler", "pages", "cron", "map")
 
 
 # --- the database ----------------------------------------------------------------------------------
@@ -370,3 +370,6 @@ def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int 
     if "cron" in only:
         out("Cron over long ranges:")
         _external(out, "orchestrator.bench.cron")
+    if "map" in only:
+        out("Mapping:")
+        _external(out, "orchestrator.bench.mapping")

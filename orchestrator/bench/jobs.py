@@ -21,3 +21,14 @@ def stamp() -> float:
 @job
 def noop_task():
     """A workflow task that does nothing."""
+
+
+@job
+def listing(ctx):
+    """The list a mapped task runs over (the map section): ``params["items"]`` numbers."""
+    return list(range(int(ctx.params.get("items", 10))))
+
+
+@job
+def noop_item(ctx):
+    """One instance of the map section: does nothing."""
