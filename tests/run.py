@@ -29,6 +29,8 @@ def main(argv: list[str]) -> int:
               file=sys.stderr, flush=True)
         argv = [*argv, "-m", "not e2e"] if "-m" not in argv else argv
 
+    ensure_axe()
+
     from project import database
 
     started_here = database.prepare()
@@ -40,6 +42,20 @@ def main(argv: list[str]) -> int:
             from orchestrator import embedded
 
             embedded.stop(database.pgdata())
+
+
+def ensure_axe() -> None:
+    """The browser tests check every page with axe-core, the npm package pinned in
+    tests/e2e/package-lock.json; install it there when node is on this machine and it is missing."""
+    e2e = ROOT / "tests" / "e2e"
+    if (e2e / "node_modules" / "axe-core" / "axe.min.js").exists():
+        return
+    if not shutil.which("npm"):
+        print("!! npm is not installed: the accessibility checks of the browser tests fail until axe-core is\n"
+              "!! installed (apt-get install npm, then: npm ci --prefix tests/e2e)", file=sys.stderr, flush=True)
+        return
+    print("== installing axe-core for the browser tests (npm ci in tests/e2e)", flush=True)
+    subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=e2e)
 
 
 def ensure_chromium() -> bool:

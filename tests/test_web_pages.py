@@ -194,3 +194,42 @@ def test_only_staff_users_see_the_admin_link(client, etl):
     assert admin_link not in client.get(reverse("orchestrator:web:dashboard")).content.decode()
     client.force_login(_user("sam", access.OPERATORS, is_staff=True))
     assert admin_link in client.get(reverse("orchestrator:web:dashboard")).content.decode()
+
+
+def test_a_viewer_chooses_utc_once_and_every_page_and_filter_uses_it(as_viewer, etl):
+    from datetime import UTC, datetime
+
+    from orchestrator.models import UserPreference
+
+    late = datetime(2026, 3, 1, 23, 30, tzinfo=UTC)  # 2 March in Berlin
+    run = Run.objects.create(workflow=etl, version=etl.current_version, logical_date=late, trigger="schedule",
+                             state=RunState.SUCCEEDED, started_at=late, finished_at=late + timedelta(minutes=1))
+    as_viewer.cookies["orchestrator_tz"] = "Europe/Berlin"
+    runs = reverse("orchestrator:web:runs")
+    html = as_viewer.get(runs, {"since": "2026-03-02", "until": "2026-03-02"}).content.decode()
+    assert 'data-clock="local"' in html and "dates in Europe/Berlin" in html and f"/runs/{run.pk}/" in html
+
+    response = as_viewer.post(reverse("orchestrator:web:clock"), {"clock": "utc", "next": runs})
+    assert response.status_code == 302 and response["Location"] == runs
+    assert UserPreference.objects.get(user__username="victor").clock == "utc"
+    html = as_viewer.get(runs, {"since": "2026-03-02", "until": "2026-03-02"}).content.decode()
+    assert 'data-clock="utc"' in html and "dates in UTC" in html and f"/runs/{run.pk}/" not in html
+    assert 'value="utc" aria-pressed="true"' in html
+    html = as_viewer.get(reverse("orchestrator:web:dead_letter")).content.decode()
+    assert 'data-clock="utc"' in html and "dates in UTC" in html
+
+
+def test_the_clock_switch_refuses_an_unknown_choice_and_anonymous_visitors(client, etl):
+    from orchestrator.models import UserPreference
+
+    url = reverse("orchestrator:web:clock")
+    assert client.post(url, {"clock": "utc"}).status_code == 302  # to the login page
+    client.force_login(_user("victor", access.VIEWERS))
+    response = client.post(url, {"clock": "mars"})
+    assert response.status_code == 400
+    assert "clock must be &quot;local&quot; or &quot;utc&quot;, got &#x27;mars&#x27;" in response.content.decode()
+    assert client.get(url).status_code == 405
+    assert not UserPreference.objects.exists()
+    # A browser zone that does not exist is ignored: dates are then read in UTC, and the page says so.
+    client.cookies["orchestrator_tz"] = "Mars/Olympus"
+    assert "dates in UTC" in client.get(reverse("orchestrator:web:runs")).content.decode()

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import UTC
 
 from django import forms
+from django.utils import timezone
 
 from orchestrator.limits import MAX_ID
 from orchestrator.models import Backfill, RunState, TaskState, Trigger, Workflow
@@ -19,8 +21,9 @@ class RunFilterForm(forms.Form):
     workflow = forms.ChoiceField(required=False)
     state = forms.ChoiceField(required=False, choices=[("", "any state"), *RunState.choices])
     trigger = forms.ChoiceField(required=False, choices=[("", "any trigger"), *Trigger.choices])
-    since = forms.DateField(required=False, label="logical date from (UTC)")
-    until = forms.DateField(required=False, label="to (UTC, inclusive)")
+    # Days in the user's clock (orchestrator.web.zones), as the page says next to the inputs.
+    since = forms.DateField(required=False, label="logical date from")
+    until = forms.DateField(required=False, label="to (inclusive)")
     # Keyset pagination: rows with a smaller id (older) or a larger id (newer) than this one.
     before = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID)
     after = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID)
@@ -43,8 +46,8 @@ class DeadLetterFilterForm(forms.Form):
     workflow = forms.ChoiceField(required=False)
     queue = forms.CharField(required=False, max_length=100)
     error = forms.CharField(required=False, max_length=200, label="error contains")
-    since = forms.DateField(required=False, label="died from (UTC)")
-    until = forms.DateField(required=False, label="to (UTC, inclusive)")
+    since = forms.DateField(required=False, label="died from")
+    until = forms.DateField(required=False, label="to (inclusive)")
     before = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID)
 
     def __init__(self, *args, **kwargs):
@@ -206,6 +209,20 @@ class BackfillForm(forms.Form):
             return clean_params(self.workflow.spec.get("params", {}), values)
         except ParamError as exc:
             raise forms.ValidationError([f"{key}: {message}" for key, message in exc.errors.items()]) from None
+
+    def _as_utc(self, name):
+        # The labels say UTC: the wall time typed is read as UTC whatever zone the user's clock
+        # activated for this request (Django reads it in the current zone).
+        value = self.cleaned_data.get(name)
+        if value is None:
+            return value
+        return timezone.make_naive(value).replace(tzinfo=UTC) if timezone.is_aware(value) else value.replace(tzinfo=UTC)
+
+    def clean_start(self):
+        return self._as_utc("start")
+
+    def clean_end(self):
+        return self._as_utc("end")
 
     def clean(self):
         data = super().clean()

@@ -71,7 +71,7 @@ def graph(upstream: dict[str, list[str]], states: dict[str, str], links: dict[st
         for row, name in enumerate(column):
             where[name] = (PAD + col * (NODE_W + GAP_X), int(PAD + offset + row * (NODE_H + GAP_Y)))
     parts = [format_html(
-        '<svg class="dag" viewBox="0 0 {} {}" width="{}" height="{}" role="img" aria-label="task graph">',
+        '<svg class="dag" viewBox="0 0 {} {}" width="{}" height="{}" role="group" aria-label="task graph">',
         width, height, width, height,
     )]
     for child, parents in upstream.items():
@@ -139,7 +139,7 @@ def history_chart(bars: list[Bar], width: int = 560, height: int = 110) -> SafeS
     step = plot_w / max(len(bars), 1)
     bar_w = max(2.0, min(18.0, step * 0.72))
     parts = [format_html(
-        '<svg class="chart" viewBox="0 0 {} {}" width="{}" height="{}" role="img" aria-label="run durations">',
+        '<svg class="chart" viewBox="0 0 {} {}" width="{}" height="{}" role="group" aria-label="run durations">',
         width, height, width, height,
     )]
     parts.append(format_html('<line class="axis" x1="{}" y1="{}" x2="{}" y2="{}"/>', left, 6 + plot_h, width - 4, 6 + plot_h))

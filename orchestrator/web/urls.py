@@ -46,4 +46,5 @@ urlpatterns = [
     path("audit/", audit.audit_log, name="audit"),
     path("datasets/", lineage.dataset_list, name="datasets"),
     path("datasets/<stored_name:name>/", lineage.dataset_detail, name="dataset"),
+    path("preferences/clock/", views.clock_choice, name="clock"),
 ]

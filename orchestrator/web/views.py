@@ -37,13 +37,14 @@ from orchestrator.models import (
     TaskRun,
     TaskState,
     Trigger,
+    UserPreference,
     Worker,
     Workflow,
 )
 from orchestrator.params import ParamError
 from orchestrator.runs import RunError
-from orchestrator.web import mapped, svg
-from orchestrator.web.errors import InvalidInput, query_int
+from orchestrator.web import mapped, svg, zones
+from orchestrator.web.errors import InvalidInput, bad_request, query_int
 from orchestrator.web.forms import (
     JOBS,
     BulkTaskRunForm,
@@ -96,6 +97,7 @@ def page(request, template: str, context: dict, status: int = 200, partial: str 
     """Render a page, or only its partial when htmx asks for it."""
     context.setdefault("can_operate", access.is_operator(request.user))
     context.setdefault("now", clock.now())
+    context.setdefault("clock", zones.for_request(request))
     if partial and is_htmx(request):
         template = f"{template}#{partial}"
     return render(request, template, context, status=status)
@@ -125,11 +127,31 @@ def _dur(start: datetime | None, end: datetime | None, now: datetime) -> float |
     return max(0.0, ((end or now) - start).total_seconds())
 
 
-def _day_bounds(since, until):
-    lo = datetime.combine(since, time.min, tzinfo=UTC) if since else None
+def _day_bounds(since, until, zone=UTC):
+    """The instants from the start of day ``since`` to the end of day ``until`` in ``zone`` (the
+    user's clock: the date filters take dates in the zone the pages show)."""
+    lo = datetime.combine(since, time.min, tzinfo=zone) if since else None
     # Up to the last day of the calendar means no upper bound (the day after it does not exist).
-    hi = datetime.combine(until + timedelta(days=1), time.min, tzinfo=UTC) if until and until < date.max else None
+    hi = datetime.combine(until + timedelta(days=1), time.min, tzinfo=zone) if until and until < date.max else None
     return lo, hi
+
+
+# ---------------------------------------------------------------- the clock switch
+
+
+@require_POST
+def clock_choice(request):
+    """The header's switch: times in local time or UTC, remembered for this user on every page.
+    Any viewer may choose (it changes nothing but how they read the pages)."""
+    if not request.user.is_authenticated:
+        return redirect_to_login(reverse("orchestrator:web:dashboard"), login_url=app_settings.LOGIN_URL)
+    if not access.is_viewer(request.user):
+        raise PermissionDenied("You need to be in the Viewers or Operators group to see these pages.")
+    choice = request.POST.get("clock", "")
+    if choice not in UserPreference.Clock.values:
+        return bad_request(request, "clock", f'clock must be "local" or "utc", got {choice[:40]!r}')
+    zones.choose(request, choice)
+    return back(request, reverse("orchestrator:web:dashboard"))
 
 
 # ---------------------------------------------------------------- dashboard
@@ -384,8 +406,9 @@ def workflow_resume(request, name):
 # ---------------------------------------------------------------- runs
 
 
-def filter_runs(data: dict):
-    """The runs matching the list's filters, newest first, without pagination."""
+def filter_runs(data: dict, zone=UTC):
+    """The runs matching the list's filters, newest first, without pagination; dates are days in
+    ``zone``."""
     runs = Run.objects.all()
     if data.get("workflow") == JOBS:
         runs = runs.filter(workflow__isnull=True)
@@ -398,7 +421,7 @@ def filter_runs(data: dict):
         runs = runs.filter(state=data["state"])
     if data.get("trigger"):
         runs = runs.filter(trigger=data["trigger"])
-    lo, hi = _day_bounds(data.get("since"), data.get("until"))
+    lo, hi = _day_bounds(data.get("since"), data.get("until"), zone)
     if lo:
         runs = runs.filter(logical_date__gte=lo)
     if hi:
@@ -433,7 +456,8 @@ def run_list(request):
         # Drop only the bad filters; the rest still apply.
         data = {key: value for key, value in form.cleaned_data.items() if key not in form.errors}
     rows, has_older, has_newer = keyset_page(
-        filter_runs(data).select_related("workflow", "created_by"), data.get("before"), data.get("after")
+        filter_runs(data, zones.for_request(request).zone).select_related("workflow", "created_by"),
+        data.get("before"), data.get("after")
     )
     now = clock.now()
     for run in rows:
@@ -687,7 +711,7 @@ def attempt_log_download(request, attempt_id):
 # ---------------------------------------------------------------- dead-letter queue
 
 
-def dead_task_runs(data: dict):
+def dead_task_runs(data: dict, zone=UTC):
     rows = TaskRun.objects.filter(state=TaskState.DEAD)
     if data.get("workflow") == JOBS:
         rows = rows.filter(run__workflow__isnull=True)
@@ -697,7 +721,7 @@ def dead_task_runs(data: dict):
         rows = rows.filter(queue=data["queue"])
     if data.get("error"):
         rows = rows.filter(error__icontains=data["error"])
-    lo, hi = _day_bounds(data.get("since"), data.get("until"))
+    lo, hi = _day_bounds(data.get("since"), data.get("until"), zone)
     if lo:
         rows = rows.filter(finished_at__gte=lo)
     if hi:
@@ -715,7 +739,7 @@ def dead_letter(request):
         form.is_valid()
         data = {key: value for key, value in form.cleaned_data.items() if key not in form.errors}
     rows, has_older, _has_newer = keyset_page(
-        dead_task_runs(data).select_related("run__workflow"), data.get("before"), None
+        dead_task_runs(data, zones.for_request(request).zone).select_related("run__workflow"), data.get("before"), None
     )
     params = request.GET.copy()
     params.pop("before", None)

@@ -1,17 +1,34 @@
-// Shows every <time datetime="…Z"> in the viewer's timezone (its title keeps UTC), and wires the
-// "select all" checkbox of the dead-letter queue. Runs again on content htmx swaps in.
+// Shows every <time datetime="…Z"> in the clock the user chose in the header (<html data-clock>:
+// "local", the browser's timezone, or "utc"); its title keeps the other one. Tells the server the
+// browser's zone (a cookie) so the date filters and the admin read dates in it. Also wires the
+// "select all" checkbox of the dead-letter queue and the focus on a form's first error. Runs again
+// on content htmx swaps in.
 (function () {
   "use strict";
   var pad = function (n) { return String(n).padStart(2, "0"); };
+  var zone = Intl.DateTimeFormat().resolvedOptions().timeZone || "";
+  var utc = document.documentElement.getAttribute("data-clock") === "utc";
+  // IANA names (Europe/Berlin, America/Argentina/Buenos_Aires, Etc/GMT+2) need no quoting.
+  if (/^[A-Za-z0-9_+\-\/]{1,64}$/.test(zone)) {
+    document.cookie = "orchestrator_tz=" + zone + "; path=/; max-age=31536000; samesite=lax";
+  }
+  function parts(d, inUtc) {
+    return inUtc
+      ? [d.getUTCFullYear(), d.getUTCMonth() + 1, d.getUTCDate(), d.getUTCHours(), d.getUTCMinutes(), d.getUTCSeconds()]
+      : [d.getFullYear(), d.getMonth() + 1, d.getDate(), d.getHours(), d.getMinutes(), d.getSeconds()];
+  }
+  function text(d, inUtc) {
+    var p = parts(d, inUtc), n = parts(new Date(), inUtc);
+    var day = p[0] + "-" + pad(p[1]) + "-" + pad(p[2]);
+    var time = pad(p[3]) + ":" + pad(p[4]) + ":" + pad(p[5]);
+    return (p[0] === n[0] && p[1] === n[1] && p[2] === n[2] ? "today" : day) + " " + time;
+  }
   function local(el) {
     var d = new Date(el.getAttribute("datetime"));
     if (isNaN(d)) return;
-    var now = new Date();
-    var time = pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
-    var day = d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate());
-    var today = now.getFullYear() + "-" + pad(now.getMonth() + 1) + "-" + pad(now.getDate());
-    el.textContent = day === today ? "today " + time : day + " " + time;
-    el.classList.add("local");
+    el.textContent = text(d, utc) + (utc ? " UTC" : "");
+    el.title = utc ? text(d, false) + " " + (zone || "local time") : text(d, true) + " UTC";
+    el.classList.add(utc ? "utc" : "local");
   }
   function refresh(root) {
     (root.querySelectorAll ? root : document).querySelectorAll("time[datetime]").forEach(local);
@@ -22,8 +39,9 @@
     // its error through aria-describedby).
     var invalid = document.querySelector("[aria-invalid=true]");
     if (invalid) invalid.focus();
-    var zone = Intl.DateTimeFormat().resolvedOptions().timeZone || "local time";
-    document.querySelectorAll("[data-tz]").forEach(function (el) { el.textContent = "times in " + zone; });
+    document.querySelectorAll("[data-tz]").forEach(function (el) {
+      el.textContent = utc ? "times in UTC" : "times in " + (zone || "local time");
+    });
   });
   document.addEventListener("htmx:load", function (event) { refresh(event.target); });
   document.addEventListener("change", function (event) {

@@ -1,0 +1,172 @@
+# ruff: noqa: F811 - pytest fixtures imported from tests.e2e.test_browser
+"""Every page in a real Chromium at 1400 px and at 390 px (a phone), in the light and the dark
+theme: no page is wider than the window, axe-core finds no serious or critical accessibility
+violation, and a screenshot of each is saved under test-artifacts/pages/. Then the clock switch:
+one choice, kept for the user, changes every time on every page and what the date filters take."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.contrib.auth.models import User
+
+from orchestrator import access, audit
+from orchestrator.models import Run, TaskRun, UserPreference, Workflow
+from tests.conftest import ROOT
+from tests.e2e.test_browser import (  # noqa: F401 - fixtures
+    ARTIFACTS,
+    browser,
+    log_in,
+    operator,
+    seed_history,
+    server,
+    workflows,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+AXE = ROOT / "tests" / "e2e" / "node_modules" / "axe-core" / "axe.min.js"
+SHOTS = ARTIFACTS / "pages"
+MODES = [(1400, "light"), (1400, "dark"), (390, "light"), (390, "dark")]
+
+
+def axe_problems(page) -> list[dict]:
+    """axe-core's violations of the page as it is now, all impacts (the caller keeps the serious)."""
+    if not page.evaluate("typeof window.axe !== 'undefined'"):
+        page.add_script_tag(path=str(AXE))
+    result = page.evaluate("axe.run(document, {resultTypes: ['violations']})")
+    return [{"id": v["id"], "impact": v["impact"], "help": v["help"],
+             "nodes": [n["target"] for n in v["nodes"]][:5]} for v in result["violations"]]
+
+
+def visit_in_every_mode(page, url: str, name: str, report: dict, action=None):
+    """Load (or, with ``action``, produce) the page in each width and theme: check its width and
+    axe's verdict, save a screenshot."""
+    for width, theme in MODES:
+        page.set_viewport_size({"width": width, "height": 900})
+        page.emulate_media(color_scheme=theme)
+        if action:
+            action()
+        else:
+            page.goto(url)
+        page.wait_for_load_state("load")
+        scroll_width = page.evaluate("document.documentElement.scrollWidth")
+        problems = axe_problems(page)
+        key = f"{name} {width} {theme}"
+        report[key] = {"scroll_width": scroll_width, "violations": problems}
+        page.screenshot(path=str(SHOTS / f"{name}-{width}-{theme}.png"), full_page=True)
+
+
+def test_every_page_fits_a_phone_and_passes_axe_in_both_themes(server, browser):
+    assert AXE.exists(), "axe-core is not installed: run ./dev test (it runs npm ci in tests/e2e)"
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page, base = browser, server.url
+    # Times shown in the browser's zone whatever the clock this test runs at.
+    wf = Workflow.objects.get(name="sales_report")
+    seed_history(wf, days=12)
+    dead = TaskRun.objects.filter(state="dead").order_by("-id").first()
+    run = Run.objects.filter(workflow=wf, state="succeeded").order_by("-id").first()
+    task_run = TaskRun.objects.filter(run=run, task="publish").get()
+    report: dict = {}
+
+    # The login page, before anyone is logged in.
+    visit_in_every_mode(page, base + "/login/", "login", report)
+    log_in(page, base, *operator())
+    audit.record("pause", target=wf)  # the audit log has a row to show
+    pages = {
+        "dashboard": "/", "workflows": "/workflows/", "workflow": "/workflows/sales_report/", "runs": "/runs/",
+        "run": f"/runs/{run.pk}/", "task-run": f"/task-runs/{task_run.pk}/", "dead-letter": "/dead-letter/",
+        "audit": "/audit/",
+    }
+    for name, path in pages.items():
+        visit_in_every_mode(page, base + path, name, report)
+
+    def refused_trigger():
+        page.goto(base + "/workflows/sales_report/")
+        page.fill("input[name='param.orders']", "lots")
+        page.click("#trigger button[type=submit]")
+
+    visit_in_every_mode(page, None, "workflow-refused-trigger", report, action=refused_trigger)
+    # The refused field has the focus and is described by its error.
+    assert page.evaluate("document.activeElement.id") == "p-orders"
+    assert page.get_attribute("#p-orders", "aria-invalid") == "true"
+    assert "e-orders" in page.get_attribute("#p-orders", "aria-describedby")
+
+    def confirm_retry():
+        page.goto(base + "/dead-letter/")
+        page.check(f"input[name=ids][value='{dead.pk}']")
+        page.click("#bulk-retry")
+
+    visit_in_every_mode(page, None, "dead-letter-confirm", report, action=confirm_retry)
+
+    (ARTIFACTS / "axe-report.json").write_text(json.dumps(report, indent=1))
+    too_wide = {key: r["scroll_width"] for key, r in report.items() if r["scroll_width"] > int(key.split()[1])}
+    assert not too_wide, too_wide
+    serious = {key: [v for v in r["violations"] if v["impact"] in ("serious", "critical")]
+               for key, r in report.items()}
+    assert not any(serious.values()), {key: found for key, found in serious.items() if found}
+
+    # At 390 px the header's links stay on the dark header band, readable.
+    page.set_viewport_size({"width": 390, "height": 900})
+    page.emulate_media(color_scheme="light")
+    page.goto(base + "/runs/")
+    header = page.locator("header.top").bounding_box()
+    for link in page.locator("header nav a").all():
+        box = link.bounding_box()
+        assert header["y"] <= box["y"] and box["y"] + box["height"] <= header["y"] + header["height"], box
+        assert box["x"] >= 0 and box["x"] + box["width"] <= 390, box
+
+
+def test_one_clock_choice_is_kept_for_the_user_and_used_by_every_time_and_filter(server, browser):
+    page, base = browser, server.url  # the browser's zone is Europe/Berlin
+    wf = Workflow.objects.get(name="sales_report")
+    # A run whose logical date is 23:30 UTC on 1 March: already 2 March in Berlin.
+    late = datetime(2026, 3, 1, 23, 30, tzinfo=UTC)
+    run = Run.objects.create(workflow=wf, version=wf.current_version, logical_date=late, trigger="schedule",
+                             state="succeeded", started_at=late, finished_at=late + timedelta(minutes=1))
+    username, password = operator()
+    log_in(page, base, username, password, start="/runs/")
+
+    # Local time by default: the Berlin wall time, the UTC one on hover.
+    cell = page.locator(f"table.runs tr:has(a[href='/runs/{run.pk}/']) time").first
+    assert cell.inner_text() == "2026-03-02 00:30:00"
+    assert cell.get_attribute("title") == "2026-03-01 23:30:00 UTC"
+    assert page.inner_text("[data-tz]") == "times in Europe/Berlin"
+    # The date filter takes Berlin days: 2 March holds the run, 1 March does not.
+    assert page.inner_text("#filter-zone") == "dates in Europe/Berlin"
+    page.goto(base + "/runs/?since=2026-03-02&until=2026-03-02")
+    assert page.locator(f"a[href='/runs/{run.pk}/']").count() == 1
+    page.goto(base + "/runs/?since=2026-03-01&until=2026-03-01")
+    assert page.locator(f"a[href='/runs/{run.pk}/']").count() == 0
+
+    # Switch to UTC: every time on every page, and the filters, follow; the choice is stored.
+    page.click(".clock-switch button[value=utc]")
+    page.wait_for_url(base + "/runs/?since=2026-03-01&until=2026-03-01")
+    assert UserPreference.objects.get(user__username=username).clock == "utc"
+    assert page.get_attribute(".clock-switch button[value=utc]", "aria-pressed") == "true"
+    assert page.inner_text("#filter-zone") == "dates in UTC"
+    assert page.locator(f"a[href='/runs/{run.pk}/']").count() == 1  # 1 March in UTC
+    cell = page.locator(f"table.runs tr:has(a[href='/runs/{run.pk}/']) time").first
+    assert cell.inner_text() == "2026-03-01 23:30:00 UTC"
+    assert cell.get_attribute("title") == "2026-03-02 00:30:00 Europe/Berlin"
+    page.goto(f"{base}/runs/{run.pk}/")
+    assert all(t.endswith(" UTC") for t in page.locator("main time").all_inner_texts())
+
+    # Remembered for the user, not the browser: a new login elsewhere (a fresh session) keeps it.
+    page.context.clear_cookies()
+    log_in(page, base, username, password, start="/runs/")
+    assert page.get_attribute(".clock-switch button[value=utc]", "aria-pressed") == "true"
+    assert page.locator("main time").first.inner_text().endswith(" UTC")
+
+    # The admin shows times with their zone: UTC here, Berlin's after switching back.
+    User.objects.filter(username=username).update(is_staff=True, is_superuser=True)
+    page.goto(f"{base}/admin/orchestrator/run/{run.pk}/change/")
+    assert "2026-03-01 23:30:00 UTC" in page.inner_text("body")
+    page.goto(base + "/runs/")
+    page.click(".clock-switch button[value=local]")
+    page.wait_for_url(base + "/runs/")
+    page.goto(f"{base}/admin/orchestrator/run/")
+    assert "2026-03-02 00:30:00 CET" in page.inner_text("#result_list")
+    assert access.is_operator(User.objects.get(username=username))
