@@ -23,7 +23,7 @@ REQUIRED_APPS = {
     "django.contrib.postgres": "the models' array fields",
     "django_htmx": "the live parts of the pages",
     "rest_framework": "the API",
-    "rest_framework.authtoken": "API tokens",
+    "knox": "API tokens (stored hashed)",
     "drf_spectacular": "the API schema",
     "drf_spectacular_sidecar": "the API docs page without a CDN",
 }

@@ -11,6 +11,7 @@ Misconfiguration is reported by the system checks in ``project/checks.py`` and
 """
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 from orchestrator import embedded
@@ -86,11 +87,12 @@ INSTALLED_APPS = [
     "django.contrib.postgres",
     "django_htmx",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "orchestrator",
     "project",  # the standalone project's own commands (up) and checks
+    "axes",
 ]
 
 MIDDLEWARE = [
@@ -108,7 +110,25 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: answers a locked-out login with 429.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Login attempts (the pages' and the admin's) are throttled per user name and address by
+# django-axes: after AXES_FAILURE_LIMIT wrong passwords for one user from one address, that pair
+# is refused (429) for LOGIN_LOCKOUT_MINUTES, even with the right password. Behind the HTTPS
+# proxy the address is the one the proxy saw (as in the audit log). API tokens are not passwords:
+# they are not throttled, and a wrong one is a 401.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = int(os.environ.get("LOGIN_FAILURE_LIMIT", "5"))
+AXES_COOLOFF_TIME = timedelta(minutes=float(os.environ.get("LOGIN_LOCKOUT_MINUTES", "15")))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "orchestrator.audit.client_ip"
+AXES_DISABLE_ACCESS_LOG = True  # successful logins: the audit log and the server log tell enough
 
 ROOT_URLCONF = "project.urls"
 WSGI_APPLICATION = "project.wsgi.application"

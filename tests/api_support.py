@@ -8,10 +8,10 @@ import uuid
 
 import pytest
 from django.contrib.auth.models import User
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from orchestrator import access
+from orchestrator.api.permissions import create_token
 from orchestrator.models import Attempt, Backfill, Run, Schedule, TaskRun, Workflow
 from orchestrator.sync import sync_workflows
 
@@ -47,8 +47,7 @@ def make_user(username: str, group: str | None, password: str | None = None) -> 
 def client_for(user: User | None) -> APIClient:
     client = APIClient()
     if user is not None:
-        token, _ = Token.objects.get_or_create(user=user)
-        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+        client.credentials(HTTP_AUTHORIZATION=f"Token {create_token(user)}")
     return client
 
 

@@ -256,24 +256,34 @@ def test_a_viewer_reads_but_cannot_trigger_and_a_user_without_a_role_cannot_read
 
 
 def test_a_logged_in_session_works_too_with_csrf_for_writes(settings, workflow):
+    from django.test import RequestFactory
     from rest_framework.test import APIClient
 
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast, tests only
     make_user("sam", "Operators", password="sam-password")
     client = APIClient(enforce_csrf_checks=True)
-    assert client.login(username="sam", password="sam-password")
+    # The request lets django-axes count the attempt per user and address.
+    assert client.login(request=RequestFactory().post("/login/"), username="sam", password="sam-password")
     assert client.get("/api/workflows/").status_code == 200
     assert trigger(client).status_code == 403  # a session without the CSRF token cannot write
     assert not Run.objects.exists()
 
 
-def test_create_token_prints_the_same_token_until_reset(operator, capsys):
+def test_create_token_prints_each_new_token_once_and_reset_revokes_the_earlier_ones(operator, capsys):
+    def token_works(key):
+        client = client_for(None)
+        client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+        return client.get("/api/runs/").status_code == 200
+
     call_command("create_token", "olga")
     first = capsys.readouterr().out.strip()
     call_command("create_token", "olga")
-    assert capsys.readouterr().out.strip() == first
+    second = capsys.readouterr().out.strip()
+    assert first and second and first != second, "the key is shown once: a new call makes another token"
+    assert token_works(first) and token_works(second)
     call_command("create_token", "olga", "--reset")
-    assert capsys.readouterr().out.strip() not in ("", first)
+    third = capsys.readouterr().out.strip()
+    assert token_works(third) and not token_works(first) and not token_works(second)
 
 
 def test_create_token_can_create_an_api_user_with_a_role(capsys):

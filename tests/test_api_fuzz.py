@@ -11,8 +11,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from rest_framework.authtoken.models import Token
 
+from orchestrator.api.permissions import create_token
 from orchestrator.runs import trigger_workflow
 from tests.api_support import operator, start_server, workflow  # noqa: F401 - fixtures
 
@@ -44,7 +44,7 @@ def test_schemathesis_finds_no_server_error_and_no_answer_outside_the_schema(pro
                                                                            tmp_path):
     # Backfills over random date ranges stay small, so the run stays within its time budget.
     base = start_server(processes, ORCHESTRATOR_MAX_BACKFILL_RUNS="20", DEBUG="0", ALLOWED_HOSTS="127.0.0.1")
-    token = Token.objects.create(user=operator).key
+    token = create_token(operator)
     trigger_workflow(workflow, {"day": "2026-03-01"})  # something to read, cancel and retry
     # The coverage phase sends the schema's boundary values (huge numbers, empty and long strings,
     # wrong types); one unexpected method per path is enough to see 405s answered in JSON.

@@ -12,8 +12,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from rest_framework.authtoken.models import Token
 
+from orchestrator.api.permissions import create_token
 from orchestrator.models import Backfill, Run, TaskRun, Trigger
 from orchestrator.sync import sync_workflows
 from tests.api_support import operator, start_server, workflow  # noqa: F401 - fixtures
@@ -35,7 +35,7 @@ def post(url: str, token: str, data: dict, key: str) -> tuple[int, dict]:
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_triggers_with_one_key_create_one_run(processes, operator, workflow):
     base = start_server(processes)
-    token = Token.objects.create(user=operator).key
+    token = create_token(operator)
     url = f"{base}/api/workflows/reports/runs/"
     barrier = threading.Barrier(THREADS)
     answers = []

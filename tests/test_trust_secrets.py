@@ -9,6 +9,8 @@ import subprocess
 import sys
 
 import pytest
+from django.core.management import call_command
+from django.db import connection
 from django.test.utils import override_settings
 
 from orchestrator import checks, logs
@@ -134,3 +136,90 @@ def test_declared_env_values_are_hidden_in_the_api():
         assert "declared-secret-value" not in response.content.decode()
         assert response.json()["spec"]["env"] == {"API_PASSWORD": "(hidden)"}
         assert response.json()["spec"]["command"] == COMMAND
+
+
+# --- API tokens ------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_api_tokens_are_stored_as_hashes_only(capsys):
+    from knox.models import AuthToken
+
+    call_command("create_token", "tess", "--create", "--role", "viewer")
+    key = capsys.readouterr().out.strip()
+    assert len(key) >= 32
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM knox_authtoken")
+        stored = " ".join(str(value) for row in cursor.fetchall() for value in row)
+    assert key not in stored, "the key itself is never stored"
+    assert AuthToken.objects.get(user__username="tess").expiry is None, "an API token does not expire"
+    client = client_for(None)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    assert client.get("/api/runs/").status_code == 200
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key[:-1]}x")
+    assert client.get("/api/runs/").status_code == 401
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("header", [b"Token \xff\xfe", b"Token abc\x01def", "Token ünïcode".encode()])
+def test_a_token_that_is_not_plain_text_is_a_401_not_a_500(header):
+    response = client_for(None).get("/api/runs/", HTTP_AUTHORIZATION=header.decode("latin-1"))
+    assert response.status_code == 401
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_plain_text_tokens_of_before_keep_working_hashed():
+    """The migration turns each rest_framework.authtoken token into a hashed one with the same key."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    user = make_user("legacy", "Viewers")
+    key = "0123456789abcdef0123456789abcdef01234567"
+    executor = MigrationExecutor(connection)
+    executor.migrate([("orchestrator", "0010_attempt_exception_class")])
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute('CREATE TABLE IF NOT EXISTS authtoken_token ("key" varchar(40) PRIMARY KEY, '
+                           '"created" timestamptz NOT NULL, "user_id" integer NOT NULL UNIQUE)')
+            cursor.execute("INSERT INTO authtoken_token VALUES (%s, now(), %s)", [key, user.pk])
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes())
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM authtoken_token")
+        assert cursor.fetchone()[0] == 0, "no plain-text token is left"
+        cursor.execute("DROP TABLE authtoken_token")
+    client = client_for(None)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    assert client.get("/api/runs/").status_code == 200
+
+
+# --- login throttling ------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_wrong_passwords_lock_that_user_out_from_that_address_only(settings):
+    from django.test import Client
+    from django.urls import reverse
+
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast, tests only
+    make_user("lena", "Viewers", password="lena-password")
+    make_user("otto", "Viewers", password="otto-password")
+    login = reverse("orchestrator:web:login")
+
+    def attempt(username, password, address="203.0.113.7"):
+        return Client(REMOTE_ADDR=address).post(login, {"username": username, "password": password})
+
+    for _ in range(settings.AXES_FAILURE_LIMIT - 1):
+        assert attempt("lena", "guess").status_code == 200  # the form again, with its error
+    locked = attempt("lena", "guess")
+    assert locked.status_code == 429
+    right_password = attempt("lena", "lena-password")
+    assert right_password.status_code == 429, "locked out: even the right password is refused for now"
+    assert "too many" in right_password.content.decode().lower()
+    # Another address for the same user, and another user from the same address, still log in.
+    assert attempt("lena", "lena-password", address="198.51.100.9").status_code == 302
+    assert attempt("otto", "otto-password").status_code == 302
+    # The admin's login page counts too.
+    admin = Client(REMOTE_ADDR="203.0.113.7").post("/admin/login/", {"username": "lena", "password": "lena-password"})
+    assert admin.status_code == 429

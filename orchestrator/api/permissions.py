@@ -1,8 +1,37 @@
-"""The API's permissions are the web UI's: viewers read, operators also change things."""
+"""The API's permissions are the web UI's: viewers read, operators also change things. Its
+tokens are django-rest-knox's: only a hash (SHA-512) of each token is stored."""
 
+from knox.auth import TokenAuthentication as KnoxTokenAuthentication
+from knox.models import get_token_model
+from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
 from orchestrator import access
+
+
+class TokenAuthentication(KnoxTokenAuthentication):
+    """``Authorization: Token <key>``, checked against the stored hashes. A key that is not plain
+    text (bytes that are not UTF-8, a NUL character) is refused as an invalid token, never a 500."""
+
+    def authenticate_credentials(self, token: bytes):
+        try:
+            text = token.decode("utf-8")
+        except UnicodeDecodeError:
+            raise AuthenticationFailed("Invalid token.") from None
+        if "\x00" in text or not text.isprintable():
+            raise AuthenticationFailed("Invalid token.")
+        return super().authenticate_credentials(token)
+
+
+def create_token(user) -> str:
+    """A new API token of ``user`` that never expires; the key is returned once, only its hash is kept."""
+    _, key = get_token_model().objects.create(user=user, expiry=None)
+    return key
+
+
+def revoke_tokens(user) -> int:
+    """Delete every API token of ``user``; returns how many there were."""
+    return get_token_model().objects.filter(user=user).delete()[0]
 
 
 class ViewerReadsOperatorWrites(BasePermission):

@@ -12,7 +12,7 @@ from django.db.models import Prefetch
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers, status
-from rest_framework.authentication import SessionAuthentication, TokenAuthentication
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.response import Response
@@ -30,7 +30,7 @@ from orchestrator.api.parsing import (
     KeysetPagination,
     validated_query,
 )
-from orchestrator.api.permissions import OperatorsOnly, ViewerReadsOperatorWrites
+from orchestrator.api.permissions import OperatorsOnly, TokenAuthentication, ViewerReadsOperatorWrites
 from orchestrator.api.schema import Schema, extend_schema
 from orchestrator.models import (
     Attempt,

@@ -1,8 +1,9 @@
-"""Print a user's API token, creating it on first use:
+"""Make an API token for a user and print it, once: only its hash is stored (django-rest-knox), so
+it cannot be shown again. Lost? Make a new one with --reset.
 
-    ./dev manage create_token alice                      # alice must exist
+    ./dev manage create_token alice                      # alice must exist; another token of hers
     ./dev manage create_token ci-bot --create --role operator
-    ./dev manage create_token alice --reset               # revoke the old token, print a new one
+    ./dev manage create_token alice --reset               # revoke her tokens, print a new one
 
 Only the key is printed, so ``TOKEN=$(./dev manage create_token alice)`` works in scripts.
 """
@@ -10,15 +11,15 @@ Only the key is printed, so ``TOKEN=$(./dev manage create_token alice)`` works i
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
-from rest_framework.authtoken.models import Token
 
 from orchestrator import access
+from orchestrator.api.permissions import create_token, revoke_tokens
 
 ROLES = {"viewer": access.VIEWERS, "operator": access.OPERATORS}
 
 
 class Command(BaseCommand):
-    help = "Create (or show) the API token of a user."
+    help = "Make a new API token for a user and print it once (only its hash is stored)."
 
     def add_arguments(self, parser):
         parser.add_argument("username")
@@ -26,7 +27,8 @@ class Command(BaseCommand):
                             help="create the user (without a password: it can only use the API) if missing")
         parser.add_argument("--role", choices=sorted(ROLES),
                             help="add the user to the Viewers or Operators group")
-        parser.add_argument("--reset", action="store_true", help="replace the user's token with a new one")
+        parser.add_argument("--reset", action="store_true",
+                            help="revoke the user's earlier tokens before making the new one")
 
     @transaction.atomic
     def handle(self, *args, username, create, role, reset, **options):
@@ -41,9 +43,11 @@ class Command(BaseCommand):
         if role:
             access.add_to_group(user, ROLES[role])
         if reset:
-            Token.objects.filter(user=user).delete()
-        token, _ = Token.objects.get_or_create(user=user)
+            revoked = revoke_tokens(user)
+            self.stderr.write(f"revoked {revoked} earlier token(s) of {username!r}")
+        key = create_token(user)
         if not access.is_viewer(user):
             self.stderr.write(f"note: {username!r} is in neither Viewers nor Operators, so the API will "
                               "answer 403; add --role viewer or --role operator")
-        self.stdout.write(token.key)
+        self.stderr.write("the token is shown only now: store it (only its hash is kept)")
+        self.stdout.write(key)

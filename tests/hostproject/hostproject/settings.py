@@ -21,7 +21,7 @@ INSTALLED_APPS = [
     "django.contrib.postgres",
     "django_htmx",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "orchestrator",
