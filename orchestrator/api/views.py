@@ -129,6 +129,16 @@ def body(request) -> dict:
     return data
 
 
+class BrowsableAPI(BrowsableAPIRenderer):
+    """DRF's browsable API without the inline <style> of its code highlighting, which the
+    Content-Security-Policy refuses (this API's docstrings hold no code to highlight)."""
+
+    def get_context(self, *args, **kwargs):
+        context = super().get_context(*args, **kwargs)
+        context["code_style"] = None
+        return context
+
+
 class APIBase(APIView):
     """Every view of the API. Its authentication, permissions, parsers, renderers, schema and error
     handling are set here, so the project's REST_FRAMEWORK defaults (made for its own API) change
@@ -137,7 +147,7 @@ class APIBase(APIView):
     authentication_classes = [TokenAuthentication, SessionAuthentication]
     permission_classes = [ViewerReadsOperatorWrites]
     parser_classes = [JSONParser]  # the API speaks JSON only; forms belong to the web UI
-    renderer_classes = [JSONRenderer, BrowsableAPIRenderer]
+    renderer_classes = [JSONRenderer, BrowsableAPI]
     schema = Schema()
     versioning_class = None
 

@@ -74,11 +74,31 @@ def browser(tmp_path):
             viewport={"width": 1400, "height": 900}, timezone_id="Europe/Berlin", locale="en-GB",
         )
         context.set_default_timeout(15_000)
+        # Every page of every browser test obeys the Content-Security-Policy: a violation (an
+        # inline script or style, an on* attribute, a foreign source), on a page or in content
+        # htmx swaps in, fails the test that met it.
+        context.add_init_script(CSP_LISTENER)
         page = context.pages[0] if context.pages else context.new_page()
         page.dialogs = []
+        page.csp_violations = []
         page.on("dialog", lambda dialog: (page.dialogs.append(dialog.message), dialog.accept()))
+        page.on("console", lambda message: csp_violation(page, message.text))
         yield page
         context.close()
+        assert page.csp_violations == [], "Content-Security-Policy violations:\n" + "\n".join(page.csp_violations)
+
+
+CSP_LISTENER = """
+document.addEventListener("securitypolicyviolation", function (e) {
+  console.error("CSP violation: " + e.violatedDirective + " blocked " + (e.blockedURI || "inline") + " in "
+                + e.documentURI + " at " + e.sourceFile + ":" + e.lineNumber + " " + e.sample);
+}, true);
+"""
+
+
+def csp_violation(page, text: str) -> None:
+    if text.startswith("CSP violation") or "Content Security Policy" in text:
+        page.csp_violations.append(f"{page.url}: {text}")
 
 
 def seed_history(workflow: Workflow, days: int = 24):
