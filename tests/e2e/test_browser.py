@@ -251,11 +251,12 @@ def test_an_operator_triggers_a_run_watches_it_succeed_and_retries_a_dead_task(s
     # Its log page follows the tail while the attempt runs: a later line appears without a reload.
     page.goto(f"{base}/task-runs/{slow_run.task_runs.get().pk}/")
     page.evaluate("window.notReloaded = true")
-    page.wait_for_function("document.querySelector('pre.log').textContent.includes('exporting')")
+    # Polled from here: the page's own eval (wait_for_function) is what the CSP refuses.
+    wait_for(lambda: "exporting" in page.inner_text("pre.log"), timeout=15, interval=0.2, message="the log's first line")
     assert "halfway there" not in page.inner_text("pre.log")
     Path(go_file).touch()
-    page.wait_for_function("document.querySelector('pre.log').textContent.includes('halfway there')",
-                           timeout=20_000)
+    wait_for(lambda: "halfway there" in page.inner_text("pre.log"), timeout=20, interval=0.2,
+             message="the log's later line")
     assert page.evaluate("window.notReloaded") is True
     page.goto(f"{base}/runs/{slow_run.pk}/")
     page.click("#cancel")
