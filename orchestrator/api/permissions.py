@@ -1,6 +1,8 @@
 """The API's permissions are the web UI's: viewers read, operators also change things. Its
 tokens are django-rest-knox's: only a hash (SHA-512) of each token is stored."""
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.plumbing import build_bearer_security_scheme_object
 from knox.auth import TokenAuthentication as KnoxTokenAuthentication
 from knox.models import get_token_model
 from rest_framework.exceptions import AuthenticationFailed
@@ -21,6 +23,16 @@ class TokenAuthentication(KnoxTokenAuthentication):
         if "\x00" in text or not text.isprintable():
             raise AuthenticationFailed("Invalid token.")
         return super().authenticate_credentials(token)
+
+
+class TokenScheme(OpenApiAuthenticationExtension):
+    """The tokens in the OpenAPI schema: the ``tokenAuth`` header scheme, as before they were hashed."""
+
+    target_class = TokenAuthentication
+    name = "tokenAuth"
+
+    def get_security_definition(self, auto_schema):
+        return build_bearer_security_scheme_object(header_name="Authorization", token_prefix="Token")
 
 
 def create_token(user) -> str:
