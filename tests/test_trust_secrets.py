@@ -175,7 +175,7 @@ def test_the_plain_text_tokens_of_before_keep_working_hashed():
     user = make_user("legacy", "Viewers")
     key = "0123456789abcdef0123456789abcdef01234567"
     executor = MigrationExecutor(connection)
-    executor.migrate([("orchestrator", "0010_attempt_exception_class")])
+    executor.migrate([("orchestrator", "0011_dispatch_key_index")])
     try:
         with connection.cursor() as cursor:
             cursor.execute('CREATE TABLE IF NOT EXISTS authtoken_token ("key" varchar(40) PRIMARY KEY, '
