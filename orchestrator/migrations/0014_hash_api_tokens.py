@@ -29,7 +29,7 @@ def hash_existing_tokens(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("orchestrator", "0011_dispatch_key_index"),
+        ("orchestrator", "0013_user_preference"),
         ("knox", "0009_extend_authtoken_field"),
     ]
 
