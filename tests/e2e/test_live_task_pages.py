@@ -23,7 +23,9 @@ def count_swaps(page):
 def wait_for_swaps(page, more: int = 2):
     """Until the live region was replaced ``more`` more times (a poll that changed nothing counts)."""
     start = page.evaluate("window.swaps")
-    page.wait_for_function(f"window.swaps >= {start + more}", timeout=15_000)
+    # Polled from here: the page's own eval (wait_for_function) is what the CSP refuses.
+    wait_for(lambda: page.evaluate("window.swaps") >= start + more, timeout=15, interval=0.1,
+             message=f"{more} more swaps of the live region")
 
 
 def test_the_task_run_page_follows_attempts_live_and_the_run_page_keeps_details_open(server, browser, tmp_path):
@@ -56,14 +58,16 @@ def test_the_task_run_page_follows_attempts_live_and_the_run_page_keeps_details_
     page.wait_for_selector("#attempts .tabs a[data-outcome=running]")
     page.evaluate("window.notReloaded = true")
     first = page.inner_text("#attempt-duration")
-    page.wait_for_function(f"document.querySelector('#attempt-duration').textContent !== {first!r}")
+    wait_for(lambda: page.evaluate("document.querySelector('#attempt-duration').textContent") != first,
+             timeout=30, interval=0.1, message="the attempt's duration to move on")
     assert "attempt 1 waits for go1" in page.inner_text("pre.log")
 
     # The first attempt fails; the retry that starts appears, selected, with its own log.
     (folder / "go1").touch()
     page.wait_for_selector("#attempts .tabs a:nth-child(2)[data-outcome=running]", timeout=30_000)
     assert page.inner_text("#attempts .tabs a:nth-child(1)") == "#1 failed"
-    page.wait_for_function("document.querySelector('pre.log').textContent.includes('attempt 2 waits for go2')")
+    wait_for(lambda: "attempt 2 waits for go2" in page.evaluate("document.querySelector('pre.log').textContent"),
+             timeout=30, interval=0.1, message="the retry's log line")
     shot(page, "task-run-retrying")
     (folder / "go2").touch()
     page.wait_for_selector("#live[data-state=succeeded]", timeout=30_000)
