@@ -97,7 +97,9 @@ class Backoff:
         self.rng = rng
 
     def next(self) -> float:
-        delay = min(self.cap, self.first * 2 ** self.failures)
+        # The exponent stops growing once the cap is reached for any sane first delay: an outage
+        # of thousands of failures must not overflow a float (2 ** 1024) and end the process.
+        delay = min(self.cap, self.first * 2 ** min(self.failures, 60))
         self.failures += 1
         return delay / 2 + self.rng() * delay / 2
 

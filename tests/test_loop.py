@@ -24,6 +24,11 @@ def test_the_back_off_doubles_up_to_the_cap_with_half_of_each_delay_random():
     assert high.next() == 0.2
 
 
+def test_the_back_off_stays_at_its_cap_through_any_number_of_failures():
+    backoff = Backoff(first=0.2, cap=30.0, rng=lambda: 1.0)
+    assert [backoff.next() for _ in range(5000)][-1] == 30.0
+
+
 class Flaky(Role):
     """Fails with a different kind of database error on each of its first ticks."""
 
