@@ -208,6 +208,8 @@ class Run(models.Model):
         ]
         indexes = [
             models.Index(fields=["workflow", "-id"], name="run_by_workflow"),
+            # The workflow page's grid: a workflow's runs by logical date.
+            models.Index(fields=["workflow", "-logical_date", "-id"], name="run_by_workflow_date"),
             models.Index(fields=["state", "-id"], name="run_by_state"),
             models.Index(fields=["schedule", "state"], condition=Q(state__in=[*ACTIVE_RUN_STATES]), name="run_active"),
             models.Index(fields=["finished_at"], name="run_finished"),

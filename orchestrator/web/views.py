@@ -17,11 +17,11 @@ from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.db import connection
-from django.db.models import Count, Prefetch
+from django.db.models import Count, Prefetch, Q
 from django.http import FileResponse, Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
-from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.http import require_POST
 
 from orchestrator import access, audit, clock, cron
@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 
 PAGE_SIZE = 50
 GRID_RUNS = 25
+GRID_SIZES = (25, 50, 100, 200)
+GRID_BAR = 24  # px: the height of a grid cell, its bar the task run's share of the longest one
 CHART_RUNS = 40
 NOT_RUN_SHOWN = 10
 LOG_PAGE = 64 * 1024
@@ -271,22 +273,57 @@ def _upstream_of(spec: dict) -> dict[str, list[str]]:
     return {name: list(task.get("upstream", [])) for name, task in spec.get("tasks", {}).items()}
 
 
-def _workflow_context(request, wf: Workflow, *, submitted=None, errors=None, form_error="") -> dict:
-    now = clock.now()
-    upstream = _upstream_of(wf.spec)
-    runs = list(Run.objects.filter(workflow=wf).order_by("-id")[:GRID_RUNS])
+def _grid(request, wf: Workflow, upstream: dict[str, list[str]], now: datetime) -> dict:
+    """The grid: the workflow's runs as columns by logical date (newest right; ``?runs=`` shows
+    more of them, ``?before=<run id>`` the ones before that run), a row per task, and in each
+    cell a bar as tall as the task run took (against the longest one shown)."""
+    size = query_int(request, "runs", GRID_RUNS, 1, GRID_SIZES[-1])
+    before = query_int(request, "before", None, 1, MAX_ID)
+    runs = Run.objects.filter(workflow=wf)
+    pivot = Run.objects.filter(workflow=wf, pk=before).values_list("logical_date", "id").first() if before else None
+    if pivot:
+        runs = runs.filter(Q(logical_date__lt=pivot[0]) | Q(logical_date=pivot[0], pk__lt=pivot[1]))
+    # The (workflow, logical_date, id) index: a page costs the same however long the history.
+    runs = list(runs.order_by("-logical_date", "-id")[: size + 1])
+    has_older = len(runs) > size
+    runs = runs[:size]
     runs.reverse()
     cells = {
         (tr.run_id, tr.task): tr
         for tr in TaskRun.objects.filter(run_id__in=[r.pk for r in runs], map_index=-1)
-        .only("id", "run_id", "task", "state", "attempts")
+        .only("id", "run_id", "task", "state", "attempts", "started_at", "finished_at")
     }
     for key, summary in mapped.summaries([r.pk for r in runs if r.dynamic]).items():
         if key in cells:
             cells[key].mapped = summary
+    for tr in cells.values():
+        tr.seconds = _dur(tr.started_at, tr.finished_at, now)
+    longest = max((tr.seconds for tr in cells.values() if tr.seconds), default=0.0)
+    for tr in cells.values():
+        # Never started (waiting, upstream failed, ...): a low block; else at least 3 px.
+        height = GRID_BAR // 4 if tr.seconds is None else max(3, round(GRID_BAR * tr.seconds / longest)) if longest else 3
+        tr.bar_y, tr.bar_h = GRID_BAR - height, height
     order = svg.task_order(upstream)
     extra = sorted({task for (_run, task) in cells} - set(order))
-    grid_rows = [(task, [(run, cells.get((run.pk, task))) for run in runs]) for task in order + extra]
+    query = {"runs": size} if size != GRID_RUNS else {}
+    return {
+        "runs": runs,
+        "grid_rows": [(task, [(run, cells.get((run.pk, task))) for run in runs]) for task in order + extra],
+        "grid_bar": GRID_BAR,
+        "grid_size": size,
+        "grid_sizes": GRID_SIZES,
+        "grid_paged": bool(pivot),
+        "grid_query": urlencode({**query, **({"before": before} if pivot else {})}),
+        "grid_older": urlencode({**query, "before": runs[0].pk}) if has_older and runs else None,
+        "grid_newest": urlencode(query),
+    }
+
+
+def _workflow_context(request, wf: Workflow, *, submitted=None, errors=None, form_error="") -> dict:
+    now = clock.now()
+    upstream = _upstream_of(wf.spec)
+    grid = _grid(request, wf, upstream, now)
+    runs = grid["runs"]
 
     selected = None
     wanted = query_int(request, "run", None, 1, MAX_ID)
@@ -334,8 +371,7 @@ def _workflow_context(request, wf: Workflow, *, submitted=None, errors=None, for
         "wf": wf,
         "data": lineage.of_workflow(wf),
         "spec": wf.spec,
-        "runs": runs,
-        "grid_rows": grid_rows,
+        **grid,
         "selected": selected,
         "graph": svg.graph(graph_upstream, states, links, notes),
         "chart": svg.history_chart(bars),
@@ -355,10 +391,29 @@ def _workflow_context(request, wf: Workflow, *, submitted=None, errors=None, for
     }
 
 
+def _grid_panel(request, wf: Workflow) -> TaskRun | None:
+    """The task run picked in the grid (``?run=<id>&task=<name>``), with the actions that apply."""
+    run_id = query_int(request, "run", None, 1, MAX_ID)
+    task = request.GET.get("task")
+    if not run_id or not task:
+        return None
+    tr = (TaskRun.objects.select_related("run").filter(run__workflow=wf, run_id=run_id, task=task, map_index=-1)
+          .first())
+    if tr is not None:
+        tr.seconds = _dur(tr.started_at, tr.finished_at, clock.now())
+        tr.actions = task_actions(tr)
+    return tr
+
+
 @viewer_required
 def workflow_detail(request, name):
     wf = get_object_or_404(Workflow.objects.select_related("current_version"), name=name)
-    return page(request, "orchestrator/web/workflow.html", _workflow_context(request, wf), partial="live")
+    if is_htmx(request) and request.GET.get("task"):
+        # A grid cell was picked: only the panel under the grid.
+        return page(request, "orchestrator/web/workflow.html#task_panel", {"wf": wf, "panel": _grid_panel(request, wf)})
+    context = _workflow_context(request, wf)
+    context["panel"] = _grid_panel(request, wf)
+    return page(request, "orchestrator/web/workflow.html", context, partial="live")
 
 
 @operator_action

@@ -93,3 +93,19 @@ def test_the_task_run_page_follows_attempts_live_and_the_run_page_keeps_details_
     wait_for(lambda: TaskRun.objects.get(pk=after.pk).attempts == 2 and Run.objects.get(pk=run.pk).state == "succeeded",
              timeout=30, message="the cleared run to succeed again")
     shot(page, "task-run-cleared")
+
+    # The grid: a column per run with its date; picking a cell shows its task run and the
+    # actions; marking it failed (after confirming) comes back to the panel, and after follows.
+    page.goto(f"{base}/workflows/gated_retry/")
+    assert page.locator("table.grid time.grid-date.local").count() == 1
+    page.click(f"table.grid a.cell[href='/task-runs/{gate.pk}/']")
+    page.wait_for_selector("#grid-panel #grid-mark-failed")
+    assert page.url == f"{base}/workflows/gated_retry/"  # the panel came without leaving the page
+    shot(page, "workflow-grid-panel")
+    page.click("#grid-mark-failed")
+    assert page.dialogs[-1] == f"Mark gate of run #{run.pk} failed? Its downstream tasks follow their trigger rules."
+    page.wait_for_selector("ul.messages >> text=Marked gate failed.")
+    assert page.url.endswith(f"/workflows/gated_retry/?run={run.pk}&task=gate#grid-panel")
+    assert page.inner_text("#grid-panel .st") == "failed"
+    assert TaskRun.objects.get(pk=after.pk).state == "succeeded"  # it had run already: it keeps its outcome
+    assert Run.objects.get(pk=run.pk).state == "failed"

@@ -29,6 +29,13 @@
   function local(el) {
     var d = new Date(el.getAttribute("datetime"));
     if (isNaN(d)) return;
+    if (el.hasAttribute("data-short")) {  // a grid column's date: month-day hour:minute, in the chosen clock
+      var p = parts(d, utc);
+      el.textContent = pad(p[1]) + "-" + pad(p[2]) + " " + pad(p[3]) + ":" + pad(p[4]);
+      el.title = text(d, !utc) + (utc ? " " + (zone || "local time") : " UTC");
+      el.classList.add(utc ? "utc" : "local");
+      return;
+    }
     el.textContent = text(d, utc) + (utc ? " UTC" : "");
     el.title = utc ? text(d, false) + " " + (zone || "local time") : text(d, true) + " UTC";
     el.classList.add(utc ? "utc" : "local");
