@@ -122,9 +122,10 @@ def test_a_picked_cell_shows_its_task_run_with_the_actions_for_operators_only(cl
     client.force_login(user("olivia", access.OPERATORS))
     # The cell asks for the panel only (htmx); its href still opens the task run without script.
     html = grid_page(client, etl)
-    assert (f'href="/task-runs/{extract.pk}/" hx-get="?run={run.pk}&amp;task=extract" hx-target="#grid-panel"'
-            in html)
-    panel = client.get(reverse("orchestrator:web:workflow", args=[etl.name]) + query, HTTP_HX_REQUEST="true")
+    assert (f'href="/task-runs/{extract.pk}/" hx-get="?run={run.pk}&amp;task=extract&amp;panel=1" '
+            'hx-target="#grid-panel"' in html)
+    panel = client.get(reverse("orchestrator:web:workflow", args=[etl.name]) + query + "&panel=1",
+                       HTTP_HX_REQUEST="true")
     text = panel.content.decode()
     assert text.lstrip().startswith('<section class="card grid-panel" id="grid-panel"') and 'id="live"' not in text
     assert f'<a href="/task-runs/{extract.pk}/">extract</a> in <a href="/runs/{run.pk}/">run #{run.pk}</a>' in text
@@ -140,7 +141,11 @@ def test_a_picked_cell_shows_its_task_run_with_the_actions_for_operators_only(cl
     assert TaskRun.objects.get(pk=extract.pk).state == TaskState.SCHEDULED
 
     client.force_login(user("victor", access.VIEWERS))
-    text = client.get(reverse("orchestrator:web:workflow", args=[etl.name]) + query, HTTP_HX_REQUEST="true").content.decode()
+    text = client.get(reverse("orchestrator:web:workflow", args=[etl.name]) + query + "&panel=1",
+                      HTTP_HX_REQUEST="true").content.decode()
+    # The live update of a page showing a picked cell still gets the live part, not the panel.
+    live = client.get(reverse("orchestrator:web:workflow", args=[etl.name]) + query, HTTP_HX_REQUEST="true")
+    assert '<div id="live"' in live.content.decode()
     assert "extract</a> in" in text and "<form" not in text
     # An unknown task or a run of another workflow: an empty panel.
     text = grid_page(client, etl, f"?run={run.pk}&task=nope")

@@ -408,7 +408,7 @@ def _grid_panel(request, wf: Workflow) -> TaskRun | None:
 @viewer_required
 def workflow_detail(request, name):
     wf = get_object_or_404(Workflow.objects.select_related("current_version"), name=name)
-    if is_htmx(request) and request.GET.get("task"):
+    if is_htmx(request) and request.GET.get("panel"):
         # A grid cell was picked: only the panel under the grid.
         return page(request, "orchestrator/web/workflow.html#task_panel", {"wf": wf, "panel": _grid_panel(request, wf)})
     context = _workflow_context(request, wf)

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('orchestrator', '0010_attempt_exception_class'),
+        ('orchestrator', '0011_dispatch_key_index'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
