@@ -57,7 +57,8 @@ def _label(name: str, limit: int = 22) -> str:
 def graph(upstream: dict[str, list[str]], states: dict[str, str], links: dict[str, str],
           notes: dict[str, tuple[str, str]] | None = None) -> SafeString:
     """The DAG left to right, one column per generation; each node coloured by its state and
-    linked to its task run when there is one. ``notes`` adds (short, long) text to a node: a
+    linked to its task run when there is one (the link named "task: state"), in a view that
+    pans and zooms (static/orchestrator/graph.js). ``notes`` adds (short, long) text to a node: a
     mapped task's instance counts (see ``mapped_node``)."""
     if not upstream:
         return mark_safe('<p class="muted">This workflow has no tasks.</p>')
@@ -70,9 +71,18 @@ def graph(upstream: dict[str, list[str]], states: dict[str, str], links: dict[st
         offset = (tallest - len(column)) * (NODE_H + GAP_Y) / 2
         for row, name in enumerate(column):
             where[name] = (PAD + col * (NODE_W + GAP_X), int(PAD + offset + row * (NODE_H + GAP_Y)))
+    # Not role="img": it holds links, each named for a screen reader. graph.js pans and zooms the
+    # scroll box; without script it still scrolls.
     parts = [format_html(
-        '<svg class="dag" viewBox="0 0 {} {}" width="{}" height="{}" role="group" aria-label="task graph">',
-        width, height, width, height,
+        '<div class="dag-view"><div class="dag-tools" role="toolbar" aria-label="zoom the graph">'
+        '<button type="button" class="small" data-zoom="out" aria-label="zoom out">−</button>'
+        '<span class="muted small" data-zoom-level>100 %</span>'
+        '<button type="button" class="small" data-zoom="in" aria-label="zoom in">+</button>'
+        '<button type="button" class="small" data-zoom="fit">fit</button>'
+        '<button type="button" class="small" data-zoom="reset">100 %</button></div>'
+        '<div class="dag-scroll"><svg class="dag" viewBox="0 0 {} {}" width="{}" height="{}" role="group"'
+        ' aria-label="task graph, {} tasks">',
+        width, height, width, height, len(where),
     )]
     for child, parents in upstream.items():
         for parent in parents:
@@ -85,9 +95,10 @@ def graph(upstream: dict[str, list[str]], states: dict[str, str], links: dict[st
                 '<path class="edge" d="M{} {} C{} {} {} {} {} {}"/>', x1, y1, _n(mid), y1, _n(mid), y2, x2 - 4, y2
             ))
             parts.append(format_html('<path class="arrow" d="M{} {} l-6 -4 v8 z"/>', x2, y2))
-    for name, (x, y) in where.items():
+    for index, (name, (x, y)) in enumerate(where.items()):
         if notes and name in notes:
-            parts.append(mapped_node(name, x, y, states.get(name, "none"), *notes[name], links.get(name)))
+            parts.append(mapped_node(name, x, y, states.get(name, "none"), *notes[name], links.get(name),
+                                     node_id=f"node-{index}"))
             continue
         node_state = states.get(name, "none")
         label = str(node_state).replace("_", " ") if node_state != "none" else "no run"
@@ -98,13 +109,16 @@ def graph(upstream: dict[str, list[str]], states: dict[str, str], links: dict[st
             _label(name),
         )
         if name in links:
-            node = format_html('<a href="{}">{}</a>', links[name], node)
+            # An id per node: htmx gives the focus back to it after a live update redraws the graph.
+            node = format_html('<a id="node-{}" href="{}" aria-label="{}: {}">{}</a>', index, links[name], name, label,
+                               node)
         parts.append(node)
-    parts.append(mark_safe("</svg>"))
+    parts.append(mark_safe("</svg></div></div>"))
     return mark_safe("".join(str(part) for part in parts))
 
 
-def mapped_node(name: str, x: int, y: int, node_state: str, short: str, long: str, link: str | None) -> SafeString:
+def mapped_node(name: str, x: int, y: int, node_state: str, short: str, long: str, link: str | None,
+                node_id: str = "") -> SafeString:
     """A mapped task: one node drawn as a stack of cards, its label shortened to make room for
     the instance counts (ended/total); the full counts in its title."""
     node = format_html(
@@ -118,7 +132,10 @@ def mapped_node(name: str, x: int, y: int, node_state: str, short: str, long: st
         x + 12, y + NODE_H // 2, x + 22, y + NODE_H // 2 + 4, _label(name, 13),
         x + NODE_W - 8, y + NODE_H // 2 + 4, short,
     )
-    return format_html('<a href="{}">{}</a>', link, node) if link else node
+    if not link:
+        return node
+    return format_html('<a id="{}" href="{}" aria-label="{}: {}, {}">{}</a>', node_id, link, name,
+                       str(node_state).replace("_", " "), long, node)
 
 
 @dataclass
