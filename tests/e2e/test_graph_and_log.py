@@ -75,9 +75,11 @@ def test_a_300_task_graph_pans_zooms_and_every_node_is_reachable_by_keyboard(ser
     # The live update (every 3 s while the run is active) keeps the zoom and the scroll.
     page.evaluate("document.querySelector('.dag-scroll').scrollLeft = 900")
     page.evaluate("window.swaps = 0; document.body.addEventListener('htmx:afterSwap', () => window.swaps++)")
-    page.wait_for_function("window.swaps >= 1", timeout=45_000)
+    # Polled from here: the page's own eval (wait_for_function) is what the CSP refuses.
+    wait_for(lambda: page.evaluate("window.swaps") >= 1, timeout=45, interval=0.1, message="a live update")
     # The new graph is set up when htmx settles it (htmx:load), just after the swap.
-    page.wait_for_function("document.querySelector('.dag-view').dataset.ready === '1'")
+    wait_for(lambda: page.evaluate("document.querySelector('.dag-view').dataset.ready") == "1", timeout=30,
+             interval=0.05, message="the new graph to be set up")
     assert scale(page) == pytest.approx(1.25)
     assert page.evaluate("document.querySelector('.dag-scroll').scrollLeft") == pytest.approx(900, abs=2)
 
