@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import traceback
 from datetime import datetime
 
@@ -30,6 +31,14 @@ from orchestrator.states import AttemptOutcome
 
 PR_SET_PDEATHSIG = 1
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def log_formatter() -> logging.Formatter:
+    """The format of ``logging`` records in an attempt's log: times in UTC whatever the project's
+    TIME_ZONE, so the log view can show each line's time in the clock its reader chose."""
+    formatter = logging.Formatter(LOG_FORMAT)
+    formatter.converter = time.gmtime
+    return formatter
 
 
 class TaskFailure(Exception):
@@ -281,7 +290,7 @@ def run(message: dict, log_stream=None, declared: dict | None = None, functions:
     spec = message["spec"]
     log = log_stream or logs.AttemptLog(logs.name_for(message["run_id"], message["id"], message["number"]))
     handler = logging.StreamHandler(log)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.setFormatter(log_formatter())
     root = logging.getLogger()
     saved = sys.stdout, sys.stderr
     outcome, result, error, tb, metadata, exception_class = AttemptOutcome.SUCCEEDED, None, "", "", None, ""

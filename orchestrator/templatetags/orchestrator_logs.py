@@ -13,7 +13,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 register = template.Library()
 
-RECORD = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
+RECORD = re.compile(r"(\d{4}-\d\d-\d\d) (\d\d:\d\d:\d\d),(\d{3}) (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
 CONTINUES = re.compile(r"[ \t]|Traceback \(most recent call last\):")
 
 
@@ -28,9 +28,16 @@ def log_lines(text: str) -> SafeString:
     for line in text.splitlines(keepends=True):
         record = RECORD.match(line)
         if record:
-            level = record.group(1).lower()
+            level = record.group(4).lower()
         elif not (level and CONTINUES.match(line)):
             level = ""
-        out.append(f'<span class="ln" data-level="{level}">{escape(line)}</span>' if level
-                   else f'<span class="ln">{escape(line)}</span>')
+        text = escape(line)
+        if record:
+            # The record's time (UTC, see executor.log_formatter) as a <time> that app.js shows in
+            # the reader's chosen clock, like every other time on the pages.
+            day, clock, ms = record.group(1, 2, 3)
+            stamp = f"{day} {clock},{ms}"
+            text = f'<time datetime="{day}T{clock}.{ms}Z">{stamp}</time>{text[len(stamp):]}'
+        out.append(f'<span class="ln" data-level="{level}">{text}</span>' if level
+                   else f'<span class="ln">{text}</span>')
     return mark_safe("".join(out))
