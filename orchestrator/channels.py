@@ -80,15 +80,54 @@ def announce_cancelled(task_run_ids: list[int]) -> None:
 # --- LISTEN ------------------------------------------------------------------------------------
 
 
+# How the LISTEN connections show in pg_stat_activity (unless the URL names its own).
+LISTEN_APPLICATION_NAME = "orchestrator listen"
+LISTEN_POLL = "poll"
+
+
+def listen_params() -> dict | None:
+    """psycopg.connect() arguments of the LISTEN connection, or None when the processes poll.
+
+    A pooler in transaction mode cannot carry LISTEN: the session that listens goes back to the
+    pool after the statement, and its notifications reach whichever client borrows it next, or no
+    one. So behind one, LISTEN goes to ``ORCHESTRATOR_LISTEN_DATABASE_URL`` (a direct
+    connection), and without it nothing listens and the roles poll."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from orchestrator.conf import app_settings
+    from orchestrator.database_url import connect_params, is_transaction_pooled, parse_database_url
+
+    url = app_settings.LISTEN_DATABASE_URL.strip()
+    if url == LISTEN_POLL:
+        return None
+    if url:
+        try:
+            database = parse_database_url(url)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"ORCHESTRATOR_LISTEN_DATABASE_URL: {exc}") from None
+        if is_transaction_pooled(database):
+            raise ImproperlyConfigured("ORCHESTRATOR_LISTEN_DATABASE_URL must be a direct connection to "
+                                       "PostgreSQL, not a pooler in transaction mode")
+        params = connect_params(database)
+    elif is_transaction_pooled(connection.settings_dict):
+        return None
+    else:
+        params = connection.get_connection_params()
+        for key in ("cursor_factory", "context", "server_side_binding"):
+            params.pop(key, None)
+    params.setdefault("application_name", LISTEN_APPLICATION_NAME)
+    return params
+
+
 def listen_connection(*channels: str):
-    """A separate autocommit connection that LISTENs (Django's connection stays free for work)."""
+    """A separate autocommit connection that LISTENs (Django's connection stays free for work), or
+    None when the processes poll instead (see ``listen_params``)."""
     import psycopg
     from psycopg import sql
 
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    params.pop("server_side_binding", None)
+    params = listen_params()
+    if params is None:
+        return None
     conn = psycopg.connect(**params, autocommit=True)
     for channel in channels:
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))

@@ -69,6 +69,7 @@ def check_configuration(app_configs=None, **kwargs):
                 hint="Point ORCHESTRATOR_DATA_DIR (or ORCHESTRATOR_LOG_STORAGE_OPTIONS) at a writable folder.",
                 id="orchestrator.E004",
             ))
+    problems += _listen_problems()
     if app_settings.HEARTBEAT_TIMEOUT_SECONDS <= 2 * app_settings.HEARTBEAT_SECONDS:
         problems.append(Warning(
             "ORCHESTRATOR_HEARTBEAT_TIMEOUT_SECONDS is at most twice the heartbeat interval: "
@@ -76,6 +77,33 @@ def check_configuration(app_configs=None, **kwargs):
             id="orchestrator.W001",
         ))
     return problems
+
+
+def _listen_problems() -> list:
+    """A LISTEN URL that cannot be used, or a pooled database whose psycopg connections would
+    prepare statements a pooler in transaction mode loses (PgBouncer before 1.21)."""
+    from django.db import connections
+
+    from orchestrator.channels import listen_params
+    from orchestrator.database_url import is_transaction_pooled
+
+    found = []
+    try:
+        listen_params()
+    except ImproperlyConfigured as exc:
+        found.append(Error(str(exc), hint="Set it to the direct postgres:// URL of the database, or to \"poll\".",
+                           id="orchestrator.E010"))
+    database = connections["default"].settings_dict
+    if is_transaction_pooled(database) and (database.get("OPTIONS") or {}).get("prepare_threshold") is not None:
+        found.append(Warning(
+            "The default database is behind a transaction pooler (DISABLE_SERVER_SIDE_CURSORS) and its psycopg "
+            "connections prepare statements (OPTIONS prepare_threshold): a pooler that does not track them "
+            "(PgBouncer before 1.21, or max_prepared_statements = 0) fails with 'prepared statement does not exist'.",
+            hint="Remove prepare_threshold from OPTIONS (Django's default is None), or set PgBouncer's "
+                 "max_prepared_statements.",
+            id="orchestrator.W002",
+        ))
+    return found
 
 
 @register(Tags.security)

@@ -85,6 +85,13 @@ OPTIONS = [
            "A worker silent this long is presumed dead: its attempts are reaped and retried."),
     Option("POLL_SECONDS", "seconds", 1.0, "1",
            "How often dispatchers and workers look for work when no notification woke them."),
+    Option("LISTEN_DATABASE_URL", "text", "", "unset",
+           "Where dispatchers, workers and schedulers `LISTEN` for the notifications that wake them: a direct "
+           "`postgres://` URL of the database when the work connections go through a pooler in transaction mode "
+           "(which cannot carry `LISTEN`), or `poll` for no `LISTEN` at all (they then look for work every "
+           "`ORCHESTRATOR_POLL_SECONDS`). Unset: a connection like the `default` database's own, or polling when "
+           "that database is marked as transaction-pooled (`DISABLE_SERVER_SIDE_CURSORS`, which "
+           "`?pool_mode=transaction` sets). See Running in production."),
     Option("RECONNECT_MAX_SECONDS", "seconds", 5.0, "5",
            "The longest wait between two reconnection attempts of a process whose database went away (the "
            "first after 0.2 s, then twice as long each time, with jitter)."),

@@ -126,6 +126,7 @@ class Loop:
         self.handle_signals = handle_signals
         self.selector = selectors.DefaultSelector()
         self.listener = None
+        self.polling = False  # no LISTEN connection by configuration: the poll alone finds work
         self.stop_requests = 0
         self.outage_since: float | None = None  # time.monotonic() of the first failure of an outage
         self.reminded_at = 0.0
@@ -267,9 +268,15 @@ class Loop:
     # --- LISTEN ----------------------------------------------------------------------------------
 
     def _ensure_listener(self) -> None:
-        if self.listener is not None or not self.role.channels:
+        if self.listener is not None or self.polling or not self.role.channels:
             return
         self.listener = listen_connection(*self.role.channels)
+        if self.listener is None:
+            self.polling = True
+            log.info("%s: not listening for notifications (the database is behind a transaction pooler and "
+                     "ORCHESTRATOR_LISTEN_DATABASE_URL is not set, or it is \"poll\"): looking for work every %gs",
+                     self.role.role, self.poll, extra={"action": "listen_off", "role": self.role.role})
+            return
         self.selector.register(self.listener.fileno(), selectors.EVENT_READ, _LISTEN)
 
     def _close_listener(self) -> None:
