@@ -14,6 +14,9 @@ channel                    sent by                       listened to by
                                                          empty: "check what is still yours")
 ``orchestrator_schedules`` schedule edits, dataset       the schedulers (a schedule changed, or a
                            events                        dataset event may fire one)
+``orchestrator_code``      ``sync_workflows``            the workers (payload: the new code
+                                                         generation: replace the children, see
+                                                         ``orchestrator.reload``)
 =========================  ============================  ===========================================
 """
 
@@ -29,6 +32,7 @@ DISPATCH_CHANNEL = "orchestrator_dispatch"
 SCHEDULES_CHANNEL = "orchestrator_schedules"
 CANCEL_CHANNEL = "orchestrator_cancel"
 QUEUE_CHANNEL_PREFIX = "orchestrator_queue_"
+CODE_CHANNEL = "orchestrator_code"
 
 # PostgreSQL takes a NOTIFY payload of under 8000 bytes.
 MAX_PAYLOAD = 7000
@@ -67,6 +71,12 @@ def wake_queues(queues: Iterable[str]) -> None:
     if channels:
         with connection.cursor() as cursor:
             cursor.execute(_NOTIFY_MANY, {"channels": channels})
+
+
+def announce_code(generation: int) -> None:
+    """A sync completed: the workers replace their children, which then run the code on disk."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [CODE_CHANNEL, str(generation)])
 
 
 def announce_cancelled(task_run_ids: list[int]) -> None:

@@ -377,6 +377,19 @@ class Lease(models.Model):
         return f"{self.name} held by {self.holder} (epoch {self.epoch})"
 
 
+class CodeGeneration(models.Model):
+    """One row counting the syncs of the project's code: every ``sync_workflows`` bumps it, and
+    a worker that reads a new value (NOTIFY on ``orchestrator_code``, or with its heartbeat)
+    replaces its children, so they run the code now on disk (see ``orchestrator.reload``)."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    generation = models.BigIntegerField(default=0)
+    changed_at = models.DateTimeField()
+
+    def __str__(self):
+        return f"code generation {self.generation}"
+
+
 class QueueLimit(models.Model):
     queue = models.CharField(max_length=100, unique=True)
     max_running = models.PositiveIntegerField(help_text="At most this many task runs queued or running at once.")

@@ -19,11 +19,16 @@ nothing registered, however the row was written.
 from __future__ import annotations
 
 import importlib
+import sys
 
 from orchestrator import limits
 
 # ref -> the registered object (a function, a django.tasks Task or a workflow's Task).
 _registered: dict[str, object] = {}
+
+# The job modules autodiscover() imported, in order (a fresh worker child imports them again when
+# the code on disk changed: see orchestrator.reload).
+job_modules: list[str] = []
 
 # Modules of the orchestrator itself that define jobs (webhook deliveries).
 BUILTIN_MODULES = ("orchestrator.notifier",)
@@ -75,6 +80,20 @@ def get(ref: str):
 
 def registered_refs() -> list[str]:
     return sorted(_registered)
+
+
+def registered_in(module: str) -> dict[str, object]:
+    """The registrations of the functions of one module (to put back with ``restore``)."""
+    return {ref: obj for ref, obj in _registered.items() if ref.partition(":")[0] == module}
+
+
+def forget_module(module: str) -> None:
+    for ref in registered_in(module):
+        del _registered[ref]
+
+
+def restore(registrations: dict[str, object]) -> None:
+    _registered.update(registrations)
 
 
 def check_syntax(ref) -> str:
@@ -185,6 +204,7 @@ def autodiscover() -> None:
     """Import the job modules: the built-in ones, ORCHESTRATOR_JOB_MODULES, and each installed
     app's ``jobs`` and ``tasks`` modules. A module named in the setting that cannot be imported
     is a configuration error and stops the process, as a broken ``admin.py`` does."""
+    from django.apps import apps
     from django.core.exceptions import ImproperlyConfigured
     from django.utils.module_loading import autodiscover_modules
 
@@ -192,10 +212,15 @@ def autodiscover() -> None:
 
     for name in BUILTIN_MODULES:
         importlib.import_module(name)
+    imported = []
     for name in app_settings.JOB_MODULES:
         try:
             importlib.import_module(name)
         except ImportError as exc:
             raise ImproperlyConfigured(
                 f"ORCHESTRATOR_JOB_MODULES names {name!r}, which cannot be imported: {exc}") from exc
+        imported.append(name)
     autodiscover_modules(*APP_MODULES)
+    imported += [f"{config.name}.{name}" for config in apps.get_app_configs() for name in APP_MODULES
+                 if f"{config.name}.{name}" in sys.modules]
+    job_modules[:] = list(dict.fromkeys(imported))

@@ -24,7 +24,7 @@ from django.apps import apps
 from django.db import DataError, connections, transaction
 from django.utils.module_loading import module_has_submodule
 
-from orchestrator import clock, cron, dsl, graph_checks, limits
+from orchestrator import clock, cron, dsl, graph_checks, limits, reload
 from orchestrator.conf import app_settings
 from orchestrator.models import Schedule, Workflow, WorkflowVersion
 from orchestrator.params import ParamError, clean_param, clean_params
@@ -38,6 +38,7 @@ class SyncReport:
     broken: dict[str, str] = field(default_factory=dict)  # workflow -> errors
     import_errors: dict[str, str] = field(default_factory=dict)  # module -> error
     removed: list[str] = field(default_factory=list)
+    generation: int = 0  # the code generation this sync recorded
 
     @property
     def ok(self) -> bool:
@@ -409,9 +410,13 @@ def sync_workflows(directory: Path | None = None, package: str | None = None, no
         except DataError as exc:  # a limit the checks above do not know yet: this workflow only
             report.broken[key] = _storable(f"workflow {limits.safe_repr(wf.name)} could not be stored: {exc}")
     _mark_failed_modules(failed, seen, report)
-    gone = Workflow.objects.filter(present=True).exclude(name__in=seen)
-    report.removed = sorted(gone.values_list("name", flat=True))
-    gone.update(present=False, synced_at=now)
+    with transaction.atomic():
+        gone = Workflow.objects.filter(present=True).exclude(name__in=seen)
+        report.removed = sorted(gone.values_list("name", flat=True))
+        gone.update(present=False, synced_at=now)
+        # Code can change without a graph changing: every sync is a new code generation, and the
+        # workers replace their children to run the code now on disk.
+        report.generation = reload.bump()
     return report
 
 

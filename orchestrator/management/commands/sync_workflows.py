@@ -25,5 +25,7 @@ class Command(BaseCommand):
             self.stderr.write(self.style.ERROR(f"broken    {name}:"))
             for line in error.splitlines():
                 self.stderr.write(f"    {line}")
+        self.stdout.write(f"code generation {report.generation}: running workers replace their child processes, "
+                          "which run the code now on disk")
         if strict and not report.ok:
             raise CommandError("some workflows are broken (see above)")
