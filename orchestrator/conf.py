@@ -78,6 +78,9 @@ OPTIONS = [
     Option("LOG_STORAGE_OPTIONS", "json", _log_storage_options_default, "`{\"location\": DATA_DIR/logs}` (files 0600, folders 0700)",
            "Options of the `LOG_STORAGE` class (a dict in settings, JSON in the environment), e.g. "
            "`{\"bucket_name\": \"logs\"}`."),
+    Option("WORKER_MAX_TASKS_PER_CHILD", "count", 0, "0 (never)",
+           "A worker replaces a child process after it ran this many tasks (a fresh fork: it runs the code "
+           "now on disk and gives back what task code leaked); `--max-tasks-per-child` overrides it. 0: never."),
     Option("LEASE_SECONDS", "seconds", 15.0, "15",
            "The scheduler lease: a standby takes over at most this long after the leader died."),
     Option("HEARTBEAT_SECONDS", "seconds", 5.0, "5", "How often each worker writes its heartbeat."),

@@ -22,9 +22,9 @@ import time
 import traceback
 from datetime import datetime
 
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 
-from orchestrator import logformat, logs, registry
+from orchestrator import logformat, logs, registry, reload
 from orchestrator.conf import app_settings
 from orchestrator.dsl import TaskContext
 from orchestrator.states import AttemptOutcome
@@ -75,16 +75,23 @@ def child_setup(parent_pid: int) -> None:
 
 
 def child_main(conn, parent_pid: int) -> None:
-    """The child's loop: receive a task message, run it, send the outcome; never returns."""
+    """The child's loop: receive a task message, run it, send the outcome; never returns. A fresh
+    child first reads anew the project code that changed on disk (``reload.refresh``)."""
     code = 0
     try:
         child_setup(parent_pid)
+        try:
+            reload.refresh()
+        except Exception:  # noqa: BLE001 - the child runs what is registered rather than not at all
+            logging.getLogger(__name__).exception("could not read the changed code anew")
         while True:
             try:
                 message = conn.recv()
             except (EOFError, OSError):
                 break
-            if message is None:
+            if message is None:  # recycled or shutting down: leave the database cleanly
+                with contextlib.suppress(Exception):
+                    connections.close_all()
                 break
             conn.send(run(message))
             close_old_connections()  # a task that used the ORM must not leave a broken connection

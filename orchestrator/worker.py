@@ -6,6 +6,12 @@ task runs as there are idle children; it commits before any child starts user co
 are pre-forked and reused; a child whose task outlives its timeout, or whose task run was
 cancelled, is killed (SIGKILL on its process group) and replaced.
 
+Children are also recycled, never while they run a task: after a sync (a new code generation,
+see ``orchestrator.reload``) every idle child is replaced at once and every busy one when its
+task ends, and a child that ran ``--max-tasks-per-child`` tasks is replaced once its outcome is
+in. A recycled child is told to exit (and killed if it has not within ``RETIRE_SECONDS``); a
+fresh fork runs the code now on disk.
+
 Jobs run at least once: a worker can finish a task and die before recording it, and the reaper
 then gives the task run another attempt. Task code must be idempotent.
 
@@ -27,8 +33,8 @@ from multiprocessing.connection import Pipe
 
 from django.db import connection, connections, transaction
 
-from orchestrator import clock, executor, resolver, taskcontext
-from orchestrator.channels import CANCEL_CHANNEL, queue_channel, wake_dispatchers
+from orchestrator import clock, executor, reload, resolver, taskcontext
+from orchestrator.channels import CANCEL_CHANNEL, CODE_CHANNEL, queue_channel, wake_dispatchers
 from orchestrator.conf import app_settings
 from orchestrator.loop import DATABASE_ERRORS, Loop, Role, first_line
 from orchestrator.resolver import Ending
@@ -55,16 +61,20 @@ RECENT_OUTCOMES_BYTES = 8 * 1024 * 1024
 # How long after the grace period a draining worker keeps trying to record outcomes and hand back
 # its interrupted task runs while the database is away, before it leaves them to the reaper.
 DRAIN_GIVE_UP_SECONDS = 10.0
+# How long a recycled (or, at shutdown, an idle) child has to exit once told to, before it is
+# killed: an idle child exits at once, unless it is still importing the job modules again.
+RETIRE_SECONDS = 5.0
 
 REGISTER = f"""
 INSERT INTO orchestrator_worker (name, host, pid, queues, concurrency, state, started_at, heartbeat_at)
-VALUES (%s, %s, %s, %s, %s, '{WorkerState.RUNNING}', now(), now()) RETURNING id
+VALUES (%s, %s, %s, %s, %s, '{WorkerState.RUNNING}', now(), now()) RETURNING id, {reload.CURRENT}
 """
 
-# The heartbeat, on the database clock. No row: the reaper declared this worker lost.
+# The heartbeat, on the database clock. No row: the reaper declared this worker lost. It reads the
+# code generation too: a worker that missed the NOTIFY of a sync notices it here.
 HEARTBEAT = f"""
 UPDATE orchestrator_worker SET heartbeat_at = now()
-WHERE id = %s AND state IN ({sql_list(LIVE_WORKER_STATES)}) RETURNING state
+WHERE id = %s AND state IN ({sql_list(LIVE_WORKER_STATES)}) RETURNING state, {reload.CURRENT}
 """
 
 # Declared lost by the reaper during a pause: running again from now.
@@ -155,6 +165,8 @@ class Slot:
     deadline: float | None = None
     started: float = 0.0
     extra: dict = field(default_factory=dict)
+    generation: int = 0  # the code generation the child was forked in
+    tasks: int = 0  # tasks it completed
 
 
 class Worker(Role):
@@ -165,14 +177,21 @@ class Worker(Role):
     role = "worker"
 
     def __init__(self, queues: list[str], concurrency: int = 4, grace: float = 30.0, poll: float | None = None,
-                 name: str | None = None):
+                 name: str | None = None, max_tasks_per_child: int | None = None):
         if not queues:
             raise ValueError("a worker needs at least one queue (--queues default,batch)")
         if concurrency < 1:
             raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
+        if max_tasks_per_child is None:
+            max_tasks_per_child = app_settings.WORKER_MAX_TASKS_PER_CHILD
+        if max_tasks_per_child < 0:
+            raise ValueError(f"--max-tasks-per-child must be 0 (never) or more, got {max_tasks_per_child}")
         self.queues = queues
-        self.channels = [*(queue_channel(q) for q in queues), CANCEL_CHANNEL]
+        self.channels = [*(queue_channel(q) for q in queues), CANCEL_CHANNEL, CODE_CHANNEL]
         self.concurrency = concurrency
+        self.max_tasks_per_child = max_tasks_per_child
+        self.code_generation = 0
+        self.retiring: list[tuple[int, float]] = []  # (pid, kill after): recycled children told to exit
         self.grace = grace
         self.poll = poll if poll is not None else app_settings.POLL_SECONDS
         self.heartbeat_every = app_settings.HEARTBEAT_SECONDS
@@ -210,15 +229,17 @@ class Worker(Role):
         if self.id is None:
             self.register()
         if not self.slots:
+            reload.snapshot()  # what the children inherit, to tell later what changed on disk
             self.slots = [self.fork_child() for _ in range(self.concurrency)]
-            log.info("worker %s started: queues %s, concurrency %d", self.name, ",".join(self.queues),
-                     self.concurrency, extra={"action": "worker_start"})
+            log.info("worker %s started: queues %s, concurrency %d%s", self.name, ",".join(self.queues),
+                     self.concurrency, f", max {self.max_tasks_per_child} tasks per child"
+                     if self.max_tasks_per_child else "", extra={"action": "worker_start"})
         self.next_heartbeat = time.monotonic() + self.heartbeat_every
 
     def register(self) -> None:
         with connection.cursor() as cursor:
             cursor.execute(REGISTER, [self.name, self.host, os.getpid(), self.queues, self.concurrency])
-            self.id = cursor.fetchone()[0]
+            self.id, self.code_generation = cursor.fetchone()
 
     def fork_child(self) -> Slot:
         # Django's connection is closed before forking: a child must not share its socket (its
@@ -232,7 +253,7 @@ class Worker(Role):
             parent_conn.close()
             executor.child_main(child_conn, parent)
         child_conn.close()
-        slot = Slot(pid=pid, conn=parent_conn)
+        slot = Slot(pid=pid, conn=parent_conn, generation=self.code_generation)
         self.loop.watch(parent_conn, lambda _conn, slot=slot: self.on_child_ready(slot))
         return slot
 
@@ -264,8 +285,16 @@ class Worker(Role):
                     slot.conn.send(None)
                 except OSError:
                     pass
+        deadline = time.monotonic() + RETIRE_SECONDS
         for slot in self.slots:
-            self.kill_child(slot) if slot.message is not None else self._reap_idle(slot)
+            if slot.message is not None:
+                self.kill_child(slot)
+            else:
+                self._wait_exit(slot.pid, deadline)
+                slot.conn.close()
+        for pid, _ in self.retiring:
+            self._wait_exit(pid, deadline)
+        self.retiring = []
         if self.id is not None:
             try:
                 with connection.cursor() as cursor:
@@ -277,11 +306,79 @@ class Worker(Role):
         log.info("worker %s stopped after %d task runs", self.name, self.completed,
                  extra={"action": "worker_stop"})
 
-    def _reap_idle(self, slot: Slot) -> None:
+    @staticmethod
+    def _exited(pid: int) -> bool:
+        """Whether the child has exited (and is reaped now: no zombie)."""
         try:
-            os.waitpid(slot.pid, 0)
+            return os.waitpid(pid, os.WNOHANG)[0] != 0
         except ChildProcessError:
+            return True
+
+    def _wait_exit(self, pid: int, deadline: float) -> None:
+        """Wait for a child told to exit, until ``deadline``; then kill it."""
+        while not self._exited(pid):
+            if time.monotonic() >= deadline:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
+                return
+            time.sleep(0.01)
+
+    # --- recycling -----------------------------------------------------------------------------
+
+    def saw_generation(self, generation: int, *, read: bool = False) -> None:
+        """A code generation from a NOTIFY (only a newer one counts: they may arrive late) or read
+        from the database (``read``: whatever differs counts)."""
+        if generation == self.code_generation or (not read and generation < self.code_generation):
+            return
+        self.code_generation = generation
+        log.info("code generation %d: replacing %d idle child process(es) now and %d busy one(s) when their "
+                 "task ends", generation, len(self.idle_slots()), self.busy_count(),
+                 extra={"action": "worker_code_generation", "generation": generation})
+        pinned = reload.needing_restart()
+        if pinned:
+            log.warning("changed on disk since this worker started, not picked up until it restarts: %s",
+                        ", ".join(pinned[:20]) + (", ..." if len(pinned) > 20 else ""),
+                        extra={"action": "worker_restart_needed"})
+
+    def due_for_replacement(self, slot: Slot) -> bool:
+        return slot.generation != self.code_generation or \
+            bool(self.max_tasks_per_child and slot.tasks >= self.max_tasks_per_child)
+
+    def recycle_children(self, now: float) -> None:
+        """Replace the idle children forked in an older code generation or that ran their share of
+        tasks; a busy child is left alone until its outcome is in. At most one fork per child."""
+        for slot in list(self.slots):
+            if slot.message is None and self.due_for_replacement(slot):
+                self.retire_child(slot, now)
+        if self.retiring:
+            self.reap_retired(now)
+
+    def retire_child(self, slot: Slot, now: float) -> None:
+        self.loop.unwatch(slot.conn)
+        try:
+            slot.conn.send(None)  # "exit": the child leaves its loop (and closes its connections)
+        except OSError:
             pass
+        slot.conn.close()
+        self.retiring.append((slot.pid, now + RETIRE_SECONDS))
+        self.slots[self.slots.index(slot)] = self.fork_child()
+
+    def reap_retired(self, now: float) -> None:
+        still = []
+        for pid, kill_after in self.retiring:
+            if self._exited(pid):
+                continue
+            if now >= kill_after:
+                self._wait_exit(pid, now)
+                continue
+            still.append((pid, kill_after))
+        self.retiring = still
 
     # --- the tick: named steps -----------------------------------------------------------------
 
@@ -291,7 +388,10 @@ class Worker(Role):
         if self.loop.stop_requests and self.drain_deadline is None:
             self.begin_drain(now)
         if self.drain_deadline is not None:
+            if self.retiring:
+                self.reap_retired(now)
             return self.drain_step(now)
+        self.recycle_children(now)
         did = self.record_and_claim(now)
         self.heartbeat_if_due(now)
         return did
@@ -309,6 +409,7 @@ class Worker(Role):
         else:
             timeout = min(timeout, self.last_claim + self.poll - now)
         deadlines = [slot.deadline for slot in self.slots if slot.deadline is not None]
+        deadlines += [kill_after for _, kill_after in self.retiring]
         if deadlines:
             timeout = min(timeout, min(deadlines) - now)
         if self.holding(now):
@@ -437,6 +538,7 @@ class Worker(Role):
                                run_id=slot.message["run_id"]))
         slot.message = None
         slot.deadline = None
+        slot.tasks += 1
 
     def add_ending(self, ending: Ending) -> None:
         if not self.endings:
@@ -477,7 +579,10 @@ class Worker(Role):
 
     def notified(self, notifies: list) -> None:
         for note in notifies:
-            if note.channel != CANCEL_CHANNEL:
+            if note.channel == CODE_CHANNEL:
+                if note.payload.isdigit():
+                    self.saw_generation(int(note.payload))
+            elif note.channel != CANCEL_CHANNEL:
                 self.want_claim = True
             elif not note.payload:
                 self.check_ownership()
@@ -506,12 +611,16 @@ class Worker(Role):
     def heartbeat(self) -> None:
         with connection.cursor() as cursor:
             cursor.execute(HEARTBEAT, [self.id])
-            alive = cursor.fetchone() is not None
+            row = cursor.fetchone()
+            alive = row is not None
             if not alive:
                 # Declared lost (a long pause): the reaper already gave these attempts to others.
                 log.warning("this worker was declared lost; abandoning its running tasks",
                             extra={"action": "worker_revived"})
                 cursor.execute(REVIVE, [self.id])
+                cursor.execute(f"SELECT {reload.CURRENT}")
+                row = (None, cursor.fetchone()[0])
+        self.saw_generation(row[1], read=True)
         self.check_ownership()
 
     def check_ownership(self) -> None:

@@ -12,13 +12,17 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=int, default=4, help="Child processes, i.e. tasks at once.")
         parser.add_argument("--grace", type=float, default=30.0,
                             help="Seconds running tasks may take to finish after SIGTERM (default 30).")
+        parser.add_argument("--max-tasks-per-child", type=int, default=None,
+                            help="Replace a child process after this many tasks (default: "
+                                 "ORCHESTRATOR_WORKER_MAX_TASKS_PER_CHILD, 0: never).")
         parser.add_argument("--name", default=None, help="Name prefix shown in the UI (default: the host name); the pid is appended.")
 
-    def handle(self, *args, queues, concurrency, grace, name, **options):
+    def handle(self, *args, queues, concurrency, grace, name, max_tasks_per_child, **options):
         require_migrated()
         names = [q.strip() for q in queues.split(",") if q.strip()]
         try:
-            worker = Worker(names, concurrency=concurrency, grace=grace, name=name)
+            worker = Worker(names, concurrency=concurrency, grace=grace, name=name,
+                            max_tasks_per_child=max_tasks_per_child)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         worker.serve()
