@@ -39,6 +39,13 @@ log = logging.getLogger(__name__)
 # (due_at, id) order from the same index. A tick therefore reads at most keys x batch rows
 # whether 1,000 or 10,000,000 are due; future-dated rows cost one probe per key. Rows another
 # dispatcher holds are skipped, not waited for (FOR UPDATE SKIP LOCKED in the same statement).
+#
+# Queues stay shallow: a queue holds at most ``depth`` queued task runs (``room``, counted on the
+# taskrun_queued index up to that bound), the rest of the backlog waits as ``scheduled``. So the
+# order above (tenants in turn, live lane first, priority) is the order in which the workers get
+# the work even with a million due rows: a tenant's task run queued behind a million of another
+# tenant's would wait for all of them, because workers claim by priority and age. It also keeps
+# every count and claim over queued rows small.
 CANDIDATES = f"""
 WITH RECURSIVE keys AS (
     (SELECT lane, tenant, queue, priority FROM orchestrator_taskrun
@@ -50,21 +57,34 @@ WITH RECURSIVE keys AS (
           AND (lane, tenant, queue, priority) > (keys.lane, keys.tenant, keys.queue, keys.priority)
         ORDER BY lane, tenant, queue, priority LIMIT 1
     ) later
+), room AS MATERIALIZED (
+    SELECT k.queue, %(depth)s - (
+        SELECT count(*) FROM (SELECT 1 FROM orchestrator_taskrun
+                              WHERE state = '{TaskState.QUEUED}' AND queue = k.queue LIMIT %(depth)s) q
+    ) AS room
+    FROM (SELECT DISTINCT queue FROM keys) k
+    WHERE k.queue <> ALL (%(full_queues)s::text[])
 ), due AS (
-    SELECT due.id, keys.lane, due.priority, due.due_at,
+    SELECT due.id, keys.lane, keys.queue, room.room, due.priority, due.due_at,
            row_number() OVER (PARTITION BY keys.lane, keys.tenant
                               ORDER BY due.priority DESC, due.due_at, due.id) AS turn
-    FROM keys CROSS JOIN LATERAL (
+    FROM keys JOIN room ON room.queue = keys.queue AND room.room > 0
+    CROSS JOIN LATERAL (
         SELECT id, priority, due_at FROM orchestrator_taskrun
         WHERE state = '{TaskState.SCHEDULED}' AND lane = keys.lane AND tenant = keys.tenant
           AND queue = keys.queue AND priority = keys.priority AND due_at <= %(now)s
-        ORDER BY due_at, id LIMIT %(batch)s
+        ORDER BY due_at, id LIMIT LEAST(%(batch)s, room.room)
     ) due
-    WHERE keys.queue <> ALL (%(full_queues)s::text[]) AND keys.tenant <> ALL (%(full_tenants)s::text[])
-), chosen AS (
-    SELECT id, row_number() OVER (ORDER BY lane, turn, priority DESC, due_at, id) AS place
+    WHERE keys.tenant <> ALL (%(full_tenants)s::text[])
+), placed AS (
+    SELECT id, queue, room, row_number() OVER (ORDER BY lane, turn, priority DESC, due_at, id) AS place
     FROM due WHERE turn <= %(batch)s
-    ORDER BY lane, turn, priority DESC, due_at, id
+), chosen AS (
+    SELECT id, place FROM (
+        SELECT id, place, room, row_number() OVER (PARTITION BY queue ORDER BY place) AS in_queue FROM placed
+    ) p
+    WHERE in_queue <= room
+    ORDER BY place
     LIMIT %(batch)s
 )
 SELECT t.id, t.queue, t.tenant FROM orchestrator_taskrun t JOIN chosen USING (id)
@@ -97,7 +117,10 @@ UPDATE orchestrator_taskrun SET state = '{TaskState.QUEUED}', queued_at = %(now)
 WHERE id = ANY (%(ids)s::bigint[]) AND state = '{TaskState.SCHEDULED}'
 """
 
+TICK_SETTINGS = "SELECT set_config('synchronous_commit', 'off', true), set_config('jit', 'off', true)"
+
 HELD_BACK_PAUSE = 0.05
+UNBOUNDED = 2**31 - 1
 
 NEXT_DUE = f"SELECT min(due_at) FROM orchestrator_taskrun WHERE state = '{TaskState.SCHEDULED}'"
 
@@ -144,17 +167,22 @@ def _bound_cursor():
     return psycopg.Cursor(connection.connection)
 
 
-def tick(now: datetime | None = None, batch: int = 1000, limits: tuple | None = None) -> int:
-    """Queue the due task runs that the limits allow; returns how many were queued. ``limits``
-    (as returned by ``load_limits``) saves reading them on every tick."""
+def tick(now: datetime | None = None, batch: int = 1000, limits: tuple | None = None,
+         depth: int | None = None) -> int:
+    """Queue the due task runs that the limits and the queue depth allow; returns how many were
+    queued. ``limits`` (as returned by ``load_limits``) saves reading them on every tick;
+    ``depth``: the most queued task runs a queue holds (``ORCHESTRATOR_QUEUE_DEPTH``)."""
     now = now or clock.now()
+    depth = (app_settings.QUEUE_DEPTH if depth is None else depth) or UNBOUNDED
     with transaction.atomic(), connection.cursor() as cursor, _bound_cursor() as bound:
         # Not waiting for the WAL flush: a queued mark lost in a database crash leaves the task
-        # run scheduled, and the next tick queues it again.
-        cursor.execute("SET LOCAL synchronous_commit = off")
+        # run scheduled, and the next tick queues it again. No JIT: the planner's row estimates of
+        # the candidate query grow with the backlog (each key could hold it all) past jit_above_cost,
+        # and compiling it would cost a hundred times what running it does.
+        cursor.execute(TICK_SETTINGS)
         queue_limits, queue_default, tenant_limits, tenant_default = limits or load_limits()
         bound.execute(CANDIDATES, {
-            "now": now, "batch": batch,
+            "now": now, "batch": batch, "depth": depth,
             "full_queues": _full(cursor, queue_limits, queue_default, BUSY_ALL_QUEUES),
             "full_tenants": _full(cursor, tenant_limits, tenant_default, BUSY_ALL_TENANTS),
         })

@@ -51,7 +51,9 @@ ANY_LIMIT = ("SELECT EXISTS (SELECT 1 FROM orchestrator_queuelimit) "
 # least once anyway: a commit lost in a database crash only means a task run is claimed or
 # recorded again (the claim returns to "queued", the outcome's attempt is reaped and retried);
 # never that work is lost. It takes the disk's fsync latency out of every batch.
-ASYNC_COMMIT = "SET LOCAL synchronous_commit = off"
+# No JIT either: every statement of a worker is short, and a planner estimate inflated by a big
+# table would otherwise compile one for longer than it runs.
+ASYNC_COMMIT = "SELECT set_config('synchronous_commit', 'off', true), set_config('jit', 'off', true)"
 COALESCE_SECONDS = 0.003
 # The latest recorded outcomes a worker keeps, to record again those a database crash lost: a
 # server's unflushed commits span well under a second (wal_writer_delay), far fewer outcomes than
@@ -91,9 +93,9 @@ CLAIM = f"""
 WITH c AS (
     -- One ordered index scan per queue (taskrun_queued), so the cost does not grow with the
     -- backlog; "queue = ANY (…)" would read and sort every queued row.
-    SELECT x.id FROM unnest(%(queues)s::text[]) AS q(name)
+    SELECT x.id, x.state FROM unnest(%(queues)s::text[]) AS q(name)
     CROSS JOIN LATERAL (
-        SELECT id, priority FROM orchestrator_taskrun
+        SELECT id, priority, state FROM orchestrator_taskrun
         WHERE state = '{TaskState.QUEUED}' AND queue = q.name
         ORDER BY priority DESC, id
         LIMIT %(n)s
@@ -104,7 +106,11 @@ WITH c AS (
 ), t AS (
     UPDATE orchestrator_taskrun t
     SET state = '{TaskState.RUNNING}', attempts = t.attempts + 1, worker_id = %(worker)s, started_at = %(now)s
-    FROM c WHERE t.id = c.id AND t.state = '{TaskState.QUEUED}'
+    -- The guard is the state c locked each row in (SKIP LOCKED rechecks a row changed meanwhile;
+    -- the lock holds until commit), not t.state: on t it lets a planner whose statistics predate
+    -- a burst (no queued rows then) scan every queued row on a state index for each claimed one
+    -- instead of looking them up by id.
+    FROM c WHERE t.id = c.id AND c.state = '{TaskState.QUEUED}'
     RETURNING t.id, t.run_id, t.task, t.attempts, t.spec, t.timeout, cardinality(t.upstream) > 0 AS has_parents
 ), a AS (
     -- The attempt row of each claim, in the same statement (one round trip per batch).

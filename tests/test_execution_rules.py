@@ -141,6 +141,32 @@ def test_the_default_queue_limit_applies_without_a_limit_row(clock):
     assert dispatcher.tick(now=clock.now()) == 0
 
 
+
+@override_settings(ORCHESTRATOR_QUEUE_DEPTH=3)
+def test_a_queue_holds_at_most_the_queue_depth_and_the_rest_waits_in_dispatch_order(clock):
+    # The big tenant's backlog fills the default queue to its depth; the small tenant's task,
+    # newer than all of it, still goes before the big tenant's fourth (tenants take turns), and
+    # the batch queue has room of its own. Claims make room again.
+    big = [make_run({"a": job_spec()}, clock, tenant="big") for _ in range(8)]
+    clock.advance(seconds=1)
+    small = make_run({"a": job_spec()}, clock, tenant="small")
+    other_queue = make_run({"a": job_spec(queue="batch")}, clock, tenant="big")
+    assert dispatcher.tick(now=clock.now()) == 4
+    assert TaskRun.objects.filter(queue="default", state="queued").count() == 3
+    assert states(small) == {"a": "queued"} and states(other_queue) == {"a": "queued"}
+    assert dispatcher.tick(now=clock.now()) == 0  # full: the rest stays scheduled
+    assert sum(states(run) == {"a": "scheduled"} for run in big) == 6
+    execute_claimed(worker_loop(), 2, clock)
+    assert dispatcher.tick(now=clock.now()) == 2
+    assert TaskRun.objects.filter(queue="default", state="queued").count() == 3
+
+
+@override_settings(ORCHESTRATOR_QUEUE_DEPTH=0)
+def test_a_queue_depth_of_zero_queues_every_due_task_run(clock):
+    for _ in range(5):
+        make_run({"a": job_spec()}, clock)
+    assert dispatcher.tick(now=clock.now()) == 5
+
 # --- worker claim and completion ------------------------------------------------------------
 
 def test_a_claim_creates_the_attempt_and_starts_the_run(clock):
