@@ -30,6 +30,7 @@ from orchestrator.dsl import TaskContext
 from orchestrator.states import AttemptOutcome
 
 PR_SET_PDEATHSIG = 1
+READY = "ready"  # a fresh child's first message to the worker
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -84,6 +85,7 @@ def child_main(conn, parent_pid: int) -> None:
             reload.refresh()
         except Exception:  # noqa: BLE001 - the child runs what is registered rather than not at all
             logging.getLogger(__name__).exception("could not read the changed code anew")
+        conn.send(READY)  # the worker gives a child a task only once it is ready
         while True:
             try:
                 message = conn.recv()

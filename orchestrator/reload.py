@@ -1,6 +1,6 @@
 """Code reloading: a running worker's children run the project's code as it is on disk now.
 
-A worker pre-forks its children and reuses them, so a child keeps the code it once imported.
+A worker forks its children ahead and reuses them, so a child keeps the code it once imported.
 Children are replaced, never the worker: after each ``sync_workflows`` (the *code generation*
 below), after ``--max-tasks-per-child`` tasks, and whenever one dies or is killed. What a fresh
 child runs:

@@ -2,9 +2,13 @@
 
 One loop, one thread. Each turn of the loop is at most one transaction that records the
 outcomes that came back from the children (and resolves their runs) and claims as many queued
-task runs as there are idle children; it commits before any child starts user code. Children
-are pre-forked and reused; a child whose task outlives its timeout, or whose task run was
-cancelled, is killed (SIGKILL on its process group) and replaced.
+task runs as there are idle children that are ready (forked and waiting); it commits before any
+child starts user code. Children are forked ahead and reused; a child whose task outlives its
+timeout, or whose task run was cancelled, is killed (SIGKILL on its process group) and replaced.
+
+The pool is elastic: it starts with ``--min-children`` children, forks more (up to
+``--concurrency``) when work is queued and no child is free, and lets a child above the minimum
+that idled ``ORCHESTRATOR_WORKER_CHILD_IDLE_SECONDS`` exit, so an idle worker holds little memory.
 
 Children are also recycled, never while they run a task: after a sync (a new code generation,
 see ``orchestrator.reload``) every idle child is replaced at once and every busy one when its
@@ -63,6 +67,15 @@ RECENT_OUTCOMES_BYTES = 8 * 1024 * 1024
 # How long after the grace period a draining worker keeps trying to record outcomes and hand back
 # its interrupted task runs while the database is away, before it leaves them to the reaper.
 DRAIN_GIVE_UP_SECONDS = 10.0
+# How many queued task runs of these queues there are, up to a bound: how many children to add
+# when none is free (a poll alone is no evidence of work). Served by the taskrun_queued index.
+QUEUED = f"""
+SELECT count(*) FROM (
+    SELECT 1 FROM orchestrator_taskrun WHERE state = '{TaskState.QUEUED}' AND queue = ANY (%(queues)s::text[])
+    LIMIT %(n)s
+) q
+"""
+
 # How long a recycled (or, at shutdown, an idle) child has to exit once told to, before it is
 # killed: an idle child exits at once, unless it is still importing the job modules again.
 RETIRE_SECONDS = 5.0
@@ -173,6 +186,8 @@ class Slot:
     extra: dict = field(default_factory=dict)
     generation: int = 0  # the code generation the child was forked in
     tasks: int = 0  # tasks it completed
+    ready: bool = False  # it said it is ready (set up, code read): only then is it given a task
+    idle_since: float = 0.0
 
 
 class Worker(Role):
@@ -183,7 +198,7 @@ class Worker(Role):
     role = "worker"
 
     def __init__(self, queues: list[str], concurrency: int = 4, grace: float = 30.0, poll: float | None = None,
-                 name: str | None = None, max_tasks_per_child: int | None = None):
+                 name: str | None = None, max_tasks_per_child: int | None = None, min_children: int | None = None):
         if not queues:
             raise ValueError("a worker needs at least one queue (--queues default,batch)")
         if concurrency < 1:
@@ -192,10 +207,16 @@ class Worker(Role):
             max_tasks_per_child = app_settings.WORKER_MAX_TASKS_PER_CHILD
         if max_tasks_per_child < 0:
             raise ValueError(f"--max-tasks-per-child must be 0 (never) or more, got {max_tasks_per_child}")
+        if min_children is None:
+            min_children = app_settings.WORKER_MIN_CHILDREN
+        if min_children < 1:
+            raise ValueError(f"--min-children must be at least 1, got {min_children}")
         self.queues = queues
         self.channels = [*(queue_channel(q) for q in queues), CANCEL_CHANNEL, CODE_CHANNEL]
         self.concurrency = concurrency
         self.max_tasks_per_child = max_tasks_per_child
+        self.min_children = min(min_children, concurrency)
+        self.child_idle_seconds = app_settings.WORKER_CHILD_IDLE_SECONDS
         self.code_generation = 0
         self.retiring: list[tuple[int, float]] = []  # (pid, kill after): recycled children told to exit
         self.grace = grace
@@ -236,10 +257,11 @@ class Worker(Role):
             self.register()
         if not self.slots:
             reload.snapshot()  # what the children inherit, to tell later what changed on disk
-            self.slots = [self.fork_child() for _ in range(self.concurrency)]
-            log.info("worker %s started: queues %s, concurrency %d%s", self.name, ",".join(self.queues),
-                     self.concurrency, f", max {self.max_tasks_per_child} tasks per child"
-                     if self.max_tasks_per_child else "", extra={"action": "worker_start"})
+            self.slots = [self.fork_child() for _ in range(self.min_children)]
+            log.info("worker %s started: queues %s, concurrency %d (%d child process(es) forked ahead)%s", self.name,
+                     ",".join(self.queues), self.concurrency, self.min_children,
+                     f", max {self.max_tasks_per_child} tasks per child" if self.max_tasks_per_child else "",
+                     extra={"action": "worker_start"})
         self.next_heartbeat = time.monotonic() + self.heartbeat_every
 
     def register(self) -> None:
@@ -344,7 +366,7 @@ class Worker(Role):
             return
         self.code_generation = generation
         log.info("code generation %d: replacing %d idle child process(es) now and %d busy one(s) when their "
-                 "task ends", generation, len(self.idle_slots()), self.busy_count(),
+                 "task ends", generation, len(self.slots) - self.busy_count(), self.busy_count(),
                  extra={"action": "worker_code_generation", "generation": generation})
         pinned = reload.needing_restart()
         if pinned:
@@ -365,7 +387,7 @@ class Worker(Role):
         if self.retiring:
             self.reap_retired(now)
 
-    def retire_child(self, slot: Slot, now: float) -> None:
+    def retire_child(self, slot: Slot, now: float, replace: bool = True) -> None:
         self.loop.unwatch(slot.conn)
         try:
             slot.conn.send(None)  # "exit": the child leaves its loop (and closes its connections)
@@ -373,7 +395,39 @@ class Worker(Role):
             pass
         slot.conn.close()
         self.retiring.append((slot.pid, now + RETIRE_SECONDS))
-        self.slots[self.slots.index(slot)] = self.fork_child()
+        if replace:
+            self.slots[self.slots.index(slot)] = self.fork_child()
+        else:
+            self.slots.remove(slot)
+
+    # --- the elastic pool ----------------------------------------------------------------------
+
+    def resize_pool(self, now: float) -> None:
+        """Grow when work waits and no child is free; shrink to the minimum after idling."""
+        free = [slot for slot in self.slots if slot.message is None]
+        room = self.concurrency - len(self.slots)
+        if self.want_claim and room > 0 and not any(slot.ready for slot in free):
+            starting = len(free)
+            with connection.cursor() as cursor:
+                cursor.execute(QUEUED, {"queues": self.queues, "n": room + starting})
+                queued = cursor.fetchone()[0]
+            for _ in range(queued - starting):
+                self.slots.append(self.fork_child())
+            if not queued:
+                self.want_claim = False  # nothing to claim until a NOTIFY or the next poll
+            return
+        surplus = len(self.slots) - self.min_children
+        if surplus > 0:
+            expired = [slot for slot in free if slot.ready and now - slot.idle_since >= self.child_idle_seconds]
+            for slot in sorted(expired, key=lambda slot: slot.idle_since)[:surplus]:
+                self.retire_child(slot, now, replace=False)
+
+    def next_shrink(self) -> float | None:
+        """When the longest-idle child above the minimum may exit."""
+        if len(self.slots) <= self.min_children:
+            return None
+        idle = [slot.idle_since for slot in self.slots if slot.ready and slot.message is None]
+        return min(idle) + self.child_idle_seconds if idle else None
 
     def reap_retired(self, now: float) -> None:
         still = []
@@ -399,6 +453,7 @@ class Worker(Role):
             return self.drain_step(now)
         self.recycle_children(now)
         did = self.record_and_claim(now)
+        self.resize_pool(now)
         self.heartbeat_if_due(now)
         return did
 
@@ -416,6 +471,9 @@ class Worker(Role):
             timeout = min(timeout, self.last_claim + self.poll - now)
         deadlines = [slot.deadline for slot in self.slots if slot.deadline is not None]
         deadlines += [kill_after for _, kill_after in self.retiring]
+        shrink = self.next_shrink() if self.drain_deadline is None else None
+        if shrink is not None:
+            deadlines.append(shrink)
         if deadlines:
             timeout = min(timeout, min(deadlines) - now)
         if self.holding(now):
@@ -489,7 +547,8 @@ class Worker(Role):
             now - self.endings_since < COALESCE_SECONDS
 
     def idle_slots(self) -> list[Slot]:
-        return [slot for slot in self.slots if slot.message is None]
+        """The children ready for a task (a child still starting gets none: the claim would wait)."""
+        return [slot for slot in self.slots if slot.ready and slot.message is None]
 
     def busy_count(self) -> int:
         return sum(1 for slot in self.slots if slot.message is not None)
@@ -539,12 +598,17 @@ class Worker(Role):
         except (EOFError, OSError):
             self.child_died(slot)
             return
+        if not slot.ready:  # its first message: set up and ready for a task
+            slot.ready = True
+            slot.idle_since = time.monotonic()
+            return
         # (task_run_id, number, outcome, result, error, traceback, log, metadata, exception class)
         self.add_ending(Ending(*reply, job=slot.message.get("spec", {}).get("call") == "job",
                                run_id=slot.message["run_id"]))
         slot.message = None
         slot.deadline = None
         slot.tasks += 1
+        slot.idle_since = time.monotonic()
 
     def add_ending(self, ending: Ending) -> None:
         if not self.endings:

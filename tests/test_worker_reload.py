@@ -1,7 +1,9 @@
 """A running worker picks up changed code without a restart: after a sync (a new code generation)
 its children are replaced by fresh forks that run the code on disk, busy ones only once their
-task ended; with --max-tasks-per-child a child is replaced after its share of tasks. Real worker
-and dispatcher processes on the test database, modules written to a temporary folder."""
+task ended; with --max-tasks-per-child a child is replaced after its share of tasks. Its pool is
+elastic: it forks children up to --concurrency when work waits and lets the extra ones exit after
+idling. Real worker and dispatcher processes on the test database, modules written to a
+temporary folder."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from orchestrator import reload
 from orchestrator.models import Run, TaskRun, Worker, Workflow
 from orchestrator.runs import create_run
 from orchestrator.sync import sync_workflows
+from orchestrator.worker import Slot
 from orchestrator.worker import Worker as WorkerLoop
 from tests.conftest import process_env, wait_for
 
@@ -233,7 +236,7 @@ def test_max_tasks_per_child_comes_from_the_setting_and_must_not_be_negative(set
 
 def test_a_sync_leaves_a_running_task_alone_and_it_finishes_with_the_old_code(processes, code, tmp_path):
     gate, started = tmp_path / "gate", tmp_path / "started"
-    worker = start(processes, code, tmp_path, "--concurrency", "2")
+    worker = start(processes, code, tmp_path, "--concurrency", "2", "--min-children", "2")
     busy = run_job(code, "value_after_gate", str(gate), str(started))
     wait_for(lambda: started.exists() and started.read_text(), 20, message="the task to start")
     busy_pid = int(started.read_text())
@@ -280,3 +283,28 @@ def test_a_job_module_that_no_longer_imports_is_logged_and_the_worker_keeps_runn
     assert result(run) == 5
     assert result(run_job(code, "value"))["value"] == "one"
     assert worker.poll() is None
+
+
+def test_the_pool_grows_to_the_concurrency_when_work_waits_and_shrinks_back_after_idling(processes, code, tmp_path):
+    gate = tmp_path / "gate"
+    worker = start(processes, code, tmp_path, "--concurrency", "3", ORCHESTRATOR_WORKER_CHILD_IDLE_SECONDS="1")
+    wait_for(lambda: len(children(worker.pid)) == 1, 10, message="one child forked ahead")
+    markers = [tmp_path / f"started-{i}" for i in range(3)]
+    runs = [run_job(code, "value_after_gate", str(gate), str(marker)) for marker in markers]
+    # All three run at once (each waits for the gate), each in a child of its own.
+    wait_for(lambda: all(m.exists() and m.read_text() for m in markers), 20, message="three tasks running at once")
+    assert len({m.read_text() for m in markers}) == 3
+    assert len(children(worker.pid)) == 3
+    gate.write_text("open")
+    assert all(result(run)["value"] == "one" for run in runs)
+    # The two children above the minimum exit after a second without work, and are reaped.
+    wait_for(lambda: len(states := children(worker.pid)) == 1 and "Z" not in states, 15,
+             message="the pool to shrink back to one child")
+    assert result(run_job(code, "value"))["value"] == "one"
+
+
+def test_a_child_gets_a_task_only_once_it_said_it_is_ready():
+    worker = WorkerLoop(["default"], concurrency=2)
+    starting, ready = Slot(pid=1, conn=None), Slot(pid=2, conn=None, ready=True)
+    worker.slots = [starting, ready]
+    assert worker.idle_slots() == [ready]

@@ -9,7 +9,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--queues", default="default", help="Comma-separated queues (default: default).")
-        parser.add_argument("--concurrency", type=int, default=4, help="Child processes, i.e. tasks at once.")
+        parser.add_argument("--concurrency", type=int, default=4,
+                            help="At most this many child processes, i.e. tasks at once (default 4).")
+        parser.add_argument("--min-children", type=int, default=None,
+                            help="Child processes kept forked and waiting (default: ORCHESTRATOR_WORKER_MIN_CHILDREN, "
+                                 "1); more are forked up to --concurrency when work is queued.")
         parser.add_argument("--grace", type=float, default=30.0,
                             help="Seconds running tasks may take to finish after SIGTERM (default 30).")
         parser.add_argument("--max-tasks-per-child", type=int, default=None,
@@ -17,12 +21,12 @@ class Command(BaseCommand):
                                  "ORCHESTRATOR_WORKER_MAX_TASKS_PER_CHILD, 0: never).")
         parser.add_argument("--name", default=None, help="Name prefix shown in the UI (default: the host name); the pid is appended.")
 
-    def handle(self, *args, queues, concurrency, grace, name, max_tasks_per_child, **options):
+    def handle(self, *args, queues, concurrency, grace, name, max_tasks_per_child, min_children, **options):
         require_migrated()
         names = [q.strip() for q in queues.split(",") if q.strip()]
         try:
             worker = Worker(names, concurrency=concurrency, grace=grace, name=name,
-                            max_tasks_per_child=max_tasks_per_child)
+                            max_tasks_per_child=max_tasks_per_child, min_children=min_children)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         worker.serve()
