@@ -239,6 +239,7 @@ class Dispatcher(Role):
         self.limits, self.limits_at = None, -1e9
         self.last_tick = -1e9
         self.held_back = False
+        self.empty_ticks = 0
 
     def serve(self, max_seconds: float | None = None) -> None:
         log.info("dispatcher started", extra={"action": "dispatcher_start"})
@@ -251,12 +252,16 @@ class Dispatcher(Role):
             # A limit edited in the admin applies within one poll interval.
             self.limits, self.limits_at = load_limits(), time.monotonic()
         self.last_tick = time.monotonic()
-        return tick(self.clock.now(), limits=self.limits) > 0  # more due work than one batch: again
+        queued = tick(self.clock.now(), limits=self.limits)
+        self.empty_ticks = 0 if queued else self.empty_ticks + 1
+        return queued > 0  # more due work than one batch: again
 
     def next_wait(self) -> float | None:
-        """Until the next due time, or the poll. Work that is due but held back by a limit waits
-        for a NOTIFY (a worker finished something) or the poll, and the ticks it causes are
-        spaced out: each would read the same held-back keys again for nothing."""
+        """Until the next due time, or the poll. Due work that the last tick left is either new
+        (committed after the tick's snapshot: looked at again at once) or held back by a limit or
+        a full queue; only when a second tick in a row queued nothing is it taken as held back:
+        it then waits for a NOTIFY (a worker finished something) or the poll, and the ticks it
+        causes are spaced out: each would read the same held-back keys again for nothing."""
         upcoming = next_due()
         self.held_back = False
         if upcoming is None:
@@ -264,6 +269,8 @@ class Dispatcher(Role):
         until = (upcoming - self.clock.now()).total_seconds()
         if until > 0:
             return min(self.poll, until)
+        if self.empty_ticks < 2:
+            return 0.0
         self.held_back = True
         return max(self._pause_left(), 0.0) or None
 
