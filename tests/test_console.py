@@ -4,6 +4,7 @@ stopped by Ctrl-C is reported as stopped; a role started before the migrations n
 to run."""
 
 import http.cookiejar
+import os
 import re
 import signal
 import socket
@@ -14,6 +15,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -104,9 +106,23 @@ def test_up_is_ready_when_the_server_listens_logs_client_errors_once_and_stops_q
     assert len(re.findall(r"Forbidden.*/workflows/|/workflows/ HTTP/1.1\" 403", output)) == 1, output
     assert "Traceback" not in output and "PermissionDenied" not in output, output
 
+    # The roles are forks of up (they share its memory), each named for its role where ps shows it.
+    roles = dict(re.findall(r"\[up\] started (\w+) pid (\d+)", output))
+    commands = {"web": "runserver", "scheduler": "scheduler", "dispatcher": "dispatcher", "worker": "worker"}
+    for name, command in commands.items():
+        assert (Path("/proc") / roles[name] / "comm").read_text().strip() == command
+    # A role that dies is forked again.
+    os.kill(int(roles["scheduler"]), signal.SIGKILL)
+    wait_for(lambda: len(re.findall(r"\[up\] started scheduler pid", processes.output(up))) == 2, timeout=15,
+             message="the scheduler to be started again")
+    again = re.findall(r"\[up\] started scheduler pid (\d+)", processes.output(up))[-1]
+    wait_for(lambda: (Path("/proc") / again / "comm").read_text().strip() == "scheduler", timeout=10,
+             message="the new scheduler to run")
+
+    stopping_from = len(processes.output(up))
     processes.send(up, signal.SIGINT)  # Ctrl-C in its terminal: the children have their own sessions
     assert up.wait(timeout=90) == 0, processes.output(up)
-    output = processes.output(up)
+    output = processes.output(up)[stopping_from:]
     assert "exited with code -15" not in output and "killed" not in output, output
     for name in ("web", "scheduler", "dispatcher", "worker"):
         assert re.search(rf"\[up\] {name} \(pid \d+\) (exited cleanly \(code 0\)|stopped by the SIGTERM the "

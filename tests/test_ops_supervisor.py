@@ -6,7 +6,9 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -128,3 +130,23 @@ def test_a_killed_child_is_reported_as_killed_by_its_signal(processes):
     assert re.search(rf"victim \(pid {pid}\) was killed by SIGKILL after [\d.]+s; restarting in 0.05s",
                      processes.output(supervisor))
     assert processes.stop(supervisor, signal.SIGTERM, timeout=30) == 0, processes.output(supervisor)
+
+
+def test_a_forked_role_runs_its_command_in_its_own_session_and_reports_how_it_ended(tmp_path):
+    from orchestrator.supervisor import ForkedRole
+
+    ended = ForkedRole.start([sys.executable, "manage.py", "shell", "-c", "import sys; sys.exit(3)"], None)
+    assert ended.wait(timeout=30) == 3
+    output = open(tmp_path / "out.log", "wb")  # noqa: SIM115 - closed below
+    sleeping = ForkedRole.start([sys.executable, "manage.py", "shell", "-c",
+                                 "import os, time; print(os.getsid(0), flush=True); time.sleep(60)"], output)
+    output.close()
+    # Named for its role where ps and top show the command, in a session of its own.
+    wait_for(lambda: str(sleeping.pid) in (tmp_path / "out.log").read_text(), 30, message="the role to start")
+    assert (Path("/proc") / str(sleeping.pid) / "comm").read_text().strip() == "shell"
+    assert int((tmp_path / "out.log").read_text().split()[-1]) == sleeping.pid
+    with pytest.raises(subprocess.TimeoutExpired):
+        sleeping.wait(timeout=0.1)
+    assert sleeping.poll() is None
+    sleeping.send_signal(signal.SIGKILL)
+    assert sleeping.wait(timeout=10) == -signal.SIGKILL and sleeping.returncode == -signal.SIGKILL

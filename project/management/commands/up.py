@@ -3,21 +3,31 @@
 It migrates, syncs the workflows, creates an admin on first start, then starts the web server,
 a scheduler, a dispatcher and a worker as child processes. Ctrl-C stops the children, then the
 embedded PostgreSQL.
+
+The roles are forks of this process (``ForkedRole``), not new interpreters: they share the memory
+of Django's start-up, which keeps the idle stack small. So this process does its own work
+(migrate, sync, the admin) in a short-lived fork too: it stays as the start-up left it, and never
+imports a workflow module (a worker must not inherit one, or it could not load a changed one).
 """
 
+import gc
+import importlib
 import os
+import pkgutil
 import secrets
 import socket
+import sys
 import time
+import traceback
 from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 
 from orchestrator.supervisor import Child, Supervisor, role_argv
-from orchestrator.sync import sync_workflows
 
 
 class Command(BaseCommand):
@@ -29,21 +39,18 @@ class Command(BaseCommand):
 
     def handle(self, *args, port, host, **options):
         started = process_started()
-        call_command("migrate", interactive=False, verbosity=0)
-        report = sync_workflows()
-        synced = len(report.created) + len(report.new_versions) + len(report.unchanged)
-        self.stdout.write(f"workflows: {synced} synced, {len(report.broken)} broken")
-        for name, error in report.broken.items():
-            self.stderr.write(self.style.WARNING(f"  broken {name}: {error.splitlines()[0]}"))
-        for module, error in report.import_errors.items():
-            self.stderr.write(self.style.WARNING(f"  module {module} failed to import: {error}"))
-        login = self.ensure_admin()
+        # No collection in this process from here: it would leave holes in pages the roles share,
+        # which their allocations would then fill (and copy). Each fork collects again.
+        gc.disable()
+        login = self.in_fork(self.prepare)
+        preload()
 
         children = [
-            Child("web", role_argv("runserver", f"{host}:{port}", "--noreload", "--skip-checks")),
-            Child("scheduler", role_argv("scheduler")),
-            Child("dispatcher", role_argv("dispatcher")),
-            Child("worker", role_argv("worker", "--queues", "default,batch", "--concurrency", "4", "--grace", "10")),
+            Child("web", role_argv("runserver", f"{host}:{port}", "--noreload", "--skip-checks"), fork=True),
+            Child("scheduler", role_argv("scheduler"), fork=True),
+            Child("dispatcher", role_argv("dispatcher"), fork=True),
+            Child("worker", role_argv("worker", "--queues", "default,batch", "--concurrency", "4", "--grace", "10"),
+                  fork=True),
         ]
         url = f"http://{host}:{port}/"
 
@@ -60,6 +67,53 @@ class Command(BaseCommand):
             self.stop_database()
         if supervisor.gave_up:
             raise CommandError(supervisor.gave_up)
+
+    def prepare(self) -> str:
+        """Migrate, sync the workflows and make sure an admin exists; returns the login line."""
+        from orchestrator.sync import sync_workflows
+
+        call_command("migrate", interactive=False, verbosity=0)
+        report = sync_workflows()
+        synced = len(report.created) + len(report.new_versions) + len(report.unchanged)
+        self.stdout.write(f"workflows: {synced} synced, {len(report.broken)} broken")
+        for name, error in report.broken.items():
+            self.stderr.write(self.style.WARNING(f"  broken {name}: {error.splitlines()[0]}"))
+        for module, error in report.import_errors.items():
+            self.stderr.write(self.style.WARNING(f"  module {module} failed to import: {error}"))
+        return self.ensure_admin()
+
+    def in_fork(self, work) -> str:
+        """``work()`` in a fork of this process, which then exits; returns what it returned (text)."""
+        connections.close_all()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read)
+            code = 1
+            try:
+                os.write(write, work().encode())
+                code = 0
+            except KeyboardInterrupt:
+                code = 130
+            except BaseException:  # noqa: BLE001 - reported, and the parent says it failed
+                traceback.print_exc()
+            finally:
+                try:
+                    connections.close_all()
+                    self.stdout.flush()
+                    self.stderr.flush()
+                finally:
+                    os._exit(code)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            answer = pipe.read().decode()
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            raise CommandError(f"preparing the database failed (exit code {code}, see above)")
+        return answer
 
     def say(self, message: str) -> None:
         self.stderr.write(f"[up] {message}")
@@ -90,6 +144,25 @@ class Command(BaseCommand):
         connections.close_all()
         embedded.stop(database.pgdata())
         self.stdout.write("embedded PostgreSQL stopped")
+
+
+def preload() -> None:
+    """Import what the roles import before forking them, so each module is in memory once, shared
+    by every role, rather than once in each (workflow modules excepted: see the module's doc)."""
+    from django.core.management import get_commands, load_command_class
+    from django.db.migrations.loader import MigrationLoader
+    from django.urls import get_resolver
+
+    import orchestrator
+
+    for module in pkgutil.walk_packages(orchestrator.__path__, "orchestrator."):
+        if not module.name.startswith(("orchestrator.bench", "orchestrator.migrations")):
+            importlib.import_module(module.name)  # the app's modules import nothing of the project's
+    commands = get_commands()
+    for name in ("runserver", "scheduler", "dispatcher", "worker"):
+        load_command_class(commands[name], name)
+    get_resolver().url_patterns  # noqa: B018 - the web server's views, the API and its schema
+    MigrationLoader(None, ignore_no_migrations=True)  # runserver reads every migration at start
 
 
 def listening(host: str, port: int) -> bool:
