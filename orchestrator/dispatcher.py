@@ -239,29 +239,32 @@ class Dispatcher(Role):
         self.limits, self.limits_at = None, -1e9
         self.last_tick = -1e9
         self.held_back = False
-        self.empty_ticks = 0
+        self.announced = False
 
     def serve(self, max_seconds: float | None = None) -> None:
         log.info("dispatcher started", extra={"action": "dispatcher_start"})
         Loop(self, poll=self.poll, max_seconds=max_seconds).run()
 
     def tick(self) -> bool:
-        if self.held_back and self._pause_left() > 0:
+        if self.held_back and not self.announced and self._pause_left() > 0:
             return False
+        # A NOTIFY from here on is for work this tick may not see: it makes the next one look.
+        self.announced = False
         if time.monotonic() - self.limits_at > self.poll:
             # A limit edited in the admin applies within one poll interval.
             self.limits, self.limits_at = load_limits(), time.monotonic()
         self.last_tick = time.monotonic()
-        queued = tick(self.clock.now(), limits=self.limits)
-        self.empty_ticks = 0 if queued else self.empty_ticks + 1
-        return queued > 0  # more due work than one batch: again
+        return tick(self.clock.now(), limits=self.limits) > 0  # more due work than one batch: again
+
+    def notified(self, notifies: list) -> None:
+        self.announced = True
 
     def next_wait(self) -> float | None:
-        """Until the next due time, or the poll. Due work that the last tick left is either new
-        (committed after the tick's snapshot: looked at again at once) or held back by a limit or
-        a full queue; only when a second tick in a row queued nothing is it taken as held back:
-        it then waits for a NOTIFY (a worker finished something) or the poll, and the ticks it
-        causes are spaced out: each would read the same held-back keys again for nothing."""
+        """Until the next due time, or the poll. Due work that the last tick left is held back by
+        a limit or a full queue, or new: committed after the tick's snapshot, and announced by a
+        NOTIFY. Held-back work waits for the pause to end, and the ticks it causes are spaced
+        out (each would read the same held-back keys again for nothing); a NOTIFY ends the pause
+        at once, so work that arrives during a tick waits for no pause."""
         upcoming = next_due()
         self.held_back = False
         if upcoming is None:
@@ -269,10 +272,8 @@ class Dispatcher(Role):
         until = (upcoming - self.clock.now()).total_seconds()
         if until > 0:
             return min(self.poll, until)
-        if self.empty_ticks < 2:
-            return 0.0
         self.held_back = True
-        return max(self._pause_left(), 0.0) or None
+        return 0.0 if self.announced else max(self._pause_left(), 0.0) or None
 
     def _pause_left(self) -> float:
         return self.last_tick + HELD_BACK_PAUSE - time.monotonic()

@@ -161,25 +161,26 @@ def test_a_queue_holds_at_most_the_queue_depth_and_the_rest_waits_in_dispatch_or
     assert TaskRun.objects.filter(queue="default", state="queued").count() == 3
 
 
-def test_due_work_a_tick_missed_is_looked_at_again_at_once_held_back_work_after_a_pause(clock):
-    # Work committed after a tick's snapshot is due when the dispatcher next looks: it ticks again
-    # at once rather than taking it for work held back by a limit. Work a limit holds back (a
-    # second tick queues nothing either) waits for a NOTIFY or a short pause.
+def test_due_work_announced_during_a_tick_is_looked_at_at_once_held_back_work_after_a_pause(clock):
+    # Work held back by a limit waits out a short pause between ticks. Work committed after a
+    # tick's snapshot is announced by its NOTIFY, which ends the pause at once.
     QueueLimit.objects.create(queue="batch", max_running=1)
     role = dispatcher.Dispatcher(poll=1.0, clock=clock)
     assert role.tick() is False and role.next_wait() is None  # nothing at all
-    make_run({"a": job_spec()}, clock)
-    role.empty_ticks = 1  # as if it arrived just after an empty tick
-    assert role.next_wait() == 0.0
-    assert role.tick() is True
     for _ in range(2):
         make_run({"a": job_spec(queue="batch")}, clock)
-    assert role.tick() is True  # the first one: the limit's room
-    assert role.tick() is False
-    assert role.next_wait() == 0.0  # one empty tick: maybe new work, look again
+    assert role.tick() is True  # the limit's room
     assert role.tick() is False
     pause = role.next_wait()
     assert role.held_back and 0 < pause <= dispatcher.HELD_BACK_PAUSE
+    assert role.tick() is False  # within the pause: not even a look
+    new = make_run({"a": job_spec()}, clock)
+    role.notified([object()])  # its NOTIFY
+    assert role.next_wait() == 0.0
+    assert role.tick() is True
+    assert states(new) == {"a": "queued"}
+    assert role.tick() is False
+    assert 0 < role.next_wait() <= dispatcher.HELD_BACK_PAUSE
 
 
 @override_settings(ORCHESTRATOR_QUEUE_DEPTH=0)
