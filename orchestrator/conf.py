@@ -81,10 +81,11 @@ OPTIONS = [
     Option("WORKER_MAX_TASKS_PER_CHILD", "count", 0, "0 (never)",
            "A worker replaces a child process after it ran this many tasks (a fresh fork: it runs the code "
            "now on disk and gives back what task code leaked); `--max-tasks-per-child` overrides it. 0: never."),
-    Option("WORKER_MIN_CHILDREN", "count", 1, "1",
-           "Child processes a worker keeps forked and waiting (at most its `--concurrency`); it forks more, up "
-           "to `--concurrency`, when work is queued and none is free. `--min-children` overrides it; set it to "
-           "the concurrency for a fixed pool."),
+    Option("WORKER_MIN_CHILDREN", "count", 0, "0 (all)",
+           "Child processes a worker keeps forked and waiting (at most its `--concurrency`; 0: all of them, a "
+           "fixed pool). Fewer hold less memory while idle; the worker forks more, up to `--concurrency`, when "
+           "work is queued and none is free, and the first tasks of a burst then wait for them. "
+           "`--min-children` overrides it."),
     Option("WORKER_CHILD_IDLE_SECONDS", "seconds", 60.0, "60",
            "A child above the minimum that had no task for this long exits (an idle worker gives its memory back)."),
     Option("LEASE_SECONDS", "seconds", 15.0, "15",

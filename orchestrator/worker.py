@@ -209,13 +209,13 @@ class Worker(Role):
             raise ValueError(f"--max-tasks-per-child must be 0 (never) or more, got {max_tasks_per_child}")
         if min_children is None:
             min_children = app_settings.WORKER_MIN_CHILDREN
-        if min_children < 1:
-            raise ValueError(f"--min-children must be at least 1, got {min_children}")
+        if min_children < 0:
+            raise ValueError(f"--min-children must be 0 (all: a fixed pool) or more, got {min_children}")
         self.queues = queues
         self.channels = [*(queue_channel(q) for q in queues), CANCEL_CHANNEL, CODE_CHANNEL]
         self.concurrency = concurrency
         self.max_tasks_per_child = max_tasks_per_child
-        self.min_children = min(min_children, concurrency)
+        self.min_children = min(min_children or concurrency, concurrency)
         self.child_idle_seconds = app_settings.WORKER_CHILD_IDLE_SECONDS
         self.code_generation = 0
         self.retiring: list[tuple[int, float]] = []  # (pid, kill after): recycled children told to exit

@@ -285,9 +285,21 @@ def test_a_job_module_that_no_longer_imports_is_logged_and_the_worker_keeps_runn
     assert worker.poll() is None
 
 
+def test_by_default_every_child_is_forked_ahead_and_none_idles_out(processes, code, tmp_path):
+    # A fixed pool: no task waits for a fork when work arrives after a quiet spell.
+    worker = start(processes, code, tmp_path, "--concurrency", "3")
+    wait_for(lambda: len(children(worker.pid)) == 3, 10, message="three children forked ahead")
+    assert result(run_job(code, "value"))["value"] == "one"
+    loop = WorkerLoop(["default"], concurrency=3)
+    assert loop.min_children == 3
+    loop.slots = [Slot(pid=0, conn=None, ready=True, idle_since=0.0) for _ in range(3)]
+    assert loop.next_shrink() is None  # never below the minimum: nothing to shrink
+
+
 def test_the_pool_grows_to_the_concurrency_when_work_waits_and_shrinks_back_after_idling(processes, code, tmp_path):
     gate = tmp_path / "gate"
-    worker = start(processes, code, tmp_path, "--concurrency", "3", ORCHESTRATOR_WORKER_CHILD_IDLE_SECONDS="1")
+    worker = start(processes, code, tmp_path, "--concurrency", "3", "--min-children", "1",
+                   ORCHESTRATOR_WORKER_CHILD_IDLE_SECONDS="1")
     wait_for(lambda: len(children(worker.pid)) == 1, 10, message="one child forked ahead")
     markers = [tmp_path / f"started-{i}" for i in range(3)]
     runs = [run_job(code, "value_after_gate", str(gate), str(marker)) for marker in markers]

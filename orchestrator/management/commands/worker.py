@@ -13,7 +13,8 @@ class Command(BaseCommand):
                             help="At most this many child processes, i.e. tasks at once (default 4).")
         parser.add_argument("--min-children", type=int, default=None,
                             help="Child processes kept forked and waiting (default: ORCHESTRATOR_WORKER_MIN_CHILDREN, "
-                                 "1); more are forked up to --concurrency when work is queued.")
+                                 "0: all, a fixed pool); more are forked up to --concurrency when work is "
+                                 "queued.")
         parser.add_argument("--grace", type=float, default=30.0,
                             help="Seconds running tasks may take to finish after SIGTERM (default 30).")
         parser.add_argument("--max-tasks-per-child", type=int, default=None,

@@ -49,7 +49,7 @@ class Command(BaseCommand):
             Child("web", role_argv("runserver", f"{host}:{port}", "--noreload", "--skip-checks"), fork=True),
             Child("scheduler", role_argv("scheduler"), fork=True),
             Child("dispatcher", role_argv("dispatcher"), fork=True),
-            Child("worker", role_argv("worker", "--queues", "default,batch", "--concurrency", "4", "--grace", "10"),
+            Child("worker", role_argv("worker", "--queues", "default,batch", "--concurrency", "4", "--min-children", "1", "--grace", "10"),
                   fork=True),
         ]
         url = f"http://{host}:{port}/"
