@@ -84,6 +84,15 @@ def pinned_process_clock(request):
         yield pinned
 
 
+def alive(pid: int) -> bool:
+    """Whether a process with this pid exists (a zombie counts until it is reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"):
     """Poll ``predicate`` until it returns a truthy value; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

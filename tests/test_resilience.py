@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator.jobs import enqueue
 from orchestrator.models import Worker
-from tests.conftest import ROOT, process_env, wait_for
+from tests.conftest import ROOT, alive, process_env, wait_for
 from tests.pgcluster import OwnCluster
 
 TEMPLATE = "orchestrator_template"
@@ -147,14 +147,6 @@ def test_a_draining_worker_exits_as_soon_as_its_last_task_ends(processes, tmp_pa
 
 def started(output: str, child: str) -> list[int]:
     return [int(pid) for pid in re.findall(rf"started {child} pid (\d+)", output)]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def add_schedules(env) -> None:

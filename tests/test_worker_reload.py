@@ -22,7 +22,7 @@ from orchestrator.runs import create_run
 from orchestrator.sync import sync_workflows
 from orchestrator.worker import Slot
 from orchestrator.worker import Worker as WorkerLoop
-from tests.conftest import process_env, wait_for
+from tests.conftest import alive, process_env, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -143,14 +143,6 @@ def result(run, timeout=20.0):
 
 def said(processes, proc, text: str, timeout=15.0) -> bool:
     return wait_for(lambda: text in processes.output(proc), timeout, message=f"the worker to log {text!r}")
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_a_sync_makes_the_running_worker_run_the_changed_workflow_task(processes, code, tmp_path):
