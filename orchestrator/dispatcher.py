@@ -19,7 +19,7 @@ from orchestrator import clock
 from orchestrator.channels import DISPATCH_CHANNEL, wake_queues
 from orchestrator.clock import system as system_clock
 from orchestrator.conf import app_settings
-from orchestrator.loop import Loop, Role
+from orchestrator.loop import SHORT_TRANSACTION, Loop, Role
 from orchestrator.models import QueueLimit, TenantLimit
 from orchestrator.states import BUSY_TASK_STATES, TaskState, sql_list
 
@@ -117,8 +117,6 @@ UPDATE orchestrator_taskrun SET state = '{TaskState.QUEUED}', queued_at = %(now)
 WHERE id = ANY (%(ids)s::bigint[]) AND state = '{TaskState.SCHEDULED}'
 """
 
-TICK_SETTINGS = "SELECT set_config('synchronous_commit', 'off', true), set_config('jit', 'off', true)"
-
 HELD_BACK_PAUSE = 0.05
 UNBOUNDED = 2**31 - 1
 
@@ -176,10 +174,9 @@ def tick(now: datetime | None = None, batch: int = 1000, limits: tuple | None = 
     depth = (app_settings.QUEUE_DEPTH if depth is None else depth) or UNBOUNDED
     with transaction.atomic(), connection.cursor() as cursor, _bound_cursor() as bound:
         # Not waiting for the WAL flush: a queued mark lost in a database crash leaves the task
-        # run scheduled, and the next tick queues it again. No JIT: the planner's row estimates of
-        # the candidate query grow with the backlog (each key could hold it all) past jit_above_cost,
-        # and compiling it would cost a hundred times what running it does.
-        cursor.execute(TICK_SETTINGS)
+        # run scheduled, and the next tick queues it again. No JIT: the candidate query's row
+        # estimates grow with the backlog (each key could hold it all) past jit_above_cost.
+        cursor.execute(SHORT_TRANSACTION)
         queue_limits, queue_default, tenant_limits, tenant_default = limits or load_limits()
         bound.execute(CANDIDATES, {
             "now": now, "batch": batch, "depth": depth,

@@ -40,7 +40,7 @@ from django.db import connection, connections, transaction
 from orchestrator import clock, executor, reload, resolver, taskcontext
 from orchestrator.channels import CANCEL_CHANNEL, CODE_CHANNEL, queue_channel, wake_dispatchers
 from orchestrator.conf import app_settings
-from orchestrator.loop import DATABASE_ERRORS, Loop, Role, first_line
+from orchestrator.loop import DATABASE_ERRORS, SHORT_TRANSACTION, Loop, Role, first_line
 from orchestrator.resolver import Ending
 from orchestrator.states import LIVE_WORKER_STATES, AttemptOutcome, TaskState, WorkerState, sql_list
 
@@ -54,10 +54,8 @@ ANY_LIMIT = ("SELECT EXISTS (SELECT 1 FROM orchestrator_queuelimit) "
 # The worker's claims and outcomes do not wait for the WAL flush. Safe because execution is at
 # least once anyway: a commit lost in a database crash only means a task run is claimed or
 # recorded again (the claim returns to "queued", the outcome's attempt is reaped and retried);
-# never that work is lost. It takes the disk's fsync latency out of every batch.
-# No JIT either: every statement of a worker is short, and a planner estimate inflated by a big
-# table would otherwise compile one for longer than it runs.
-ASYNC_COMMIT = "SELECT set_config('synchronous_commit', 'off', true), set_config('jit', 'off', true)"
+# never that work is lost. It takes the disk's fsync latency out of every batch (and no JIT).
+ASYNC_COMMIT = SHORT_TRANSACTION
 COALESCE_SECONDS = 0.003
 # The latest recorded outcomes a worker keeps, to record again those a database crash lost: a
 # server's unflushed commits span well under a second (wal_writer_delay), far fewer outcomes than
