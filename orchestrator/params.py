@@ -11,7 +11,7 @@ import json
 import math
 from datetime import date, datetime
 
-from orchestrator.limits import json_problem, text_error
+from orchestrator.limits import MAX_JSON_DEPTH, json_problem, text_error
 
 # Integers a task can hand to PostgreSQL or any JSON consumer: a bigint.
 INT_RANGE = (-(2**63), 2**63 - 1)
@@ -104,7 +104,11 @@ def _as_json(kind: str):
         if isinstance(value, str):
             try:
                 value = json.loads(value)
-            except (ValueError, RecursionError):
+            except RecursionError:
+                # Where the parser gives up depends on the Python version (3.12: about 1,000 levels).
+                raise ValueError(f"expected a JSON {kind}, got {_shown(value)}: nested deeper than "
+                                 f"{MAX_JSON_DEPTH} levels") from None
+            except ValueError:
                 raise ValueError(f"expected a JSON {kind}, got {_shown(value)}") from None
         if not isinstance(value, expected):
             raise ValueError(f"expected a JSON {kind}, got {_shown(value)}")
