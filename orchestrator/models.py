@@ -169,10 +169,16 @@ class Lane(models.IntegerChoices):
 
 
 class Run(models.Model):
-    workflow = models.ForeignKey(Workflow, null=True, blank=True, on_delete=models.CASCADE, related_name="runs")
-    version = models.ForeignKey(WorkflowVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="runs")
-    schedule = models.ForeignKey(Schedule, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs")
-    backfill = models.ForeignKey(Backfill, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs")
+    # No index of their own on the foreign keys: the indexes below lead with them, and only for
+    # the rows that have one (a job's run has none), so a run's writes update fewer indexes.
+    workflow = models.ForeignKey(Workflow, null=True, blank=True, on_delete=models.CASCADE, related_name="runs",
+                                 db_index=False)
+    version = models.ForeignKey(WorkflowVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="runs",
+                                db_index=False)
+    schedule = models.ForeignKey(Schedule, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs",
+                                 db_index=False)
+    backfill = models.ForeignKey(Backfill, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs",
+                                 db_index=False)
     logical_date = models.DateTimeField()
     trigger = models.CharField(max_length=10, choices=Trigger.choices)
     params = models.JSONField(default=dict, blank=True)
@@ -184,7 +190,8 @@ class Run(models.Model):
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001 - NULL: no key, unique when set
     # sha256 of the request that created the run, to tell a retry from a conflicting reuse of a key.
     payload_hash = models.CharField(max_length=64, blank=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   db_index=False)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -201,18 +208,25 @@ class Run(models.Model):
     class Meta:
         ordering = ["-id"]
         constraints = [
-            models.UniqueConstraint(fields=["schedule", "logical_date"], name="run_unique_fire_time"),
+            models.UniqueConstraint(fields=["schedule", "logical_date"], condition=Q(schedule__isnull=False),
+                                    name="run_one_per_fire_time"),
             models.UniqueConstraint(
                 fields=["idempotency_key"], condition=Q(idempotency_key__isnull=False), name="run_unique_idempotency_key"
             ),
         ]
         indexes = [
-            models.Index(fields=["workflow", "-id"], name="run_by_workflow"),
+            # Partial (only runs that have one) wherever a column is empty for most runs: a job's
+            # run then costs no entry in them, at its insert and at each of its updates.
+            models.Index(fields=["workflow", "-id"], condition=Q(workflow__isnull=False), name="run_of_workflow"),
             # The workflow page's grid: a workflow's runs by logical date.
-            models.Index(fields=["workflow", "-logical_date", "-id"], name="run_by_workflow_date"),
+            models.Index(fields=["workflow", "-logical_date", "-id"], condition=Q(workflow__isnull=False),
+                         name="run_of_workflow_by_date"),
+            models.Index(fields=["version"], condition=Q(version__isnull=False), name="run_of_version"),
+            models.Index(fields=["backfill"], condition=Q(backfill__isnull=False), name="run_of_backfill"),
+            models.Index(fields=["created_by"], condition=Q(created_by__isnull=False), name="run_of_creator"),
             models.Index(fields=["state", "-id"], name="run_by_state"),
             models.Index(fields=["schedule", "state"], condition=Q(state__in=[*ACTIVE_RUN_STATES]), name="run_active"),
-            models.Index(fields=["finished_at"], name="run_finished"),
+            models.Index(fields=["finished_at"], condition=Q(finished_at__isnull=False), name="run_finished_at"),
             # /metrics: the schedule delay of runs started in the last hour.
             models.Index(fields=["started_at"], condition=Q(schedule_delay__isnull=False), name="run_schedule_delay"),
             # The runs list filters by trigger and by logical date and pages by id (keyset).
@@ -237,7 +251,8 @@ class Run(models.Model):
 
 
 class TaskRun(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="task_runs")
+    # Found by run on taskrun_unique_task, which leads with it.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="task_runs", db_index=False)
     task = models.CharField(max_length=255)
     # -1: the task itself. A mapped task has that row (its summary: state "mapped", then the
     # list of results) plus one instance per item, numbered from 0.
@@ -256,7 +271,10 @@ class TaskRun(models.Model):
     max_attempts = models.PositiveIntegerField(default=1)
     due_at = models.DateTimeField(null=True, blank=True)
     timeout = models.FloatField(null=True, blank=True, help_text="Seconds before the attempt is killed.")
-    worker = models.ForeignKey("Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # Looked up by worker only while running (taskrun_running): a full index would take an entry
+    # at every change of state of every task run ever claimed.
+    worker = models.ForeignKey("Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                               db_index=False)
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -278,6 +296,8 @@ class TaskRun(models.Model):
             models.Index(fields=["queue", "-priority", "id"], condition=Q(state=TaskState.QUEUED), name="taskrun_queued"),
             models.Index(fields=["queue", "tenant"], condition=Q(state__in=[*BUSY_TASK_STATES]), name="taskrun_busy"),
             models.Index(fields=["finished_at"], condition=Q(state=TaskState.DEAD), name="taskrun_dead"),
+            # A worker's own running task runs (what it claimed but runs in no child, after an outage).
+            models.Index(fields=["worker"], condition=Q(state=TaskState.RUNNING), name="taskrun_running"),
             # The dispatcher's wake-up time: the earliest due_at of scheduled work, without
             # scanning every delayed job.
             models.Index(fields=["due_at"], condition=Q(state=TaskState.SCHEDULED), name="taskrun_next_due"),
@@ -310,9 +330,12 @@ class DeadTaskRun(TaskRun):
 
 
 class Attempt(models.Model):
-    task_run = models.ForeignKey(TaskRun, on_delete=models.CASCADE, related_name="attempt_set")
+    # Found by task run on attempt_unique_number, which leads with it; by worker only while
+    # running (attempt_running).
+    task_run = models.ForeignKey(TaskRun, on_delete=models.CASCADE, related_name="attempt_set", db_index=False)
     number = models.PositiveIntegerField()
-    worker = models.ForeignKey("Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="attempts")
+    worker = models.ForeignKey("Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="attempts",
+                               db_index=False)
     outcome = models.CharField(max_length=16, choices=AttemptOutcome.choices, default=AttemptOutcome.RUNNING)
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -71,7 +71,7 @@ class PruneReport:
         return text
 
 
-# Oldest first, so an interrupted prune has removed the oldest history. run_finished indexes
+# Oldest first, so an interrupted prune has removed the oldest history. run_finished_at indexes
 # finished_at; the NOT EXISTS uses the (run, task) unique index.
 SELECT_BATCH_SQL = """
     SELECT r.id FROM orchestrator_run r

@@ -52,7 +52,7 @@ def test_the_database_refuses_a_second_run_for_the_same_fire_time(workflow, sche
     fire = datetime(2026, 3, 1, 2, 0, tzinfo=UTC)
     raw_insert_run(workflow, schedule, fire)
     # Plain SQL, bypassing every Python check: PostgreSQL itself must refuse the duplicate.
-    with pytest.raises(IntegrityError, match="run_unique_fire_time"), transaction.atomic():
+    with pytest.raises(IntegrityError, match="run_one_per_fire_time"), transaction.atomic():
         raw_insert_run(workflow, schedule, fire)
     assert Run.objects.filter(schedule=schedule).count() == 1
 
