@@ -15,7 +15,7 @@ from datetime import datetime
 
 from django.db import connection, transaction
 
-from orchestrator import clock
+from orchestrator import clock, db
 from orchestrator.channels import DISPATCH_CHANNEL, wake_queues
 from orchestrator.clock import system as system_clock
 from orchestrator.conf import app_settings
@@ -87,10 +87,13 @@ WITH RECURSIVE keys AS (
     ORDER BY place
     LIMIT %(batch)s
 )
-SELECT t.id, t.queue, t.tenant FROM orchestrator_taskrun t JOIN chosen USING (id)
-WHERE t.state = '{TaskState.SCHEDULED}'
+-- Each chosen row locked by its id (a join would let the planner read every scheduled row).
+SELECT t.id, t.queue, t.tenant FROM chosen CROSS JOIN LATERAL (
+    SELECT id, queue, tenant FROM orchestrator_taskrun
+    WHERE id = chosen.id AND (state = '{TaskState.SCHEDULED}') IS TRUE
+    FOR UPDATE SKIP LOCKED
+) t
 ORDER BY chosen.place
-FOR UPDATE OF t SKIP LOCKED
 """
 
 # What is queued or running now, per queue and per tenant (the taskrun_busy index: the cost
@@ -114,7 +117,7 @@ WHERE state IN ({sql_list(BUSY_TASK_STATES)}) AND tenant = ANY (%(keys)s) GROUP 
 
 MARK_QUEUED = f"""
 UPDATE orchestrator_taskrun SET state = '{TaskState.QUEUED}', queued_at = %(now)s
-WHERE id = ANY (%(ids)s::bigint[]) AND state = '{TaskState.SCHEDULED}'
+WHERE id = ANY (%(ids)s::bigint[]) AND (state = '{TaskState.SCHEDULED}') IS TRUE
 """
 
 HELD_BACK_PAUSE = 0.05
@@ -155,16 +158,6 @@ def _full(cursor, limits: dict[str, int], default: int | None, busy_sql: str) ->
                   if (limit := limits.get(name, default)) is not None and busy.get(name, 0) >= limit)
 
 
-def _bound_cursor():
-    """A cursor that sends parameters apart from the SQL text (server-side binding): an array of a
-    thousand ids goes as one binary value, not as a thousand literals formatted on the client.
-    Django's psycopg cursors bind on the client; this one shares the connection and transaction."""
-    import psycopg
-
-    connection.ensure_connection()
-    return psycopg.Cursor(connection.connection)
-
-
 def tick(now: datetime | None = None, batch: int = 1000, limits: tuple | None = None,
          depth: int | None = None) -> int:
     """Queue the due task runs that the limits and the queue depth allow; returns how many were
@@ -172,13 +165,13 @@ def tick(now: datetime | None = None, batch: int = 1000, limits: tuple | None = 
     ``depth``: the most queued task runs a queue holds (``ORCHESTRATOR_QUEUE_DEPTH``)."""
     now = now or clock.now()
     depth = (app_settings.QUEUE_DEPTH if depth is None else depth) or UNBOUNDED
-    with transaction.atomic(), connection.cursor() as cursor, _bound_cursor() as bound:
+    with transaction.atomic(), connection.cursor() as cursor, db.cursor() as bound:
         # Not waiting for the WAL flush: a queued mark lost in a database crash leaves the task
         # run scheduled, and the next tick queues it again. No JIT: the candidate query's row
         # estimates grow with the backlog (each key could hold it all) past jit_above_cost.
         cursor.execute(SHORT_TRANSACTION)
         queue_limits, queue_default, tenant_limits, tenant_default = limits or load_limits()
-        bound.execute(CANDIDATES, {
+        db.execute(bound, CANDIDATES, {
             "now": now, "batch": batch, "depth": depth,
             "full_queues": _full(cursor, queue_limits, queue_default, BUSY_ALL_QUEUES),
             "full_tenants": _full(cursor, tenant_limits, tenant_default, BUSY_ALL_TENANTS),
@@ -212,7 +205,7 @@ def tick(now: datetime | None = None, batch: int = 1000, limits: tuple | None = 
             admitted.append(task_run_id)
             queues.add(queue)
         if admitted:
-            bound.execute(MARK_QUEUED, {"ids": admitted, "now": now})
+            db.execute(bound, MARK_QUEUED, {"ids": admitted, "now": now})
             wake_queues(queues)
         return len(admitted)
 

@@ -23,7 +23,7 @@ from datetime import datetime
 
 from django.db import connection
 
-from orchestrator import callbacks, clock, datasets, deadlines, mapping
+from orchestrator import callbacks, clock, datasets, db, deadlines, mapping
 from orchestrator.channels import wake_dispatchers
 from orchestrator.states import (
     DEFAULT_TRIGGER_RULE,
@@ -101,8 +101,8 @@ UPDATE orchestrator_taskrun t SET
                          OR (d.outcome <> '{AttemptOutcome.SUCCEEDED}' AND t.attempts < t.max_attempts) THEN NULL
                        ELSE %(now)s END
 FROM d
-WHERE t.id = d.id AND t.state = '{TaskState.RUNNING}' AND t.attempts = d.number
-  AND (%(worker)s::bigint IS NULL OR t.worker_id = %(worker)s::bigint)
+WHERE t.id = d.id AND (t.state = '{TaskState.RUNNING}' AND t.attempts = d.number
+  AND (%(worker)s::bigint IS NULL OR t.worker_id = %(worker)s::bigint)) IS TRUE
 RETURNING t.id, t.run_id, t.state, t.spec ? 'produces' AS produces, t.spec ? 'callbacks' AS calls
 ), a AS (
     -- The attempt rows of the task runs whose end was accepted above, in the same round trip.
@@ -110,7 +110,7 @@ RETURNING t.id, t.run_id, t.state, t.spec ? 'produces' AS produces, t.spec ? 'ca
         traceback = d.traceback, exception_class = d.exception_class,
         log_path = CASE WHEN d.log_path <> '' THEN d.log_path ELSE a.log_path END
     FROM t JOIN d ON d.id = t.id
-    WHERE a.task_run_id = d.id AND a.number = d.number AND a.outcome = '{AttemptOutcome.RUNNING}'
+    WHERE a.task_run_id = d.id AND a.number = d.number AND (a.outcome = '{AttemptOutcome.RUNNING}') IS TRUE
 )
 SELECT id, run_id, state, produces, calls FROM t
 """
@@ -221,12 +221,25 @@ WITH f AS (
 )
 UPDATE orchestrator_run r SET state = CASE WHEN f.ok THEN '{RunState.SUCCEEDED}' ELSE '{RunState.FAILED}' END,
     finished_at = %(now)s
-FROM f WHERE r.id = f.run_id AND r.id = ANY (%(runs)s) AND r.state = '{RunState.RUNNING}'
+FROM f WHERE r.id = f.run_id AND r.id = ANY (%(runs)s) AND (r.state = '{RunState.RUNNING}') IS TRUE
 RETURNING r.id, r.state, r.workflow_id
 """
 
 
 # --- functions ---------------------------------------------------------------------------------
+
+@dataclass
+class SentEndings:
+    """A batch of endings whose statements are sent (``send_endings``) and whose answers are not
+    read yet (``receive_endings``): a worker sends its claim in the same round trip."""
+
+    endings: list[Ending]
+    now: datetime
+    lock: object = None
+    end: object = None
+    finish: object = None  # the runs of one-task jobs, ended in the same round trip
+    job_runs: frozenset = frozenset()
+
 
 def end_attempts(endings: Sequence[Ending], *, worker_id: int | None = None,
                  now: datetime | None = None) -> list[tuple[int, int, str]]:
@@ -234,38 +247,62 @@ def end_attempts(endings: Sequence[Ending], *, worker_id: int | None = None,
     new_state) for each ending that was accepted. Children and runs are resolved too."""
     if not endings:
         return []
+    with db.pipeline():
+        sent = send_endings(endings, worker_id=worker_id, now=now)
+        return receive_endings(sent)
+
+
+def send_endings(endings: Sequence[Ending], *, worker_id: int | None = None,
+                 now: datetime | None = None) -> SentEndings:
+    """Send the statements that record these endings: lock their runs, end the attempts and task
+    runs (END_TASK_RUNS) and end the runs of one-task jobs, which release no children (the runs'
+    own guard leaves a run that is not complete alone, so it holds whichever endings are
+    accepted). In pipeline mode (``db.pipeline``) nothing waits for an answer here."""
     now = now or clock.now()
-    with connection.cursor() as cursor:
-        endings, rows = _record_endings(cursor, endings, worker_id, now)
-    if not rows:
-        return []
-    accepted = [row[:3] for row in rows]
-    won = {row[0] for row in accepted}
-    mine = [e for e in endings if e.task_run_id in won]
-    _announce(rows, mine, now)
-    _resolve_after(accepted, mine, now)
-    return accepted
-
-
-def _record_endings(cursor, endings: Sequence[Ending], worker_id: int | None,
-                    now: datetime) -> tuple[Sequence[Ending], list[tuple]]:
-    """Lock the runs, apply sensor timeouts, and end the attempts and task runs (END_TASK_RUNS):
-    the endings as applied, and one row per accepted one (task_run_id, run_id, state, produces,
-    calls)."""
     runs = {e.run_id for e in endings}
     if None in runs:
-        cursor.execute(RUNS_OF, [[e.task_run_id for e in endings]])
-        runs = {row[0] for row in cursor.fetchall()}
-    lock_runs(cursor, runs)
-    endings = _sensor_timeouts(cursor, endings, now)
-    cursor.execute(END_TASK_RUNS, {
+        with connection.cursor() as cursor:
+            cursor.execute(RUNS_OF, [[e.task_run_id for e in endings]])
+            runs = {row[0] for row in cursor.fetchall()}
+    endings = _sensor_timeouts(endings, now)
+    sent = SentEndings(endings=endings, now=now, lock=db.cursor(), end=db.cursor())
+    db.execute(sent.lock, LOCK_RUNS, [sorted(runs)])
+    db.execute(sent.end, END_TASK_RUNS, {
         "ids": [e.task_run_id for e in endings], "numbers": [e.number for e in endings],
         "outcomes": [e.outcome for e in endings], "results": [e.result for e in endings],
         "errors": [e.error for e in endings], "tracebacks": [e.traceback for e in endings],
         "log_paths": [e.log_path for e in endings], "exception_classes": [e.exception_class for e in endings],
         "worker": worker_id, "now": now,
     })
-    return endings, cursor.fetchall()
+    sent.job_runs = frozenset(e.run_id for e in endings if e.job and e.run_id is not None)
+    if sent.job_runs:
+        sent.finish = db.cursor()
+        db.execute(sent.finish, FINISH_RUNS, {"runs": sorted(sent.job_runs), "now": now})
+    return sent
+
+
+def receive_endings(sent: SentEndings) -> list[tuple[int, int, str]]:
+    """Read the answers of ``send_endings`` and do what they call for: dataset events, callbacks,
+    the children the ended task runs release and the end of their runs. Returns (task_run_id,
+    run_id, new_state) for each ending that was accepted."""
+    try:
+        dynamic = {run_id for run_id, is_dynamic in sent.lock.fetchall() if is_dynamic}
+        rows = sent.end.fetchall()
+        finished = sent.finish.fetchall() if sent.finish is not None else []
+    finally:
+        for cur in (sent.lock, sent.end, sent.finish):
+            if cur is not None:
+                cur.close()
+    if finished:
+        _runs_finished(finished, sent.now)
+    if not rows:
+        return []
+    accepted = [row[:3] for row in rows]
+    won = {row[0] for row in accepted}
+    mine = [e for e in sent.endings if e.task_run_id in won]
+    _announce(rows, mine, sent.now)
+    _resolve_after(accepted, mine, sent.now, done=sent.job_runs, dynamic=dynamic)
+    return accepted
 
 
 def _announce(rows: list[tuple], mine: list[Ending], now: datetime) -> None:
@@ -280,15 +317,17 @@ def _announce(rows: list[tuple], mine: list[Ending], now: datetime) -> None:
         callbacks.task_ended(calling, now=now)
 
 
-def _resolve_after(accepted: list[tuple], mine: list[Ending], now: datetime) -> None:
-    """Release the children of the task runs that ended (a job has none) and end complete runs;
-    wake the dispatchers when something became due (a retry, a released child)."""
-    ended_runs = {run_id for _, run_id, state in accepted if state != TaskState.SCHEDULED}
+def _resolve_after(accepted: list[tuple], mine: list[Ending], now: datetime, done=frozenset(),
+                   dynamic=frozenset()) -> None:
+    """Release the children of the task runs that ended (a job has none) and end complete runs
+    (but ``done``: ended already); wake the dispatchers when something became due (a retry, a
+    released child). ``dynamic``: the runs that map or branch, as locked."""
+    ended_runs = {run_id for _, run_id, state in accepted if state != TaskState.SCHEDULED} - done
     jobs = {e.task_run_id for e in mine if e.job}
     parents = {run_id for task_run_id, run_id, state in accepted
                if state != TaskState.SCHEDULED and task_run_id not in jobs}
     retrying = any(state == TaskState.SCHEDULED for _, _, state in accepted)
-    released = resolve_runs(ended_runs, now=now, release=parents) if ended_runs else 0
+    released = resolve_runs(ended_runs, now=now, release=parents, dynamic=dynamic) if ended_runs else 0
     if retrying or released:
         wake_dispatchers()
 
@@ -299,14 +338,16 @@ def lock_runs(cursor, run_ids) -> set[int]:
     return {run_id for run_id, dynamic in cursor.fetchall() if dynamic}
 
 
-def _sensor_timeouts(cursor, endings: Sequence[Ending], now: datetime) -> list[Ending]:
+def _sensor_timeouts(endings: Sequence[Ending], now: datetime) -> list[Ending]:
     """A sensor's "not yet" past its timeout ends its try as timed out (then the retry rule)."""
     checks = [e for e in endings if e.outcome == AttemptOutcome.RESCHEDULED]
     if not checks:
         return list(endings)
-    cursor.execute(SENSING_SINCE, {"ids": [e.task_run_id for e in checks]})
+    with connection.cursor() as cursor:
+        cursor.execute(SENSING_SINCE, {"ids": [e.task_run_id for e in checks]})
+        rows = cursor.fetchall()
     over = {}
-    for task_run_id, timeout, since in cursor.fetchall():
+    for task_run_id, timeout, since in rows:
         if since is not None and (now - since).total_seconds() >= timeout:
             over[task_run_id] = timeout
     return [replace(e, outcome=AttemptOutcome.TIMED_OUT,
@@ -315,10 +356,12 @@ def _sensor_timeouts(cursor, endings: Sequence[Ending], now: datetime) -> list[E
             for e in endings]
 
 
-def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release: Iterable[int] | None = None) -> int:
+def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release: Iterable[int] | None = None,
+                 dynamic: Iterable[int] | None = None) -> int:
     """Decide the waiting children of these runs (of ``release`` only, when given: runs known to
     have no waiting tasks can skip that query), then end the runs that are complete. Returns how
-    many children were released (made due)."""
+    many children were released (made due). ``dynamic``: which of them map or branch, when the
+    caller locked the runs already (otherwise they are locked here)."""
     runs = sorted(set(run_ids))
     if not runs:
         return 0
@@ -326,8 +369,9 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
     now = now or clock.now()
     released = 0
     with connection.cursor() as cursor:
-        # Already held when called from end_attempts (then it only reads the dynamic flags).
-        dynamic = sorted(lock_runs(cursor, runs) & set(release))
+        if dynamic is None:
+            dynamic = lock_runs(cursor, runs)
+        dynamic = sorted(set(dynamic) & set(release))
         # A child that ends (upstream_failed/skipped) can settle its own children, and so can a
         # branch's choice or a mapped task's end: repeat until nothing more is decided. Each pass
         # goes one level deeper, so the loop is bounded by the depth of the graph.
@@ -352,10 +396,18 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
         cursor.execute(FINISH_RUNS, {"runs": runs, "now": now})
         finished = cursor.fetchall()
     if finished:
-        from orchestrator import notifier
-
-        ended = [(run_id, state) for run_id, state, workflow_id in finished if workflow_id]
-        notifier.runs_finished(ended)
-        callbacks.run_ended(ended, now=now)
-        deadlines.finished_late([run_id for run_id, _ in ended])
+        _runs_finished(finished, now)
     return released
+
+
+def _runs_finished(finished: list[tuple], now: datetime) -> None:
+    """Webhooks, callbacks and late-deadline marks of the workflow runs that ended (FINISH_RUNS'
+    rows: id, state, workflow)."""
+    ended = [(run_id, state) for run_id, state, workflow_id in finished if workflow_id]
+    if not ended:
+        return
+    from orchestrator import notifier
+
+    notifier.runs_finished(ended)
+    callbacks.run_ended(ended, now=now)
+    deadlines.finished_late([run_id for run_id, _ in ended])

@@ -8,6 +8,13 @@ fails when a statement of the product names a state, or changes a state in a way
 tables below do not allow; during the test suite a trigger in the test database also rejects
 any transition outside them, whichever code path made it.
 
+A guard on rows found by their ids is written ``(t.state = 'queued') IS TRUE``, never as a bare
+comparison: the same test, but one no index can serve. The state columns have partial indexes
+(``WHERE state = 'scheduled'`` and the like), and a planner whose statistics predate a burst
+(taken when few rows were in that state) reads a bare guard as the cheapest way in, and scans
+every row of the state on that index for each one looked up by id: measured at 5-8 ms for a
+batch of 16 with 20,000 rows in the state, against well under 1 ms by id.
+
 Task runs::
 
     waiting ──(parents settle the trigger rule)──> scheduled ──(due, limits allow)──> queued

@@ -37,7 +37,7 @@ from multiprocessing.connection import Pipe
 
 from django.db import connection, connections, transaction
 
-from orchestrator import clock, executor, reload, resolver, taskcontext
+from orchestrator import clock, db, executor, reload, resolver, taskcontext
 from orchestrator.channels import CANCEL_CHANNEL, CODE_CHANNEL, queue_channel, wake_dispatchers
 from orchestrator.conf import app_settings
 from orchestrator.loop import DATABASE_ERRORS, SHORT_TRANSACTION, Loop, Role, first_line
@@ -117,11 +117,11 @@ WITH c AS (
 ), t AS (
     UPDATE orchestrator_taskrun t
     SET state = '{TaskState.RUNNING}', attempts = t.attempts + 1, worker_id = %(worker)s, started_at = %(now)s
-    -- The guard is the state c locked each row in (SKIP LOCKED rechecks a row changed meanwhile;
-    -- the lock holds until commit), not t.state: on t it lets a planner whose statistics predate
-    -- a burst (no queued rows then) scan every queued row on a state index for each claimed one
-    -- instead of looking them up by id.
-    FROM c WHERE t.id = c.id AND c.state = '{TaskState.QUEUED}'
+    -- Rows are found by id (an array, so no plan can join c to every task run), and guarded by
+    -- the state c locked each one in (SKIP LOCKED rechecks a row changed meanwhile; the lock
+    -- holds until commit), not t.state: on t it lets a planner whose statistics predate a burst
+    -- (no queued rows then) scan every queued row on a state index for each claimed one.
+    WHERE t.id = ANY (ARRAY(SELECT id FROM c WHERE c.state = '{TaskState.QUEUED}'))
     RETURNING t.id, t.run_id, t.task, t.attempts, t.spec, t.timeout, cardinality(t.upstream) > 0 AS has_parents
 ), a AS (
     -- The attempt row of each claim, in the same statement (one round trip per batch).
@@ -134,8 +134,8 @@ WITH c AS (
     -- Run rows are locked in id order, like every other writer does (see resolver.LOCK_RUNS).
     UPDATE orchestrator_run SET started_at = %(now)s, schedule_delay = EXTRACT(EPOCH FROM %(now)s
         - CASE WHEN trigger IN ('schedule', 'job') THEN logical_date ELSE created_at END)
-    WHERE id IN (SELECT id FROM orchestrator_run WHERE id IN (SELECT run_id FROM t) AND started_at IS NULL
-                 ORDER BY id FOR NO KEY UPDATE)
+    WHERE id = ANY (ARRAY(SELECT id FROM orchestrator_run WHERE id = ANY (ARRAY(SELECT run_id FROM t))
+                          AND started_at IS NULL ORDER BY id FOR NO KEY UPDATE))
 )
 SELECT id, run_id, task, attempts, spec, timeout, has_parents FROM t
 """
@@ -144,7 +144,7 @@ SELECT id, run_id, task, attempts, spec, timeout, has_parents FROM t
 STILL_MINE = f"""
 SELECT t.id FROM orchestrator_taskrun t
 JOIN unnest(%(ids)s::bigint[], %(numbers)s::int[]) AS u(id, number) ON t.id = u.id
-WHERE t.state = '{TaskState.RUNNING}' AND t.attempts = u.number AND t.worker_id = %(worker)s
+WHERE (t.state = '{TaskState.RUNNING}' AND t.attempts = u.number AND t.worker_id = %(worker)s) IS TRUE
 """
 
 # Task runs claimed by this worker that none of its children runs: a claim that committed while the
@@ -160,13 +160,13 @@ WHERE worker_id = %(worker)s AND state = '{TaskState.RUNNING}' AND id <> ALL (%(
 HAND_BACK = f"""
 UPDATE orchestrator_taskrun t SET state = '{TaskState.SCHEDULED}', due_at = %(now)s, max_attempts = t.max_attempts + 1
 FROM unnest(%(ids)s::bigint[], %(numbers)s::int[]) AS u(id, number)
-WHERE t.id = u.id AND t.state = '{TaskState.RUNNING}' AND t.attempts = u.number AND t.worker_id = %(worker)s
+WHERE t.id = u.id AND (t.state = '{TaskState.RUNNING}' AND t.attempts = u.number AND t.worker_id = %(worker)s) IS TRUE
 RETURNING t.id, t.attempts
 """
 HAND_BACK_ATTEMPTS = f"""
 UPDATE orchestrator_attempt a SET outcome = '{AttemptOutcome.LOST}', finished_at = %(now)s, error = %(error)s
 FROM unnest(%(ids)s::bigint[], %(numbers)s::int[]) AS u(id, number)
-WHERE a.task_run_id = u.id AND a.number = u.number AND a.outcome = '{AttemptOutcome.RUNNING}'
+WHERE a.task_run_id = u.id AND a.number = u.number AND (a.outcome = '{AttemptOutcome.RUNNING}') IS TRUE
 """
 
 
@@ -712,15 +712,18 @@ class Worker(Role):
         endings, self.endings = self.endings, []
         now = clock.now()
         try:
-            with transaction.atomic():
-                with connection.cursor() as cursor:
-                    cursor.execute(ASYNC_COMMIT)
-                if endings:
-                    resolver.end_attempts(endings, worker_id=self.id, now=now)
+            # One round trip sends the whole batch (db.pipeline): the outcomes' statements and the
+            # claim; what the answers call for (children to release, callbacks) follows.
+            with transaction.atomic(), db.pipeline(), db.cursor() as cursor:
+                db.execute(cursor, ASYNC_COMMIT)
+                sent = resolver.send_endings(endings, worker_id=self.id, now=now) if endings else None
+                claiming = self.send_claim(claim, now) if claim else None
+                if sent is not None:
+                    resolver.receive_endings(sent)
                     if self.limited():
                         # Finished work frees concurrency-limit room: let the dispatchers look again.
                         wake_dispatchers()
-                claimed = self.claim(claim, now) if claim else []
+                claimed = self.receive_claim(claiming) if claiming is not None else []
         except BaseException:
             # The database is away (a restart, a failover): keep the outcomes for the next try
             # after the loop reconnected, or the task runs would stay "running" under a live
@@ -757,19 +760,29 @@ class Worker(Role):
         return self.limits_exist
 
     def claim(self, n: int, now) -> list[dict]:
-        with connection.cursor() as cursor:
-            cursor.execute(CLAIM, {"queues": self.queues, "n": n, "worker": self.id, "now": now})
+        """Claim up to ``n`` task runs (in the caller's transaction): their messages."""
+        return self.receive_claim(self.send_claim(n, now))
+
+    def send_claim(self, n: int, now):
+        cursor = db.cursor()
+        db.execute(cursor, CLAIM, {"queues": self.queues, "n": n, "worker": self.id, "now": now})
+        return cursor
+
+    def receive_claim(self, cursor) -> list[dict]:
+        with cursor:
             rows = cursor.fetchall()
-            if not rows:
-                return []
-            messages = []
-            for task_run_id, run_id, task, number, spec, timeout, has_parents in rows:
-                spec = _json(spec)
-                messages.append({
-                    "id": task_run_id, "run_id": run_id, "task": task, "number": number, "spec": spec,
-                    "timeout": timeout or spec.get("timeout"), "has_parents": has_parents,
-                })
-            taskcontext.fill(cursor, messages)
+        if not rows:
+            return []
+        messages = []
+        for task_run_id, run_id, task, number, spec, timeout, has_parents in rows:
+            spec = _json(spec)
+            messages.append({
+                "id": task_run_id, "run_id": run_id, "task": task, "number": number, "spec": spec,
+                "timeout": timeout or spec.get("timeout"), "has_parents": has_parents,
+            })
+        if any(m["spec"].get("call") != "job" for m in messages):
+            with connection.cursor() as context:
+                taskcontext.fill(context, messages)
         return messages
 
     def interrupt_running(self) -> None:
