@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,12 +23,15 @@ def main(argv: list[str]) -> int:
     if lint.returncode != 0:
         return lint.returncode
 
-    if not ensure_chromium():
-        # Saying so loudly beats failing every browser test for a reason unrelated to the code.
-        print("!! Debian's chromium is not installed and cannot be installed here (needs root and apt-get):\n"
-              "!! the browser tests (-m e2e) are NOT run. Install it with: apt-get install chromium",
-              file=sys.stderr, flush=True)
-        argv = [*argv, "-m", "not e2e"] if "-m" not in argv else argv
+    missing = ensure_debian_tools()
+    if missing:
+        # Saying so loudly beats failing every such test for a reason unrelated to the code.
+        for tool in missing:
+            print(f"!! Debian's {tool.package} is not installed and cannot be installed here (needs root and apt-get):\n"
+                  f"!! the tests marked {tool.marker} are NOT run. Install it with: apt-get install {tool.package}",
+                  file=sys.stderr, flush=True)
+        if "-m" not in argv:
+            argv = [*argv, "-m", " and ".join(f"not {tool.marker}" for tool in missing)]
 
     ensure_axe()
 
@@ -58,15 +62,31 @@ def ensure_axe() -> None:
     subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=e2e)
 
 
-def ensure_chromium() -> bool:
-    """The browser tests drive Debian's chromium (Playwright's own browser download does not work
-    everywhere); install it when it is missing and this user can."""
-    if shutil.which("chromium"):
-        return True
-    if os.geteuid() == 0 and shutil.which("apt-get"):
-        print("== installing chromium for the browser tests (apt-get)", flush=True)
-        subprocess.run("apt-get update -qq && apt-get install -y -qq chromium >/dev/null", shell=True)
-    return shutil.which("chromium") is not None
+class Tool(NamedTuple):
+    package: str  # Debian's package
+    binary: str
+    marker: str  # the tests that need it
+
+
+# What the tests drive that pip cannot install: Debian's chromium for the browser tests
+# (Playwright's own browser download does not work everywhere), Debian's pgbouncer for the
+# connection-pooling test.
+TOOLS = [Tool("chromium", "chromium", "e2e"), Tool("pgbouncer", "pgbouncer", "pgbouncer")]
+
+
+def found(binary: str) -> bool:
+    # /usr/sbin is not on every user's PATH.
+    return shutil.which(binary) is not None or os.access(f"/usr/sbin/{binary}", os.X_OK)
+
+
+def ensure_debian_tools() -> list[Tool]:
+    """Install the missing tools in one apt-get call when this user can; returns those still missing."""
+    missing = [tool for tool in TOOLS if not found(tool.binary)]
+    if missing and os.geteuid() == 0 and shutil.which("apt-get"):
+        packages = " ".join(tool.package for tool in missing)
+        print(f"== installing {packages} for the tests (apt-get)", flush=True)
+        subprocess.run(f"apt-get update -qq && apt-get install -y -qq {packages} >/dev/null", shell=True)
+    return [tool for tool in missing if not found(tool.binary)]
 
 
 if __name__ == "__main__":

@@ -196,6 +196,7 @@ WHERE datname = %(db)s AND backend_type = 'client backend' AND pid <> pg_backend
 
 @pytest.mark.slow
 @pytest.mark.own_server
+@pytest.mark.pgbouncer
 def test_fifty_workers_share_a_pool_of_ten_server_connections_and_run_every_job_once(processes, tmp_path):
     if not os.access(PGBOUNCER, os.X_OK):
         pytest.fail(f"pgbouncer is not installed at {PGBOUNCER} (apt-get install pgbouncer)")
