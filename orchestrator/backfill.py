@@ -23,7 +23,7 @@ from django.db import connection, transaction
 from django.utils import timezone as dj_timezone
 
 from orchestrator import clock, control, cron
-from orchestrator.channels import wake_dispatchers
+from orchestrator.channels import wake_due
 from orchestrator.conf import app_settings
 from orchestrator.limits import logical_date_error
 from orchestrator.models import Backfill, Lane, Run, Schedule, TaskRun, Trigger, Workflow
@@ -278,7 +278,7 @@ def _reset(run_ids: list[int], backfill: Backfill, now: datetime) -> None:
             run.lane = Lane.BACKFILL
             rows.extend(task_runs_for(run, run.version.spec["tasks"], now))
     TaskRun.objects.bulk_create(rows, batch_size=2000)
-    wake_dispatchers()
+    wake_due()
 
 
 def progress(backfill: Backfill | int) -> tuple[int, int]:

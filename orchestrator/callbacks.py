@@ -104,7 +104,7 @@ def enqueue_calls(calls: list[tuple[str, dict]], now=None) -> int:
     """Insert one job per call in the current transaction (two statements whatever the count)."""
     if not calls:
         return 0
-    from orchestrator.channels import wake_dispatchers
+    from orchestrator.channels import wake_due
     from orchestrator.models import Run, RunState, TaskRun, TaskState, Trigger
 
     now = now or clock.now()
@@ -116,5 +116,5 @@ def enqueue_calls(calls: list[tuple[str, dict]], now=None) -> int:
                 max_attempts=CALLBACK_ATTEMPTS)
         for run, (ref, context) in zip(runs, calls, strict=True)
     ])
-    wake_dispatchers()
+    wake_due()
     return len(calls)

@@ -8,8 +8,12 @@ identical notifications of one transaction into one, so callers may send freely.
 =========================  ============================  ===========================================
 channel                    sent by                       listened to by
 =========================  ============================  ===========================================
-``orchestrator_dispatch``  runs created, tasks released  the dispatchers (due work may now be queued)
-``orchestrator_queue_Q``   the dispatcher                the workers serving queue Q (work queued)
+``orchestrator_dispatch``  runs created, tasks released  the dispatchers (due work under a
+                                                         concurrency limit may now be queued)
+``orchestrator_queue_Q``   runs created, the dispatcher  the workers serving queue Q (work of Q
+                                                         became due, or was queued under a limit)
+``orchestrator_due``       tasks released, retries,      every worker (work became due in queues
+                           control, scheduler            the sender did not look up)
 ``orchestrator_cancel``    ``control`` cancelling runs   the workers (payload: task run ids, or
                                                          empty: "check what is still yours")
 ``orchestrator_schedules`` schedule edits, dataset       the schedulers (a schedule changed, or a
@@ -29,6 +33,7 @@ from collections.abc import Iterable
 from django.db import connection
 
 DISPATCH_CHANNEL = "orchestrator_dispatch"
+DUE_CHANNEL = "orchestrator_due"
 SCHEDULES_CHANNEL = "orchestrator_schedules"
 CANCEL_CHANNEL = "orchestrator_cancel"
 QUEUE_CHANNEL_PREFIX = "orchestrator_queue_"
@@ -53,8 +58,18 @@ def queue_channel(queue: str) -> str:
 _NOTIFY_MANY = "SELECT pg_notify(channel, '') FROM unnest(%(channels)s::text[]) AS channel"
 
 
+def wake_due(queues: Iterable[str] | None = None) -> None:
+    """Work became due now (a run was created, a task was released or retried): the dispatchers
+    look (work under a concurrency limit is theirs to admit), and so do the workers of these
+    queues, which claim the rest themselves; without ``queues``, every worker looks."""
+    channels = [DISPATCH_CHANNEL]
+    channels += sorted({queue_channel(queue) for queue in queues}) if queues is not None else [DUE_CHANNEL]
+    with connection.cursor() as cursor:
+        cursor.execute(_NOTIFY_MANY, {"channels": channels})
+
+
 def wake_dispatchers() -> None:
-    """Work became due now (a run was created, a task was released): the dispatchers look."""
+    """Room freed under a concurrency limit (a task run ended): the dispatchers look again."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_notify(%s, '')", [DISPATCH_CHANNEL])
 

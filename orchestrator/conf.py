@@ -113,12 +113,6 @@ OPTIONS = [
            "The largest return value a task may store, as JSON; more fails the attempt."),
     Option("MAX_MAP_ITEMS", "count", 10000, "10000",
            "A mapped task fans out over at most this many items; a longer list fails the task returning it."),
-    Option("QUEUE_DEPTH", "limit", 1000, "1000",
-           "The most queued task runs (released, not yet claimed) a queue holds; the rest of the due work waits "
-           "as `scheduled` and is released as workers claim, in dispatch order (tenants in turn, live before "
-           "backfills, priority). Deeper queues give the workers a longer run between dispatcher ticks; "
-           "shallower ones let a newly due task run overtake sooner. Several dispatchers may together "
-           "overshoot it by one batch each (0: unbounded, every due task run is queued at once)."),
     Option("DEFAULT_QUEUE_LIMIT", "limit", None, "unlimited",
            "Queued plus running task runs per queue, where the admin sets no `QueueLimit` (0: unlimited)."),
     Option("DEFAULT_TENANT_LIMIT", "limit", None, "unlimited",

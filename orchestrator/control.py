@@ -20,7 +20,7 @@ from django.db import OperationalError, connection, transaction
 from psycopg.errors import DeadlockDetected
 
 from orchestrator import callbacks, clock, cron, deadlines, mapping, resolver
-from orchestrator.channels import announce_cancelled, wake_dispatchers, wake_schedulers
+from orchestrator.channels import announce_cancelled, wake_due, wake_schedulers
 from orchestrator.models import Backfill, Run, Schedule, TaskRun, Workflow
 from orchestrator.states import (
     ACTIVE_RUN_STATES,
@@ -300,7 +300,7 @@ def retry_task_runs(ids: Iterable[TaskRun | int], *, now=None) -> int:
             cursor.execute(REWAIT_DOWNSTREAM, {"ids": downstream})
         cursor.execute(RESUME_RUNS, {"runs": runs})
         resolver.resolve_runs(runs, now=now)
-        wake_dispatchers()
+        wake_due()
     return len(retried)
 
 
@@ -424,7 +424,7 @@ def clear_task_runs(ids: Iterable[int], *, downstream: bool = True, now=None) ->
         mapping.reopen(cursor, [task_run_id for task_run_id, _, _, map_index in cleared if map_index >= 0])
         cursor.execute(REOPEN_RUNS, {"runs": runs})
         resolver.resolve_runs(runs, now=now)
-        resolver.wake_dispatchers()
+        resolver.wake_due()
     return sorted(row[0] for row in cleared)
 
 
@@ -455,5 +455,5 @@ def mark_task_runs(ids: Iterable[int], state: str, *, by=None, now=None) -> list
         # left to run); a cancelled one stays cancelled.
         cursor.execute(RESUME_RUNS, {"runs": runs})
         resolver.resolve_runs(runs, now=now)
-        resolver.wake_dispatchers()
+        resolver.wake_due()
     return sorted(row[0] for row in marked)

@@ -1,5 +1,8 @@
-"""The dispatcher: moves due ``scheduled`` task runs to ``queued`` under the concurrency limits,
-fairly across tenants, live work before backfills, and wakes the workers of each queue.
+"""The dispatcher: admits the due task runs that a concurrency limit applies to, moving them from
+``scheduled`` to ``queued`` as far as the limits allow, in dispatch order (``orchestrator.due``:
+live work before backfills, tenants in turn, priority), and wakes the workers of each queue. Due
+work that no limit applies to is not its business: the workers claim it themselves, in the same
+order (``worker.CLAIM``), one hop and one write fewer. With no limit at all it does nothing.
 
 ``tick()`` is one short transaction; ``serve()`` loops on it, woken by NOTIFY on
 ``orchestrator_dispatch`` (sent when work becomes due now), by the earliest future ``due_at``,
@@ -15,78 +18,25 @@ from datetime import datetime
 
 from django.db import connection, transaction
 
-from orchestrator import clock, db
+from orchestrator import clock, db, due
 from orchestrator.channels import DISPATCH_CHANNEL, wake_queues
 from orchestrator.clock import system as system_clock
 from orchestrator.conf import app_settings
+from orchestrator.due import Limits, load_limits
 from orchestrator.loop import SHORT_TRANSACTION, Loop, Role
-from orchestrator.models import QueueLimit, TenantLimit
 from orchestrator.states import BUSY_TASK_STATES, TaskState, sql_list
 
 log = logging.getLogger(__name__)
 
 # --- SQL ---------------------------------------------------------------------------------------
 
-# Due work in dispatch order, locked. Fairness: row_number() per (lane, tenant) interleaves the
-# tenants (every tenant's first task, then every tenant's second, ...), so a tenant with ten
-# thousand due tasks cannot push out one with a single task; within a tenant, higher priority
-# first. Queues and tenants already at their limit are left out: their rows cannot move, and read
-# first they would fill every batch and hold back everyone else's work.
-#
-# The cost does not follow the backlog. ``keys`` walks the distinct (lane, tenant, queue,
-# priority) of the scheduled rows on the taskrun_due_key index, one index probe per key (a loose
-# index scan: PostgreSQL has no skip scan), and each key reads at most ``batch`` due rows in
-# (due_at, id) order from the same index. A tick therefore reads at most keys x batch rows
-# whether 1,000 or 10,000,000 are due; future-dated rows cost one probe per key. Rows another
-# dispatcher holds are skipped, not waited for (FOR UPDATE SKIP LOCKED in the same statement).
-#
-# Queues stay shallow: a queue holds at most ``depth`` queued task runs (``room``, counted on the
-# taskrun_queued index up to that bound), the rest of the backlog waits as ``scheduled``. So the
-# order above (tenants in turn, live lane first, priority) is the order in which the workers get
-# the work even with a million due rows: a tenant's task run queued behind a million of another
-# tenant's would wait for all of them, because workers claim by priority and age. It also keeps
-# every count and claim over queued rows small.
+# Due work under a limit, in dispatch order (orchestrator.due), locked. Queues and tenants already
+# at their limit are left out: their rows cannot move, and read first they would fill every batch
+# and hold back everyone else's work. Rows another dispatcher holds are skipped, not waited for.
 CANDIDATES = f"""
-WITH RECURSIVE keys AS (
-    (SELECT lane, tenant, queue, priority FROM orchestrator_taskrun
-     WHERE state = '{TaskState.SCHEDULED}' ORDER BY lane, tenant, queue, priority LIMIT 1)
-    UNION ALL
-    SELECT later.lane, later.tenant, later.queue, later.priority FROM keys CROSS JOIN LATERAL (
-        SELECT lane, tenant, queue, priority FROM orchestrator_taskrun
-        WHERE state = '{TaskState.SCHEDULED}'
-          AND (lane, tenant, queue, priority) > (keys.lane, keys.tenant, keys.queue, keys.priority)
-        ORDER BY lane, tenant, queue, priority LIMIT 1
-    ) later
-), room AS MATERIALIZED (
-    SELECT k.queue, %(depth)s - (
-        SELECT count(*) FROM (SELECT 1 FROM orchestrator_taskrun
-                              WHERE state = '{TaskState.QUEUED}' AND queue = k.queue LIMIT %(depth)s) q
-    ) AS room
-    FROM (SELECT DISTINCT queue FROM keys) k
-    WHERE k.queue <> ALL (%(full_queues)s::text[])
-), due AS (
-    SELECT due.id, keys.lane, keys.queue, room.room, due.priority, due.due_at,
-           row_number() OVER (PARTITION BY keys.lane, keys.tenant
-                              ORDER BY due.priority DESC, due.due_at, due.id) AS turn
-    FROM keys JOIN room ON room.queue = keys.queue AND room.room > 0
-    CROSS JOIN LATERAL (
-        SELECT id, priority, due_at FROM orchestrator_taskrun
-        WHERE state = '{TaskState.SCHEDULED}' AND lane = keys.lane AND tenant = keys.tenant
-          AND queue = keys.queue AND priority = keys.priority AND due_at <= %(now)s
-        ORDER BY due_at, id LIMIT LEAST(%(batch)s, room.room)
-    ) due
-    WHERE keys.tenant <> ALL (%(full_tenants)s::text[])
-), placed AS (
-    SELECT id, queue, room, row_number() OVER (ORDER BY lane, turn, priority DESC, due_at, id) AS place
-    FROM due WHERE turn <= %(batch)s
-), chosen AS (
-    SELECT id, place FROM (
-        SELECT id, place, room, row_number() OVER (PARTITION BY queue ORDER BY place) AS in_queue FROM placed
-    ) p
-    WHERE in_queue <= room
-    ORDER BY place
-    LIMIT %(batch)s
-)
+WITH RECURSIVE {due.ALL_KEYS}, {due.in_dispatch_order(
+    f"{due.LIMITED} AND keys.queue <> ALL (%(full_queues)s::text[]) AND keys.tenant <> ALL (%(full_tenants)s::text[])",
+    "%(batch)s")}
 -- Each chosen row locked by its id (a join would let the planner read every scheduled row).
 SELECT t.id, t.queue, t.tenant FROM chosen CROSS JOIN LATERAL (
     SELECT id, queue, tenant FROM orchestrator_taskrun
@@ -121,15 +71,9 @@ WHERE id = ANY (%(ids)s::bigint[]) AND (state = '{TaskState.SCHEDULED}') IS TRUE
 """
 
 HELD_BACK_PAUSE = 0.05
-UNBOUNDED = 2**31 - 1
 
-NEXT_DUE = f"SELECT min(due_at) FROM orchestrator_taskrun WHERE state = '{TaskState.SCHEDULED}'"
-
-
-def load_limits() -> tuple[dict[str, int], int | None, dict[str, int], int | None]:
-    queues = dict(QueueLimit.objects.values_list("queue", "max_running"))
-    tenants = dict(TenantLimit.objects.values_list("tenant", "max_running"))
-    return queues, app_settings.DEFAULT_QUEUE_LIMIT, tenants, app_settings.DEFAULT_TENANT_LIMIT
+# When the next work under a limit is due (NULL: none is scheduled).
+NEXT_DUE = due.next_due(due.ALL_KEYS, due.LIMITED)
 
 
 def _lock_limits(cursor, queues: list[str], tenants: list[str]) -> None:
@@ -158,21 +102,23 @@ def _full(cursor, limits: dict[str, int], default: int | None, busy_sql: str) ->
                   if (limit := limits.get(name, default)) is not None and busy.get(name, 0) >= limit)
 
 
-def tick(now: datetime | None = None, batch: int = 1000, limits: tuple | None = None,
-         depth: int | None = None) -> int:
-    """Queue the due task runs that the limits and the queue depth allow; returns how many were
-    queued. ``limits`` (as returned by ``load_limits``) saves reading them on every tick;
-    ``depth``: the most queued task runs a queue holds (``ORCHESTRATOR_QUEUE_DEPTH``)."""
+def tick(now: datetime | None = None, batch: int = 1000, limits: Limits | None = None) -> int:
+    """Queue the due task runs under a limit that the limits allow; returns how many were queued.
+    Work no limit applies to is the workers' to claim (``worker.CLAIM``). ``limits`` (as
+    returned by ``load_limits``) saves reading them on every tick."""
     now = now or clock.now()
-    depth = (app_settings.QUEUE_DEPTH if depth is None else depth) or UNBOUNDED
+    limits = limits or load_limits()
+    if limits.none:
+        return 0
+    queue_limits, queue_default = limits.queues, limits.queue_default
+    tenant_limits, tenant_default = limits.tenants, limits.tenant_default
     with transaction.atomic(), connection.cursor() as cursor, db.cursor() as bound:
         # Not waiting for the WAL flush: a queued mark lost in a database crash leaves the task
         # run scheduled, and the next tick queues it again. No JIT: the candidate query's row
         # estimates grow with the backlog (each key could hold it all) past jit_above_cost.
         cursor.execute(SHORT_TRANSACTION)
-        queue_limits, queue_default, tenant_limits, tenant_default = limits or load_limits()
         db.execute(bound, CANDIDATES, {
-            "now": now, "batch": batch, "depth": depth,
+            "now": now, "batch": batch, **limits.params(),
             "full_queues": _full(cursor, queue_limits, queue_default, BUSY_ALL_QUEUES),
             "full_tenants": _full(cursor, tenant_limits, tenant_default, BUSY_ALL_TENANTS),
         })
@@ -210,9 +156,13 @@ def tick(now: datetime | None = None, batch: int = 1000, limits: tuple | None = 
         return len(admitted)
 
 
-def next_due() -> datetime | None:
+def next_due(limits: Limits | None = None) -> datetime | None:
+    """When the next work under a limit is due (None: none is scheduled)."""
+    limits = limits or load_limits()
+    if limits.none:
+        return None
     with connection.cursor() as cursor:
-        cursor.execute(NEXT_DUE)
+        cursor.execute(NEXT_DUE, limits.params())
         return cursor.fetchone()[0]
 
 
@@ -255,7 +205,7 @@ class Dispatcher(Role):
         NOTIFY. Held-back work waits for the pause to end, and the ticks it causes are spaced
         out (each would read the same held-back keys again for nothing); a NOTIFY ends the pause
         at once, so work that arrives during a tick waits for no pause."""
-        upcoming = next_due()
+        upcoming = next_due(self.limits)
         self.held_back = False
         if upcoming is None:
             return None

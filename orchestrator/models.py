@@ -286,21 +286,18 @@ class TaskRun(models.Model):
         ordering = ["id"]
         constraints = [models.UniqueConstraint(fields=["run", "task", "map_index"], name="taskrun_unique_task")]
         indexes = [
-            # The dispatcher's read: the distinct (lane, tenant, queue, priority) of scheduled
-            # work, then each one's due rows in due order (see dispatcher.CANDIDATES).
+            # Due work in dispatch order (orchestrator.due): the distinct (queue, lane, tenant,
+            # priority) of scheduled work, then each one's rows in due order; the next due time.
             models.Index(
-                fields=["lane", "tenant", "queue", "priority", "due_at", "id"], condition=Q(state=TaskState.SCHEDULED),
-                name="taskrun_due_key",
+                fields=["queue", "lane", "tenant", "priority", "due_at", "id"], condition=Q(state=TaskState.SCHEDULED),
+                name="taskrun_due_by_queue",
             ),
-            # The workers' read: queued work of a queue by priority.
+            # The workers' read of admitted work: queued work of a queue by priority.
             models.Index(fields=["queue", "-priority", "id"], condition=Q(state=TaskState.QUEUED), name="taskrun_queued"),
             models.Index(fields=["queue", "tenant"], condition=Q(state__in=[*BUSY_TASK_STATES]), name="taskrun_busy"),
             models.Index(fields=["finished_at"], condition=Q(state=TaskState.DEAD), name="taskrun_dead"),
             # A worker's own running task runs (what it claimed but runs in no child, after an outage).
             models.Index(fields=["worker"], condition=Q(state=TaskState.RUNNING), name="taskrun_running"),
-            # The dispatcher's wake-up time: the earliest due_at of scheduled work, without
-            # scanning every delayed job.
-            models.Index(fields=["due_at"], condition=Q(state=TaskState.SCHEDULED), name="taskrun_next_due"),
             # /metrics: task outcomes of the last minutes.
             models.Index(fields=["finished_at"], condition=Q(finished_at__isnull=False), name="taskrun_finished"),
             # A mapped task's active instances: every completion batch of a mapping run asks whether

@@ -24,7 +24,7 @@ from datetime import datetime
 from django.db import connection
 
 from orchestrator import callbacks, clock, datasets, db, deadlines, mapping
-from orchestrator.channels import wake_dispatchers
+from orchestrator.channels import wake_due
 from orchestrator.states import (
     DEFAULT_TRIGGER_RULE,
     FINISHED_TASK_STATES,
@@ -329,7 +329,7 @@ def _resolve_after(accepted: list[tuple], mine: list[Ending], now: datetime, don
     retrying = any(state == TaskState.SCHEDULED for _, _, state in accepted)
     released = resolve_runs(ended_runs, now=now, release=parents, dynamic=dynamic) if ended_runs else 0
     if retrying or released:
-        wake_dispatchers()
+        wake_due()
 
 
 def lock_runs(cursor, run_ids) -> set[int]:

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 
 from orchestrator import clock
-from orchestrator.channels import wake_dispatchers
+from orchestrator.channels import wake_due
 from orchestrator.models import Lane, Run, RunState, TaskRun, TaskState, Workflow, WorkflowVersion
 
 # Runs recorded as already over (a skipped or missed fire time, a run cancelled at once): no task runs.
@@ -122,11 +122,10 @@ def insert_runs(new_runs: list[NewRun], now: datetime) -> list[NewRun]:
     created: list[NewRun] = []
     for start in range(0, len(new_runs), RUN_CHUNK):
         created += _insert_run_chunk(new_runs[start:start + RUN_CHUNK], now)
-    task_rows, wake = _task_rows_of(created, now)
+    task_rows = _task_rows_of(created, now)
     if task_rows:
         _copy(TaskRun, task_rows)
-    if wake:
-        wake_dispatchers()
+    wake_for(task_rows)
     return created
 
 
@@ -168,17 +167,22 @@ def _insert_run_chunk(chunk: list[NewRun], now: datetime) -> list[NewRun]:
     return created
 
 
-def _task_rows_of(created: list[NewRun], now: datetime) -> tuple[list[TaskRun], bool]:
-    """The task runs of the new runs that will run, and whether any is due now (wake dispatchers)."""
+def _task_rows_of(created: list[NewRun], now: datetime) -> list[TaskRun]:
+    """The task runs of the new runs that will run."""
     task_rows = []
-    wake = False
     for entry in created:
         run = entry.run
         if run.state in (RunState.RUNNING, RunState.PENDING):
-            hold = run.state == RunState.PENDING
-            wake = wake or not hold
-            task_rows.extend(task_runs_for(run, entry.tasks, entry.due_at or now, hold=hold))
-    return task_rows, wake
+            task_rows.extend(task_runs_for(run, entry.tasks, entry.due_at or now, hold=run.state == RunState.PENDING))
+    return task_rows
+
+
+def wake_for(task_rows: list[TaskRun]) -> None:
+    """Wake the dispatchers and the workers of the queues that new scheduled task runs are in (a
+    delayed one too: a worker then learns when it is due)."""
+    queues = {task_run.queue for task_run in task_rows if task_run.state == TaskState.SCHEDULED}
+    if queues:
+        wake_due(queues)
 
 
 def _copy(model, objs) -> None:
@@ -261,10 +265,7 @@ def _insert_run(run: Run, tasks: dict, due_at: datetime) -> tuple[Run, bool]:
                 raise IdempotencyConflict(run.idempotency_key, existing)
             return existing, False
         if run.state not in FINISHED_AT_BIRTH:
-            hold = run.state == RunState.PENDING
-            TaskRun.objects.bulk_create(task_runs_for(run, tasks, due_at, hold=hold))
-            if not hold:
-                wake_dispatchers()
+            wake_for(TaskRun.objects.bulk_create(task_runs_for(run, tasks, due_at, hold=run.state == RunState.PENDING)))
     return run, True
 
 

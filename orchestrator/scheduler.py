@@ -29,7 +29,7 @@ from django.db import connection
 from django.db.models import Count, Min
 
 from orchestrator import cron
-from orchestrator.channels import SCHEDULES_CHANNEL, wake_dispatchers
+from orchestrator.channels import SCHEDULES_CHANNEL, wake_due
 from orchestrator.clock import system
 from orchestrator.conf import app_settings
 from orchestrator.lease import LeaderLease, LeaseLost, NoLease
@@ -402,7 +402,7 @@ class Scheduler:
                     hold.started(run)
             if released:
                 Run.objects.filter(pk__in=[r.pk for r in pending if r.state == RunState.RUNNING]).update(reason="")
-                wake_dispatchers()
+                wake_due()
                 log.info("released %d pending runs", released, extra={"action": "runs_released"})
             return released
 

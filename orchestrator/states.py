@@ -17,8 +17,9 @@ batch of 16 with 20,000 rows in the state, against well under 1 ms by id.
 
 Task runs::
 
-    waiting ──(parents settle the trigger rule)──> scheduled ──(due, limits allow)──> queued
+    waiting ──(parents settle the trigger rule)──> scheduled ──(due, a limit applies and allows)──> queued
     queued ──(a worker claims it)──> running ──> succeeded
+    scheduled ──(due, no limit applies: a worker claims it)──> running
     running ──(error, attempts left; or handed back at shutdown)──> scheduled (due later)
     running ──(error, no attempts left)──> dead                   (the dead-letter queue)
     waiting ──(the trigger rule cannot hold)──> upstream_failed or skipped
@@ -120,8 +121,9 @@ TASK_RUN_TRANSITIONS = [
     (T.WAITING, T.SCHEDULED, "resolver: the parents settle the trigger rule; runs: a held run starts"),
     (T.WAITING, T.UPSTREAM_FAILED, "resolver: the trigger rule can no longer hold"),
     (T.WAITING, T.SKIPPED, "resolver: the trigger rule skips it"),
-    (T.SCHEDULED, T.QUEUED, "dispatcher: due, and the concurrency limits allow it"),
-    (T.QUEUED, T.RUNNING, "worker: claimed"),
+    (T.SCHEDULED, T.QUEUED, "dispatcher: due, and the concurrency limits that apply allow it"),
+    (T.QUEUED, T.RUNNING, "worker: claimed (admitted under a limit)"),
+    (T.SCHEDULED, T.RUNNING, "worker: claimed straight from scheduled (due, and no limit applies)"),
     (T.RUNNING, T.SUCCEEDED, "resolver: the attempt succeeded"),
     (T.RUNNING, T.SCHEDULED, "resolver: the attempt failed with attempts left; worker: handed back at shutdown"),
     (T.RUNNING, T.DEAD, "resolver: the attempt failed and no attempt is left"),

@@ -1,4 +1,4 @@
-"""The worker: claims queued task runs of its queues and runs them in a pool of child processes.
+"""The worker: claims due task runs of its queues and runs them in a pool of child processes.
 
 One loop, one thread. Each turn of the loop is at most one transaction that records the
 outcomes that came back from the children (and resolves their runs) and claims as many queued
@@ -37,8 +37,15 @@ from multiprocessing.connection import Pipe
 
 from django.db import connection, connections, transaction
 
-from orchestrator import clock, db, executor, reload, resolver, taskcontext
-from orchestrator.channels import CANCEL_CHANNEL, CODE_CHANNEL, queue_channel, wake_dispatchers
+from orchestrator import clock, db, due, executor, reload, resolver, taskcontext
+from orchestrator.channels import (
+    CANCEL_CHANNEL,
+    CODE_CHANNEL,
+    DUE_CHANNEL,
+    queue_channel,
+    wake_dispatchers,
+    wake_due,
+)
 from orchestrator.conf import app_settings
 from orchestrator.loop import DATABASE_ERRORS, SHORT_TRANSACTION, Loop, Role, first_line
 from orchestrator.resolver import Ending
@@ -47,9 +54,6 @@ from orchestrator.states import LIVE_WORKER_STATES, AttemptOutcome, TaskState, W
 log = logging.getLogger(__name__)
 
 # --- SQL ---------------------------------------------------------------------------------------
-
-ANY_LIMIT = ("SELECT EXISTS (SELECT 1 FROM orchestrator_queuelimit) "
-             "OR EXISTS (SELECT 1 FROM orchestrator_tenantlimit)")
 
 # The worker's claims and outcomes do not wait for the WAL flush. Safe because execution is at
 # least once anyway: a commit lost in a database crash only means a task run is claimed or
@@ -65,15 +69,29 @@ RECENT_OUTCOMES_BYTES = 8 * 1024 * 1024
 # How long after the grace period a draining worker keeps trying to record outcomes and hand back
 # its interrupted task runs while the database is away, before it leaves them to the reaper.
 DRAIN_GIVE_UP_SECONDS = 10.0
-# How many queued task runs of these queues there are, up to a bound: how many children to add
-# when none is free (a poll alone is no evidence of work). Served by the taskrun_queued index.
-QUEUED = f"""
-SELECT count(*) FROM (
-    SELECT 1 FROM orchestrator_taskrun WHERE state = '{TaskState.QUEUED}' AND queue = ANY (%(queues)s::text[])
-    LIMIT %(n)s
-) q
+# How many task runs of these queues wait for a worker (queued, or due that no limit holds back),
+# up to a bound: how many children to add when none is free (a poll alone is no evidence of work).
+WAITING = f"""
+WITH RECURSIVE {due.QUEUE_KEYS}
+SELECT (SELECT count(*) FROM (
+            SELECT 1 FROM orchestrator_taskrun
+            WHERE state = '{TaskState.QUEUED}' AND queue = ANY (%(queues)s::text[]) LIMIT %(n)s) q)
+     + (SELECT count(*) FROM (
+            SELECT 1 FROM keys CROSS JOIN LATERAL (
+                SELECT 1 FROM orchestrator_taskrun
+                WHERE state = '{TaskState.SCHEDULED}' AND queue = keys.queue AND lane = keys.lane
+                  AND tenant = keys.tenant AND priority = keys.priority AND due_at <= %(now)s LIMIT %(n)s
+            ) d
+            WHERE %(direct)s AND {due.UNLIMITED} LIMIT %(n)s) s)
 """
 
+# When the next task run of these queues that this worker may claim itself is due (NULL: none):
+# asked after a claim that came back short, to wait until then, or to look again at once when it
+# is due already (rows another worker held while this one claimed).
+NEXT_DUE = due.next_due(due.QUEUE_KEYS, due.UNLIMITED)
+
+# A claim that came back short while due work remained (rows another worker held): look again after this.
+RECHECK_SECONDS = 0.005
 # How long a recycled (or, at shutdown, an idle) child has to exit once told to, before it is
 # killed: an idle child exits at once, unless it is still importing the job modules again.
 RETIRE_SECONDS = 5.0
@@ -98,15 +116,18 @@ WHERE id = %s AND state = '{WorkerState.LOST}'
 
 SET_STATE = "UPDATE orchestrator_worker SET state = %s, stopped_at = CASE WHEN %s THEN now() END WHERE id = %s"
 
-# Claim up to n queued task runs of these queues, highest priority first; rows another worker
-# is claiming are skipped. The attempt number is incremented here, so it identifies this claim.
+# Claim up to n task runs of these queues: first the admitted ones (queued by the dispatcher under
+# a limit), highest priority first, then due ones that no limit holds back straight from
+# scheduled, in dispatch order (orchestrator.due: live lane first, tenants in turn, priority).
+# Rows another worker is claiming are skipped. The attempt number is incremented here, so it
+# identifies this claim.
 CLAIM = f"""
-WITH c AS (
+WITH RECURSIVE admitted AS MATERIALIZED (
     -- One ordered index scan per queue (taskrun_queued), so the cost does not grow with the
     -- backlog; "queue = ANY (…)" would read and sort every queued row.
-    SELECT x.id, x.state FROM unnest(%(queues)s::text[]) AS q(name)
+    SELECT x.id FROM unnest(%(queues)s::text[]) AS q(name)
     CROSS JOIN LATERAL (
-        SELECT id, priority, state FROM orchestrator_taskrun
+        SELECT id, priority FROM orchestrator_taskrun
         WHERE state = '{TaskState.QUEUED}' AND queue = q.name
         ORDER BY priority DESC, id
         LIMIT %(n)s
@@ -114,14 +135,27 @@ WITH c AS (
     ) x
     ORDER BY x.priority DESC, x.id
     LIMIT %(n)s
+), {due.QUEUE_KEYS}, {due.in_dispatch_order(f"%(direct)s AND {due.UNLIMITED}", "%(candidates)s")},
+direct AS MATERIALIZED (
+    -- Locked in dispatch order and no further than needed (the nested loop runs in place order
+    -- and the limit stops it), so a worker claiming at the same moment takes the next ones
+    -- rather than finding every candidate locked.
+    SELECT l.id FROM (SELECT id, place FROM chosen ORDER BY place) c
+    CROSS JOIN LATERAL (
+        SELECT id FROM orchestrator_taskrun
+        WHERE id = c.id AND (state = '{TaskState.SCHEDULED}') IS TRUE
+        FOR UPDATE SKIP LOCKED
+    ) l
+    LIMIT %(n)s - (SELECT count(*) FROM admitted)
 ), t AS (
     UPDATE orchestrator_taskrun t
-    SET state = '{TaskState.RUNNING}', attempts = t.attempts + 1, worker_id = %(worker)s, started_at = %(now)s
-    -- Rows are found by id (an array, so no plan can join c to every task run), and guarded by
-    -- the state c locked each one in (SKIP LOCKED rechecks a row changed meanwhile; the lock
-    -- holds until commit), not t.state: on t it lets a planner whose statistics predate a burst
-    -- (no queued rows then) scan every queued row on a state index for each claimed one.
-    WHERE t.id = ANY (ARRAY(SELECT id FROM c WHERE c.state = '{TaskState.QUEUED}'))
+    SET state = '{TaskState.RUNNING}', attempts = t.attempts + 1, worker_id = %(worker)s, started_at = %(now)s,
+        -- Work claimed straight from scheduled was admitted and claimed at once.
+        queued_at = CASE WHEN t.state = '{TaskState.SCHEDULED}' THEN %(now)s ELSE t.queued_at END
+    -- Rows are found by id (an array, so no plan can join the candidates to every task run). They
+    -- are locked in the state they were read in, which the guard repeats.
+    WHERE t.id = ANY (ARRAY(SELECT id FROM admitted UNION ALL SELECT id FROM direct))
+      AND (t.state IN ('{TaskState.QUEUED}', '{TaskState.SCHEDULED}')) IS TRUE
     RETURNING t.id, t.run_id, t.task, t.attempts, t.spec, t.timeout, cardinality(t.upstream) > 0 AS has_parents
 ), a AS (
     -- The attempt row of each claim, in the same statement (one round trip per batch).
@@ -139,6 +173,10 @@ WITH c AS (
 )
 SELECT id, run_id, task, attempts, spec, timeout, has_parents FROM t
 """
+
+# How many candidates each key offers a claim of n: enough that workers claiming at the same
+# moment each find n that the others do not hold.
+CANDIDATES_PER_SLOT = 2
 
 # Which of the task runs this worker is executing are still its own (not cancelled, not reaped).
 STILL_MINE = f"""
@@ -210,7 +248,9 @@ class Worker(Role):
         if min_children < 0:
             raise ValueError(f"--min-children must be 0 (all: a fixed pool) or more, got {min_children}")
         self.queues = queues
-        self.channels = [*(queue_channel(q) for q in queues), CANCEL_CHANNEL, CODE_CHANNEL]
+        # Queue channels: work of these queues became due (claimed here when no limit applies to it)
+        # or was admitted under a limit; the due channel: work became due in queues not looked up.
+        self.channels = [*(queue_channel(q) for q in queues), DUE_CHANNEL, CANCEL_CHANNEL, CODE_CHANNEL]
         self.concurrency = concurrency
         self.max_tasks_per_child = max_tasks_per_child
         self.min_children = min(min_children or concurrency, concurrency)
@@ -233,10 +273,14 @@ class Worker(Role):
         # without waiting for the WAL flush), and these are then recorded again (``reconnected``).
         self.recorded: deque[tuple[Ending, int]] = deque()
         self.recorded_bytes = 0
+        self.limits: due.Limits | None = None
         self.limits_checked = -1e9
-        self.limits_exist = True
         self.want_claim = True
         self.last_claim = 0.0
+        # When due work this worker may claim itself is next due (time.monotonic(); inf: none known):
+        # a delayed job, a retry, or work held by another worker's claim a moment ago.
+        self.next_due = float("inf")
+        self.claimed_next_due = None
         self.next_heartbeat = 0.0
         self.drain_deadline: float | None = None
         self.drain_marked = False
@@ -407,7 +451,8 @@ class Worker(Role):
         if self.want_claim and room > 0 and not any(slot.ready for slot in free):
             starting = len(free)
             with connection.cursor() as cursor:
-                cursor.execute(QUEUED, {"queues": self.queues, "n": room + starting})
+                cursor.execute(WAITING, {"queues": self.queues, "n": room + starting, "now": clock.now(),
+                                         **self.limit_params()})
                 queued = cursor.fetchone()[0]
             for _ in range(queued - starting):
                 self.slots.append(self.fork_child())
@@ -466,7 +511,7 @@ class Worker(Role):
         if self.drain_deadline is not None:
             timeout = min(timeout, self.drain_deadline - now)
         else:
-            timeout = min(timeout, self.last_claim + self.poll - now)
+            timeout = min(timeout, self.last_claim + self.poll - now, self.next_due - now)
         deadlines = [slot.deadline for slot in self.slots if slot.deadline is not None]
         deadlines += [kill_after for _, kill_after in self.retiring]
         shrink = self.next_shrink() if self.drain_deadline is None else None
@@ -521,8 +566,9 @@ class Worker(Role):
         """Record the outcomes gathered so far and refill the idle children, in one transaction.
         Outcomes wait a few milliseconds for their neighbours while other tasks still run, so one
         transaction records many of them (and refills all the freed children)."""
-        if now - self.last_claim >= self.poll:
+        if now - self.last_claim >= self.poll or now >= self.next_due:
             self.want_claim = True
+            self.next_due = float("inf")
         idle = self.idle_slots()
         claim = len(idle) if self.want_claim else 0
         if not (self.endings or claim) or self.holding(now):
@@ -531,6 +577,11 @@ class Worker(Role):
         if claim:
             self.last_claim = now
             self.want_claim = len(claimed) == claim  # a full batch: there may be more
+            if not self.want_claim and self.claimed_next_due is not None:
+                # Short: wait until the next due work of these queues; due already means rows that
+                # another worker held a moment ago (look again soon, not in a busy loop).
+                wait = (self.claimed_next_due - clock.now()).total_seconds()
+                self.next_due = now + max(wait, RECHECK_SECONDS)
             for slot, message in zip(idle, claimed, strict=False):
                 self.start_task(slot, message)
         return True
@@ -718,12 +769,14 @@ class Worker(Role):
                 db.execute(cursor, ASYNC_COMMIT)
                 sent = resolver.send_endings(endings, worker_id=self.id, now=now) if endings else None
                 claiming = self.send_claim(claim, now) if claim else None
+                asking = self.send_next_due(now) if claim else None
                 if sent is not None:
                     resolver.receive_endings(sent)
                     if self.limited():
                         # Finished work frees concurrency-limit room: let the dispatchers look again.
                         wake_dispatchers()
                 claimed = self.receive_claim(claiming) if claiming is not None else []
+                self.claimed_next_due = self.receive_next_due(asking) if asking is not None else None
         except BaseException:
             # The database is away (a restart, a failover): keep the outcomes for the next try
             # after the loop reconnected, or the task runs would stay "running" under a live
@@ -747,17 +800,23 @@ class Worker(Role):
         while self.recorded and (len(self.recorded) > RECENT_OUTCOMES or self.recorded_bytes > RECENT_OUTCOMES_BYTES):
             self.recorded_bytes -= self.recorded.popleft()[1]
 
-    def limited(self) -> bool:
-        """Whether any concurrency limit exists (checked at most once per poll interval)."""
-        if time.monotonic() - self.limits_checked > self.poll:
-            if app_settings.DEFAULT_QUEUE_LIMIT or app_settings.DEFAULT_TENANT_LIMIT:
-                self.limits_exist = True
-            else:
-                with connection.cursor() as cursor:
-                    cursor.execute(ANY_LIMIT)
-                    self.limits_exist = cursor.fetchone()[0]
+    def current_limits(self) -> due.Limits:
+        """The concurrency limits, read at most once per poll interval (so a limit edited in the admin
+        applies within one, as it does for the dispatchers)."""
+        if self.limits is None or time.monotonic() - self.limits_checked > self.poll:
+            self.limits = due.load_limits()
             self.limits_checked = time.monotonic()
-        return self.limits_exist
+        return self.limits
+
+    def limited(self) -> bool:
+        """Whether any concurrency limit exists."""
+        return not self.current_limits().none
+
+    def limit_params(self) -> dict:
+        """The claim's parameters for the limits: work under a limit is left to the dispatchers,
+        all of it when a default limit makes every queue or tenant limited."""
+        limits = self.current_limits()
+        return {**limits.params(), "direct": not limits.every}
 
     def claim(self, n: int, now) -> list[dict]:
         """Claim up to ``n`` task runs (in the caller's transaction): their messages."""
@@ -765,8 +824,23 @@ class Worker(Role):
 
     def send_claim(self, n: int, now):
         cursor = db.cursor()
-        db.execute(cursor, CLAIM, {"queues": self.queues, "n": n, "worker": self.id, "now": now})
+        db.execute(cursor, CLAIM, {"queues": self.queues, "n": n, "candidates": n * CANDIDATES_PER_SLOT,
+                                   "worker": self.id, "now": now, **self.limit_params()})
         return cursor
+
+    def send_next_due(self, now):
+        """Sent after the claim, in its transaction: it sees the claimed rows running."""
+        params = self.limit_params()
+        if not params["direct"]:
+            return None
+        cursor = db.cursor()
+        db.execute(cursor, NEXT_DUE, {"queues": self.queues, **params})
+        return cursor
+
+    @staticmethod
+    def receive_next_due(cursor):
+        with cursor:
+            return cursor.fetchone()[0]
 
     def receive_claim(self, cursor) -> list[dict]:
         with cursor:
@@ -807,5 +881,5 @@ class Worker(Role):
             returned = cursor.fetchall()
             if returned:
                 cursor.execute(HAND_BACK_ATTEMPTS, params)
-                wake_dispatchers()
+                wake_due(self.queues)
         log.info("handed back %d unfinished task run(s)", len(returned), extra={"action": "worker_hand_back"})

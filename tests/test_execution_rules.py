@@ -55,28 +55,50 @@ def execute_claimed(loop, n, clock):
     return messages
 
 
-# --- dispatcher -----------------------------------------------------------------------------
+# --- dispatch order: the workers' own claims, and the dispatcher under limits ---------------
 
-def test_it_queues_only_due_task_runs_live_lane_before_backfill(clock):
+def claimed_runs(loop, n, clock):
+    """The run ids of what one claim of n takes, in claim order."""
+    return [m["run_id"] for m in loop.claim(n, clock.now())]
+
+
+def test_a_worker_claims_only_due_work_live_lane_before_backfill(clock):
     later = make_run({"a": job_spec()}, clock, due_at=clock.now() + timedelta(minutes=5))
     backfill = make_run({"a": job_spec()}, clock, lane=1, priority=100)
     live = make_run({"a": job_spec()}, clock)
-    assert dispatcher.tick(now=clock.now(), batch=1) == 1
+    loop = worker_loop()
     # The live run goes first despite the backfill's higher priority; the delayed one waits.
-    assert states(live) == {"a": "queued"}
+    assert claimed_runs(loop, 1, clock) == [live.pk]
     assert states(backfill) == {"a": "scheduled"}
-    assert dispatcher.tick(now=clock.now()) == 1
+    assert claimed_runs(loop, 8, clock) == [backfill.pk]
     assert states(later) == {"a": "scheduled"}
-    assert dispatcher.next_due() == clock.now() + timedelta(minutes=5)
     clock.advance(minutes=5)
-    assert dispatcher.tick(now=clock.now()) == 1
-    assert states(later) == {"a": "queued"}
+    assert claimed_runs(loop, 8, clock) == [later.pk]
+    # Claimed straight from scheduled: no dispatcher was involved, and the claim is its admission.
+    task_run = TaskRun.objects.get(run=later)
+    assert task_run.state == "running" and task_run.queued_at == task_run.started_at == clock.now()
+
+
+def test_the_dispatcher_leaves_work_without_a_limit_to_the_workers(clock):
+    run = make_run({"a": job_spec()}, clock)
+    assert dispatcher.tick(now=clock.now()) == 0
+    assert dispatcher.next_due() is None  # nothing of its own to wake for
+    assert states(run) == {"a": "scheduled"}
 
 
 def test_a_busy_tenant_does_not_starve_a_small_one(clock):
     for _ in range(30):
         make_run({"a": job_spec()}, clock, tenant="big")
     clock.advance(seconds=1)  # the small tenant's task is the newest of all
+    small = make_run({"a": job_spec()}, clock, tenant="small")
+    assert small.pk in claimed_runs(worker_loop(), 4, clock)
+
+
+def test_the_dispatcher_takes_turns_between_tenants_under_a_limit(clock):
+    QueueLimit.objects.create(queue="default", max_running=100)
+    for _ in range(30):
+        make_run({"a": job_spec()}, clock, tenant="big")
+    clock.advance(seconds=1)
     small = make_run({"a": job_spec()}, clock, tenant="small")
     assert dispatcher.tick(now=clock.now(), batch=4) == 4
     assert states(small) == {"a": "queued"}
@@ -98,10 +120,27 @@ def test_queue_and_tenant_limits_count_queued_and_running(clock):
     assert TaskRun.objects.filter(run__in=runs + acme, state="succeeded").count() == 1
 
 
+def test_a_worker_claims_admitted_work_and_unlimited_work_but_never_past_a_limit(clock):
+    # The batch queue is limited: its work waits for the dispatcher, whatever the worker's room.
+    # A tenant limit holds back that tenant's work in any queue.
+    QueueLimit.objects.create(queue="batch", max_running=1)
+    TenantLimit.objects.create(tenant="acme", max_running=1)
+    limited = [make_run({"a": job_spec(queue="batch")}, clock) for _ in range(3)]
+    acme = make_run({"a": job_spec()}, clock, tenant="acme")
+    free = make_run({"a": job_spec()}, clock)
+    loop = worker_loop(("default", "batch"))
+    assert claimed_runs(loop, 8, clock) == [free.pk]
+    assert dispatcher.tick(now=clock.now()) == 2  # one of the batch queue, acme's one
+    assert sorted(claimed_runs(loop, 8, clock)) == sorted([limited[0].pk, acme.pk])
+    assert claimed_runs(loop, 8, clock) == []
+    assert dispatcher.tick(now=clock.now()) == 0  # both at their limit
+
+
 def test_work_of_a_full_queue_does_not_hold_back_other_queues(clock):
     # The batch queue has more urgent due work than one tick reads. Once it is full, its rows
     # must not keep filling the ticks: the default queue's single task is queued next.
     QueueLimit.objects.create(queue="batch", max_running=1)
+    QueueLimit.objects.create(queue="default", max_running=10)
     for _ in range(5):
         make_run({"a": job_spec(queue="batch", priority=50)}, clock)
     small = make_run({"a": job_spec()}, clock)
@@ -113,23 +152,20 @@ def test_work_of_a_full_queue_does_not_hold_back_other_queues(clock):
     assert TaskRun.objects.filter(queue="batch", state="queued").count() == 1
 
 
-def test_a_tick_takes_a_tenants_work_by_priority_then_due_time_across_its_queues(clock):
-    # The dispatcher reads each (lane, tenant, queue, priority) apart and merges them: the order
-    # within a tenant is still priority first, then due time, whatever queue the work is in; work
-    # of a higher priority that is not due yet holds nothing back.
+def test_a_claim_takes_a_tenants_work_by_priority_then_due_time_across_its_queues(clock):
+    # Each (queue, lane, tenant, priority) is read apart and merged: the order within a tenant is
+    # still priority first, then due time, whatever queue the work is in; work of a higher
+    # priority that is not due yet holds nothing back.
     low = make_run({"a": job_spec()}, clock)
     clock.advance(seconds=1)
     urgent_batch = make_run({"a": job_spec(queue="batch", priority=5)}, clock)
     tomorrow = make_run({"a": job_spec(priority=9)}, clock, due_at=clock.now() + timedelta(days=1))
     clock.advance(seconds=1)
     urgent_default = make_run({"a": job_spec(priority=5)}, clock)
-    order = []
-    for _ in range(3):
-        assert dispatcher.tick(now=clock.now(), batch=1) == 1
-        order += [run for run in (low, urgent_batch, urgent_default) if states(run) == {"a": "queued"}
-                  and run not in order]
-    assert order == [urgent_batch, urgent_default, low]
-    assert dispatcher.tick(now=clock.now()) == 0
+    loop = worker_loop(("default", "batch"))
+    order = [run_id for _ in range(3) for run_id in claimed_runs(loop, 1, clock)]
+    assert order == [urgent_batch.pk, urgent_default.pk, low.pk]
+    assert claimed_runs(loop, 8, clock) == []
     assert states(tomorrow) == {"a": "scheduled"}
 
 
@@ -137,34 +173,45 @@ def test_a_tick_takes_a_tenants_work_by_priority_then_due_time_across_its_queues
 def test_the_default_queue_limit_applies_without_a_limit_row(clock):
     for _ in range(4):
         make_run({"a": job_spec()}, clock)
+    assert claimed_runs(worker_loop(), 8, clock) == []  # every queue is limited: the dispatcher admits
     assert dispatcher.tick(now=clock.now()) == 2
     assert dispatcher.tick(now=clock.now()) == 0
 
 
+@pytest.mark.django_db(transaction=True)
+def test_two_claims_at_once_take_different_work(clock):
+    # Two workers claiming at the same moment: the second passes over the rows the first holds
+    # and takes the next ones in dispatch order, instead of coming back empty.
+    import threading
 
-@override_settings(ORCHESTRATOR_QUEUE_DEPTH=3)
-def test_a_queue_holds_at_most_the_queue_depth_and_the_rest_waits_in_dispatch_order(clock):
-    # The big tenant's backlog fills the default queue to its depth; the small tenant's task,
-    # newer than all of it, still goes before the big tenant's fourth (tenants take turns), and
-    # the batch queue has room of its own. Claims make room again.
-    big = [make_run({"a": job_spec()}, clock, tenant="big") for _ in range(8)]
-    clock.advance(seconds=1)
-    small = make_run({"a": job_spec()}, clock, tenant="small")
-    other_queue = make_run({"a": job_spec(queue="batch")}, clock, tenant="big")
-    assert dispatcher.tick(now=clock.now()) == 4
-    assert TaskRun.objects.filter(queue="default", state="queued").count() == 3
-    assert states(small) == {"a": "queued"} and states(other_queue) == {"a": "queued"}
-    assert dispatcher.tick(now=clock.now()) == 0  # full: the rest stays scheduled
-    assert sum(states(run) == {"a": "scheduled"} for run in big) == 6
-    execute_claimed(worker_loop(), 2, clock)
-    assert dispatcher.tick(now=clock.now()) == 2
-    assert TaskRun.objects.filter(queue="default", state="queued").count() == 3
+    from django.db import connections, transaction
+
+    for _ in range(6):
+        make_run({"a": job_spec()}, clock)
+    first, second = worker_loop(), worker_loop()
+    theirs = []
+
+    def claim_beside():
+        try:
+            with transaction.atomic():
+                theirs.extend(m["id"] for m in second.claim(2, clock.now()))
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():
+        mine = [m["id"] for m in first.claim(2, clock.now())]  # held until this block commits
+        beside = threading.Thread(target=claim_beside)
+        beside.start()
+        beside.join(timeout=30)
+    assert len(mine) == 2 and len(theirs) == 2 and not set(mine) & set(theirs)
+    assert TaskRun.objects.filter(state="running").count() == 4
 
 
 def test_due_work_announced_during_a_tick_is_looked_at_at_once_held_back_work_after_a_pause(clock):
     # Work held back by a limit waits out a short pause between ticks. Work committed after a
     # tick's snapshot is announced by its NOTIFY, which ends the pause at once.
     QueueLimit.objects.create(queue="batch", max_running=1)
+    QueueLimit.objects.create(queue="default", max_running=10)
     role = dispatcher.Dispatcher(poll=1.0, clock=clock)
     assert role.tick() is False and role.next_wait() is None  # nothing at all
     for _ in range(2):
@@ -182,12 +229,6 @@ def test_due_work_announced_during_a_tick_is_looked_at_at_once_held_back_work_af
     assert role.tick() is False
     assert 0 < role.next_wait() <= dispatcher.HELD_BACK_PAUSE
 
-
-@override_settings(ORCHESTRATOR_QUEUE_DEPTH=0)
-def test_a_queue_depth_of_zero_queues_every_due_task_run(clock):
-    for _ in range(5):
-        make_run({"a": job_spec()}, clock)
-    assert dispatcher.tick(now=clock.now()) == 5
 
 # --- worker claim and completion ------------------------------------------------------------
 
@@ -284,8 +325,7 @@ def test_failures_back_off_and_end_dead_after_max_attempts(clock):
     loop = worker_loop()
     delays = []
     for attempt in (1, 2, 3):
-        assert dispatcher.tick(now=clock.now()) == 1
-        execute_claimed(loop, 1, clock)
+        assert len(execute_claimed(loop, 1, clock)) == 1
         task_run = TaskRun.objects.get(run=run, task="a")
         if attempt < 3:
             assert task_run.state == "scheduled"
@@ -438,6 +478,7 @@ def test_cancel_ends_every_unfinished_task_and_notifies_workers(clock):
 
 def test_a_long_queue_name_gets_a_valid_notify_channel(clock):
     queue = "q" * 90
+    QueueLimit.objects.create(queue=queue, max_running=1)
     make_run({"a": job_spec(queue=queue)}, clock)
     assert dispatcher.tick(now=clock.now()) == 1  # pg_notify would reject a channel over 63 bytes
 
@@ -472,15 +513,35 @@ def test_logs_are_paged_without_splitting_a_character(clock, tmp_path, settings)
 def test_a_tick_notifies_each_queue_once_whatever_the_number_of_rows(clock):
     from orchestrator.channels import listen_connection, queue_channel
 
-    listener = listen_connection(queue_channel("default"), queue_channel("batch"))
+    QueueLimit.objects.create(queue="default", max_running=100)
+    QueueLimit.objects.create(queue="batch", max_running=100)
+    for _ in range(5):
+        make_run({"a": job_spec(), "b": job_spec(queue="batch")}, clock)
+    listener = listen_connection(queue_channel("default"), queue_channel("batch"))  # after the runs' own
     try:
-        for _ in range(5):
-            make_run({"a": job_spec(), "b": job_spec(queue="batch")}, clock)
         assert dispatcher.tick(now=clock.now()) == 10
         notes = [note.channel for note in listener.notifies(timeout=0.3, stop_after=3)]
     finally:
         listener.close()
     assert sorted(notes) == ["orchestrator_queue_batch", "orchestrator_queue_default"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_new_work_wakes_the_dispatchers_and_the_workers_of_its_own_queue_only(clock):
+    # A job of the batch queue: the batch workers claim it themselves (and the dispatchers hear
+    # of it, for work under a limit); the workers of other queues sleep on.
+    from orchestrator.channels import DISPATCH_CHANNEL, DUE_CHANNEL, listen_connection, queue_channel
+
+    listener = listen_connection(DISPATCH_CHANNEL, DUE_CHANNEL, queue_channel("default"), queue_channel("batch"))
+    try:
+        make_run({"a": job_spec(queue="batch")}, clock)
+        make_run({"a": job_spec(queue="batch")}, clock, due_at=clock.now() + timedelta(hours=1))
+        notes = [note.channel for note in listener.notifies(timeout=0.3, stop_after=4)]
+    finally:
+        listener.close()
+    # One NOTIFY per channel and transaction; the delayed job wakes them too, so a worker learns
+    # when it is due.
+    assert sorted(notes) == sorted([DISPATCH_CHANNEL, "orchestrator_queue_batch"] * 2)
 
 
 @pytest.mark.django_db(transaction=True)

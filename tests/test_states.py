@@ -95,11 +95,11 @@ def test_the_test_database_rejects_a_transition_outside_the_table_whoever_makes_
     run, _ = runs.create_run(None, trigger="job", tasks={"t": {"kind": "python", "ref": "a:b"}})
     task_run = TaskRun.objects.get(run=run)
     assert task_run.state == states.TaskState.SCHEDULED
-    # Straight from a product-like statement (not the tests' own set-up): scheduled -> running
-    # skips the queue and the claim, which the table does not allow.
-    with pytest.raises(psycopg.errors.CheckViolation, match="illegal state change of orchestrator_taskrun: scheduled -> running"):
+    # Straight from a product-like statement (not the tests' own set-up): scheduled -> dead skips
+    # the attempts, which the table does not allow.
+    with pytest.raises(psycopg.errors.CheckViolation, match="illegal state change of orchestrator_taskrun: scheduled -> dead"):
         with transaction.atomic(), connection.connection.cursor() as cursor:
-            cursor.execute("UPDATE orchestrator_taskrun SET state = 'running' WHERE id = %s", [task_run.pk])
+            cursor.execute("UPDATE orchestrator_taskrun SET state = 'dead' WHERE id = %s", [task_run.pk])
     # A transition the table lists goes through.
     with transaction.atomic(), connection.connection.cursor() as cursor:
         cursor.execute("UPDATE orchestrator_taskrun SET state = 'queued' WHERE id = %s", [task_run.pk])

@@ -15,7 +15,6 @@ from django.tasks import TaskResultStatus, default_task_backend, task
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.utils import timezone
 
-from orchestrator import dispatcher
 from orchestrator.models import Run, TaskRun, TaskState, Worker
 from orchestrator.runs import create_run
 from tests.conftest import process_env, wait_for
@@ -139,21 +138,25 @@ def test_tasks_run_on_a_real_worker_and_report_their_results(processes, tmp_path
 
 
 @pytest.mark.django_db
-def test_run_after_sets_the_due_time_and_the_dispatcher_holds_the_task_until_then(clock):
+def test_run_after_sets_the_due_time_and_no_worker_takes_the_task_before_then(clock):
+    from orchestrator.worker import Worker as WorkerLoop
+
     due = clock.now() + timedelta(minutes=10)
     result = add.using(run_after=due).enqueue(1, 1)
     task_run = TaskRun.objects.get(pk=result.id)
     assert (task_run.state, task_run.due_at) == (TaskState.SCHEDULED, due)
+    worker = WorkerLoop(["default"], concurrency=1)
+    worker.register()
 
     clock.advance(minutes=9, seconds=59)
-    dispatcher.tick(now=clock.now())
+    assert worker.claim(1, clock.now()) == []
     assert TaskRun.objects.get(pk=task_run.pk).state == TaskState.SCHEDULED
     assert result_of(result.id).status == TaskResultStatus.READY
 
     clock.advance(1)
-    dispatcher.tick(now=clock.now())
-    assert TaskRun.objects.get(pk=task_run.pk).state == TaskState.QUEUED
-    assert result_of(result.id).status == TaskResultStatus.READY  # queued is still "ready" for Django
+    assert [message["id"] for message in worker.claim(1, clock.now())] == [task_run.pk]
+    assert TaskRun.objects.get(pk=task_run.pk).state == TaskState.RUNNING
+    assert result_of(result.id).status == TaskResultStatus.RUNNING
 
 
 @pytest.mark.django_db

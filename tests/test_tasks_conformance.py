@@ -434,10 +434,14 @@ def test_a_locked_row_is_skipped_and_the_others_run(processes, tmp_path):
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_two_workers_run_each_task_once(processes, tmp_path):
+    from orchestrator.models import Worker
+
     env = live_env(tmp_path)
-    results = [t.echo.enqueue(i) for i in range(40)]
     start_services(processes, env, concurrency=3)
     processes.start("worker", "--queues", "default", "--concurrency", "3", env=env, name="second-worker")
+    # Both listen before the work arrives: a worker started later could find it all done already.
+    wait_for(lambda: Worker.objects.filter(state="running").count() == 2, 60, message="both workers to start")
+    results = [t.echo.enqueue(i) for i in range(40)]
     done = [wait_finished(r) for r in results]
     assert [r.return_value["args"] for r in done] == [[i] for i in range(40)]
     assert all(r.attempts == 1 for r in done)

@@ -32,6 +32,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connection, connections
 
+from orchestrator.channels import wake_due
 from orchestrator.conf import app_settings
 from orchestrator.database_url import format_database_url
 
@@ -163,7 +164,7 @@ def enqueue_noops(n: int, ref: str = "orchestrator.bench.jobs:noop") -> None:
         cursor.execute(ENQUEUE_RUNS, {"n": n})
         ids = [row[0] for row in cursor.fetchall()]
         cursor.execute(ENQUEUE_TASK_RUNS, {"ids": ids, "ref": ref, "spec": spec})
-        cursor.execute("SELECT pg_notify('orchestrator_dispatch', '')")
+        wake_due(["default"])
 
 
 def _unfinished() -> bool:
@@ -350,7 +351,7 @@ def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int 
     if "steady" in only or "backlog" in only or "history" in only:
         from orchestrator.bench import load
     if "steady" in only:
-        out("Start delay under a steady arrival rate (per stage: enqueue -> dispatched -> claimed -> child started):")
+        out("Start delay under a steady arrival rate (per stage: enqueue -> claimed -> child started):")
         load.run_steady(out, rates, seconds)
     if "backlog" in only:
         out("With a backlog waiting (2 workers x 16):")

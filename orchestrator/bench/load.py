@@ -3,11 +3,12 @@
 - steady: jobs arrive at a steady rate (500 and 2,000 jobs/s by default) for a few seconds while
   a dispatcher and two workers run; the start delay of every job (enqueue to the job's own first
   instruction) as p50 / p99 / max, and per stage, from the timestamps the product writes:
-  enqueue (the producer's clock just before its INSERT) -> dispatched (``queued_at``, the
-  dispatcher tick's clock) -> claimed (``started_at``, the worker's claim) -> child started (the
-  job's return value, ``time.time()`` as its first instruction).
+  enqueue (the producer's clock just before its INSERT) -> claimed (``started_at``: the clock of
+  the worker's batch, taken before it sends the claim) -> child started (the job's return value,
+  ``time.time()`` as its first instruction). The jobs are under no limit, so the workers claim
+  them straight from ``scheduled``; work under a limit would add a dispatcher tick before.
 - backlog: the same workers with 0, 100,000 and 1,000,000 due task runs already waiting in their
-  queue, and with 1,000,000 delayed ones (due tomorrow): one dispatcher tick's wall time on that
+  queue, and with 1,000,000 delayed ones (due tomorrow): one worker claim's wall time on that
   table, jobs completed per second over a window, and the start delay of a high-priority job
   enqueued every 50 ms during the window (it should overtake the backlog). Without a due backlog
   the producer keeps 1,000 no-op jobs due or running, so the workers are as busy.
@@ -29,6 +30,7 @@ from django.db import connection, transaction
 
 from orchestrator import clock
 from orchestrator.bench.core import Roles, reset_work
+from orchestrator.channels import wake_due
 
 NOOP = "orchestrator.bench.jobs:noop"
 STAMP = "orchestrator.bench.jobs:stamp"
@@ -111,7 +113,7 @@ def enqueue(n: int, ref: str = NOOP, priority: int = 0) -> None:
         ids = [row[0] for row in cursor.fetchall()]
         cursor.execute(ENQUEUE_TASK_RUNS, {"ids": ids, "ref": ref, "spec": _spec(ref), "priority": priority,
                                            "due": at, "at": at})
-        cursor.execute("SELECT pg_notify('orchestrator_dispatch', '')")
+        wake_due(["default"])
 
 
 def fill_backlog(n: int, delayed: bool = False) -> None:
@@ -155,7 +157,7 @@ def _print_delays(out, label: str, rows, stages: bool = True) -> dict:
     out(f"  {label} ({len(rows)} jobs): start delay p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {top:.1f} ms")
     figures = {"p50": p50, "p99": p99, "max": top, "count": len(rows)}
     if stages:
-        parts = (("enqueue -> dispatched", 0, 1), ("dispatched -> claimed", 1, 2), ("claimed -> child started", 2, 3))
+        parts = (("enqueue -> claimed", 0, 2), ("claimed -> child started", 2, 3))
         for name, a, b in parts:
             values = [(row[b] - row[a]) * 1000 for row in rows]
             s50, s99, smax = _quantiles(values)
@@ -205,15 +207,21 @@ def steady(out, rate: int, seconds: float, workers: int = 2, concurrency: int = 
                               f"arrival achieved {achieved:,.0f}/s)", _stages(since, 0))
 
 
-def tick_ms(repeat: int = 3) -> float:
-    """The wall time of one dispatcher tick on the table as it is (rolled back: nothing moves)."""
-    from orchestrator import dispatcher
+def claim_ms(repeat: int = 3) -> float:
+    """The wall time of one worker's claim of 16 on the table as it is (rolled back: nothing moves)."""
+    from orchestrator import db
+    from orchestrator.loop import SHORT_TRANSACTION
+    from orchestrator.worker import Worker
 
     times = []
     for _ in range(repeat):
         with transaction.atomic():
+            worker = Worker(["default"], concurrency=16)
+            worker.register()
+            with db.cursor() as cursor:
+                db.execute(cursor, SHORT_TRANSACTION)
             began = time.perf_counter()
-            dispatcher.tick(_now())
+            worker.claim(16, _now())
             times.append((time.perf_counter() - began) * 1000)
             transaction.set_rollback(True)
     return min(times)
@@ -229,7 +237,7 @@ def window(out, label: str, seconds: float, workers: int = 2, concurrency: int =
     """Workers run for ``seconds`` on what is waiting; a priority-10 job every 50 ms measures the
     start delay. With ``supply``, no-op jobs are added every 50 ms so that about that many are due or
     running at any time (work for the workers without a backlog that grows)."""
-    tick = tick_ms()
+    claim = claim_ms()
     roles = _start(workers, concurrency)
     try:
         since = _now()
@@ -257,9 +265,9 @@ def window(out, label: str, seconds: float, workers: int = 2, concurrency: int =
     finally:
         roles.stop()
     rate = done / elapsed
-    out(f"  {label}: one dispatcher tick {tick:.1f} ms; {rate:,.0f} jobs/s over {elapsed:.1f} s")
+    out(f"  {label}: one claim of 16 {claim:.1f} ms; {rate:,.0f} jobs/s over {elapsed:.1f} s")
     figures = _print_delays(out, "    priority job every 50 ms", _stages(since, 10), stages=False)
-    return {"tick_ms": tick, "jobs_per_s": rate, **figures}
+    return {"claim_ms": claim, "jobs_per_s": rate, **figures}
 
 
 def run_steady(out, rates=(500, 2000), seconds: float = 5.0) -> dict:

@@ -3,7 +3,8 @@
 A job's run has no workflow, version, schedule, backfill or creator: those indexes become partial
 (only the rows that have one), and the foreign keys lose the indexes of their own that another
 index already leads with. The task run's and the attempt's worker are looked up only while
-running. Every index is built and dropped concurrently, so the upgrade of a big table blocks no
+running. Due work is read by queue first (``orchestrator.due``: a worker walks its own queues), and its
+next due time from the same index. Every index is built and dropped concurrently, so the upgrade of a big table blocks no
 writer (hence a migration that is not atomic); the new ones are in place before the old go.
 """
 
@@ -50,6 +51,10 @@ class Migration(migrations.Migration):
             model_name='taskrun',
             index=models.Index(condition=models.Q(('state', 'running')), fields=['worker'], name='taskrun_running'),
         ),
+        AddIndexConcurrently(
+            model_name='taskrun',
+            index=models.Index(condition=models.Q(('state', 'scheduled')), fields=['queue', 'lane', 'tenant', 'priority', 'due_at', 'id'], name='taskrun_due_by_queue'),
+        ),
         # One run per (schedule, fire time), for the runs of a schedule: the partial unique index is
         # built before the full constraint is dropped, so no moment is without one.
         migrations.SeparateDatabaseAndState(
@@ -78,6 +83,14 @@ class Migration(migrations.Migration):
         RemoveIndexConcurrently(
             model_name='run',
             name='run_by_workflow_date',
+        ),
+        RemoveIndexConcurrently(
+            model_name='taskrun',
+            name='taskrun_due_key',
+        ),
+        RemoveIndexConcurrently(
+            model_name='taskrun',
+            name='taskrun_next_due',
         ),
         migrations.AlterField(
             model_name='attempt',
