@@ -11,11 +11,19 @@ and the dispatcher's tick.
 * **Pipelined**: ``pipeline()`` sends the statements of a batch without waiting for each answer,
   so a batch costs one round trip, not one per statement; the first read of a result waits for
   what was sent before it.
+* **Converted once per statement**: the statements are written with Python's placeholders
+  (``%(name)s``, ``%s``) and comments; each one's text with PostgreSQL's own placeholders
+  (``$1``), without its comments, is made once per process and cached. psycopg converts a
+  statement at every execution and caches only short ones: the worker's claim took 0.2 ms of
+  the worker's CPU per batch in that conversion alone.
 
 These cursors share Django's connection and its transaction (``transaction.atomic`` applies).
 """
 
 from __future__ import annotations
+
+import re
+from functools import cache
 
 from django.db import connection
 
@@ -31,20 +39,66 @@ def _pooled() -> bool:
     return is_transaction_pooled(connection.settings_dict)
 
 
+# A quoted literal (kept as it is), a comment (dropped) or a placeholder (numbered).
+_TOKEN = re.compile(r"'(?:[^']|'')*'|--[^\n]*|%\((\w+)\)s|%s|%%")
+
+
+@cache
+def native(sql: str) -> tuple[str, tuple[str, ...] | None]:
+    """``sql`` with PostgreSQL's placeholders and without comments, and the parameter names in
+    placeholder order (None: positional ``%s`` parameters, passed in their own order)."""
+    names: list[str] = []
+    positional = 0
+
+    def replace(match: re.Match) -> str:
+        nonlocal positional
+        token = match.group(0)
+        if token.startswith("'"):
+            return token
+        if token.startswith("--"):
+            return ""
+        if token == "%%":
+            return "%"
+        if token == "%s":
+            positional += 1
+            return f"${positional}"
+        name = match.group(1)
+        if name not in names:
+            names.append(name)
+        return f"${names.index(name) + 1}"
+
+    text = _TOKEN.sub(replace, sql)
+    if names and positional:
+        raise ValueError("a statement takes named or positional parameters, not both")
+    return text, tuple(names) if names else None
+
+
 def cursor():
-    """A server-side binding cursor on Django's connection (use it in a ``with``)."""
+    """A cursor with PostgreSQL's own placeholders and server-side binding on Django's connection
+    (use it in a ``with``); run statements on it with ``execute``."""
     import psycopg
+    from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
 
     connection.ensure_connection()
     raw = connection.connection
     if raw.prepare_threshold is None and not _pooled():
         raw.prepare_threshold = ONLY_WHEN_ASKED
-    return psycopg.Cursor(raw)
+    cur = psycopg.RawCursor(raw)
+    # Every int as a bigint: left to choose, psycopg sends an array of small ids as int2[] and of
+    # larger ones as int4[] or int8[], each a statement prepared (and planned) apart, after a scan
+    # of every element to find its width.
+    cur.adapters.register_dumper(int, Int8Dumper)
+    cur.adapters.register_dumper(int, Int8BinaryDumper)
+    return cur
 
 
 def execute(cur, sql: str, params=None):
-    """Run ``sql`` on ``cur``, prepared unless the connection goes through a transaction pooler."""
-    return cur.execute(sql, params, prepare=not _pooled())
+    """Run ``sql`` (written with ``%(name)s`` or ``%s`` placeholders) on a ``cursor()``, prepared
+    unless the connection goes through a transaction pooler."""
+    text, names = native(sql)
+    if names is not None:
+        params = [params[name] for name in names]
+    return cur.execute(text, params, prepare=not _pooled())
 
 
 def pipeline():

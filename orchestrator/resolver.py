@@ -69,13 +69,21 @@ LOCK_RUNS = "SELECT id, dynamic FROM orchestrator_run WHERE id = ANY (%s) ORDER 
 # The runs of some task runs, to lock them (LOCK_RUNS) before touching the task runs.
 RUNS_OF = "SELECT DISTINCT run_id FROM orchestrator_taskrun WHERE id = ANY (%s)"
 
-# End many attempts at once. The guard (state running, same attempt number and, for a worker's
-# own writes, the same worker) makes a late write from a reaped worker or a cancelled task change
-# nothing. Failures follow the retry rule above, computed from each row's spec. A sensor's "not
-# yet" (outcome rescheduled) is due again after its interval and costs no attempt of its allowance
+# End many attempts at once, in one statement (a worker's batch is one round trip and as few
+# statements as it can be). First the runs are locked (``l``, LOCK_RUNS' rule): the task run update
+# names ``l`` in a condition no row depends on, which PostgreSQL evaluates once before the update
+# touches any row. The guard (state running, same attempt number and, for a worker's own writes,
+# the same worker) makes a late write from a reaped worker or a cancelled task change nothing.
+# Failures follow the retry rule above, computed from each row's spec. A sensor's "not yet"
+# (outcome rescheduled) is due again after its interval and costs no attempt of its allowance
 # (max_attempts grows by one, so attempt numbers stay unique and every check stays in the history).
+# The run of a one-task job (``job_runs``) ends here with its task run: it releases nothing, and
+# the check that no other task run of it is unfinished keeps the rule of FINISH_RUNS. Each row
+# says whether its run maps or branches (for mapping.py) and how a job run ended (run_state).
 END_TASK_RUNS = f"""
-WITH d AS (
+WITH l AS MATERIALIZED (
+    SELECT id, dynamic FROM orchestrator_run WHERE id = ANY (%(runs)s::bigint[]) ORDER BY id FOR NO KEY UPDATE
+), d AS (
     SELECT *, outcome = '{AttemptOutcome.RESCHEDULED}' AS not_yet
     FROM unnest(%(ids)s::bigint[], %(numbers)s::int[], %(outcomes)s::text[], %(results)s::text[],
                 %(errors)s::text[], %(tracebacks)s::text[], %(log_paths)s::text[], %(exception_classes)s::text[])
@@ -101,7 +109,8 @@ UPDATE orchestrator_taskrun t SET
                          OR (d.outcome <> '{AttemptOutcome.SUCCEEDED}' AND t.attempts < t.max_attempts) THEN NULL
                        ELSE %(now)s END
 FROM d
-WHERE t.id = d.id AND (t.state = '{TaskState.RUNNING}' AND t.attempts = d.number
+WHERE (SELECT count(*) FROM l) >= 0
+  AND t.id = d.id AND (t.state = '{TaskState.RUNNING}' AND t.attempts = d.number
   AND (%(worker)s::bigint IS NULL OR t.worker_id = %(worker)s::bigint)) IS TRUE
 RETURNING t.id, t.run_id, t.state, t.spec ? 'produces' AS produces, t.spec ? 'callbacks' AS calls
 ), a AS (
@@ -111,8 +120,20 @@ RETURNING t.id, t.run_id, t.state, t.spec ? 'produces' AS produces, t.spec ? 'ca
         log_path = CASE WHEN d.log_path <> '' THEN d.log_path ELSE a.log_path END
     FROM t JOIN d ON d.id = t.id
     WHERE a.task_run_id = d.id AND a.number = d.number AND (a.outcome = '{AttemptOutcome.RUNNING}') IS TRUE
+), e AS (
+    SELECT id, run_id, state IN ({sql_list(SUCCESSFUL_TASK_STATES)}) AS ok FROM t
+    WHERE run_id = ANY (%(job_runs)s::bigint[]) AND state IN ({sql_list(FINISHED_TASK_STATES)})
+), j AS (
+    UPDATE orchestrator_run r
+    SET state = CASE WHEN e.ok THEN '{RunState.SUCCEEDED}' ELSE '{RunState.FAILED}' END, finished_at = %(now)s
+    FROM e
+    WHERE r.id = e.run_id AND (r.state = '{RunState.RUNNING}') IS TRUE
+      AND NOT EXISTS (SELECT 1 FROM orchestrator_taskrun x WHERE x.run_id = r.id AND x.id <> e.id
+                      AND x.state NOT IN ({sql_list(FINISHED_TASK_STATES)}))
+    RETURNING r.id, r.state, r.workflow_id
 )
-SELECT id, run_id, state, produces, calls FROM t
+SELECT t.id, t.run_id, t.state, t.produces, t.calls, l.dynamic, j.state AS run_state, j.workflow_id
+FROM t JOIN l ON l.id = t.run_id LEFT JOIN j ON j.id = t.run_id
 """
 
 # Decide waiting children of the given runs whose trigger rule is settled by their parents'
@@ -230,15 +251,13 @@ RETURNING r.id, r.state, r.workflow_id
 
 @dataclass
 class SentEndings:
-    """A batch of endings whose statements are sent (``send_endings``) and whose answers are not
-    read yet (``receive_endings``): a worker sends its claim in the same round trip."""
+    """A batch of endings whose statement is sent (``send_endings``) and whose answer is not read
+    yet (``receive_endings``): a worker sends its claim in the same round trip."""
 
     endings: list[Ending]
     now: datetime
-    lock: object = None
     end: object = None
-    finish: object = None  # the runs of one-task jobs, ended in the same round trip
-    job_runs: frozenset = frozenset()
+    job_runs: frozenset = frozenset()  # the runs of one-task jobs, ended with their task run
 
 
 def end_attempts(endings: Sequence[Ending], *, worker_id: int | None = None,
@@ -254,10 +273,9 @@ def end_attempts(endings: Sequence[Ending], *, worker_id: int | None = None,
 
 def send_endings(endings: Sequence[Ending], *, worker_id: int | None = None,
                  now: datetime | None = None) -> SentEndings:
-    """Send the statements that record these endings: lock their runs, end the attempts and task
-    runs (END_TASK_RUNS) and end the runs of one-task jobs, which release no children (the runs'
-    own guard leaves a run that is not complete alone, so it holds whichever endings are
-    accepted). In pipeline mode (``db.pipeline``) nothing waits for an answer here."""
+    """Send the statement that records these endings (END_TASK_RUNS: lock their runs, end the
+    attempts and task runs, and the runs of one-task jobs). In pipeline mode (``db.pipeline``)
+    nothing waits for an answer here."""
     now = now or clock.now()
     runs = {e.run_id for e in endings}
     if None in runs:
@@ -265,54 +283,48 @@ def send_endings(endings: Sequence[Ending], *, worker_id: int | None = None,
             cursor.execute(RUNS_OF, [[e.task_run_id for e in endings]])
             runs = {row[0] for row in cursor.fetchall()}
     endings = _sensor_timeouts(endings, now)
-    sent = SentEndings(endings=endings, now=now, lock=db.cursor(), end=db.cursor())
-    db.execute(sent.lock, LOCK_RUNS, [sorted(runs)])
+    sent = SentEndings(endings=endings, now=now, end=db.cursor(),
+                       job_runs=frozenset(e.run_id for e in endings if e.job and e.run_id is not None))
     db.execute(sent.end, END_TASK_RUNS, {
+        "runs": sorted(runs), "job_runs": sorted(sent.job_runs),
         "ids": [e.task_run_id for e in endings], "numbers": [e.number for e in endings],
         "outcomes": [e.outcome for e in endings], "results": [e.result for e in endings],
         "errors": [e.error for e in endings], "tracebacks": [e.traceback for e in endings],
         "log_paths": [e.log_path for e in endings], "exception_classes": [e.exception_class for e in endings],
         "worker": worker_id, "now": now,
     })
-    sent.job_runs = frozenset(e.run_id for e in endings if e.job and e.run_id is not None)
-    if sent.job_runs:
-        sent.finish = db.cursor()
-        db.execute(sent.finish, FINISH_RUNS, {"runs": sorted(sent.job_runs), "now": now})
     return sent
 
 
 def receive_endings(sent: SentEndings) -> list[tuple[int, int, str]]:
-    """Read the answers of ``send_endings`` and do what they call for: dataset events, callbacks,
+    """Read the answer of ``send_endings`` and do what it calls for: dataset events, callbacks,
     the children the ended task runs release and the end of their runs. Returns (task_run_id,
     run_id, new_state) for each ending that was accepted."""
-    try:
-        dynamic = {run_id for run_id, is_dynamic in sent.lock.fetchall() if is_dynamic}
+    with sent.end:
         rows = sent.end.fetchall()
-        finished = sent.finish.fetchall() if sent.finish is not None else []
-    finally:
-        for cur in (sent.lock, sent.end, sent.finish):
-            if cur is not None:
-                cur.close()
-    if finished:
-        _runs_finished(finished, sent.now)
     if not rows:
         return []
+    finished = list({run_id: (run_id, run_state, workflow_id)
+                     for _, run_id, _, _, _, _, run_state, workflow_id in rows if run_state is not None}.values())
+    if finished:
+        _runs_finished(finished, sent.now)
+    dynamic = {row[1] for row in rows if row[5]}
     accepted = [row[:3] for row in rows]
     won = {row[0] for row in accepted}
     mine = [e for e in sent.endings if e.task_run_id in won]
     _announce(rows, mine, sent.now)
-    _resolve_after(accepted, mine, sent.now, done=sent.job_runs, dynamic=dynamic)
+    _resolve_after(accepted, mine, sent.now, done={row[1] for row in rows if row[6] is not None}, dynamic=dynamic)
     return accepted
 
 
 def _announce(rows: list[tuple], mine: list[Ending], now: datetime) -> None:
     """Dataset events and callbacks, only for the task runs that declare them (flags from END_TASK_RUNS)."""
-    producers = [task_run_id for task_run_id, _, state, produces, _ in rows if produces and state == TaskState.SUCCEEDED]
+    producers = [task_run_id for task_run_id, _, state, produces, *_ in rows if produces and state == TaskState.SUCCEEDED]
     if producers:
         datasets.record_events(producers, {e.task_run_id: e.metadata for e in mine if e.metadata}, now=now)
     # A sensor's "not yet" is no retry: it calls no on_retry.
     checks = {e.task_run_id for e in mine if e.outcome == AttemptOutcome.RESCHEDULED}
-    calling = [(task_run_id, state) for task_run_id, _, state, _, calls in rows if calls and task_run_id not in checks]
+    calling = [(task_run_id, state) for task_run_id, _, state, _, calls, *_ in rows if calls and task_run_id not in checks]
     if calling:
         callbacks.task_ended(calling, now=now)
 

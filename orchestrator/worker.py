@@ -85,11 +85,6 @@ SELECT (SELECT count(*) FROM (
             WHERE %(direct)s AND {due.UNLIMITED} LIMIT %(n)s) s)
 """
 
-# When the next task run of these queues that this worker may claim itself is due (NULL: none):
-# asked after a claim that came back short, to wait until then, or to look again at once when it
-# is due already (rows another worker held while this one claimed).
-NEXT_DUE = due.next_due(due.QUEUE_KEYS, due.UNLIMITED)
-
 # A claim that came back short while due work remained (rows another worker held): look again after this.
 RECHECK_SECONDS = 0.005
 # How long a recycled (or, at shutdown, an idle) child has to exit once told to, before it is
@@ -170,8 +165,22 @@ direct AS MATERIALIZED (
         - CASE WHEN trigger IN ('schedule', 'job') THEN logical_date ELSE created_at END)
     WHERE id = ANY (ARRAY(SELECT id FROM orchestrator_run WHERE id = ANY (ARRAY(SELECT run_id FROM t))
                           AND started_at IS NULL ORDER BY id FOR NO KEY UPDATE))
+), upcoming AS (
+    -- When the next task run this worker may claim itself is due, the claimed ones left out (the
+    -- statement's snapshot still sees them scheduled); NULL: none. Wanted after a short claim: to
+    -- wait until then, or to look again soon when it is due already (rows another worker held).
+    SELECT min(x.due_at) AS next_due FROM keys CROSS JOIN LATERAL (
+        SELECT due_at FROM orchestrator_taskrun
+        WHERE state = '{TaskState.SCHEDULED}' AND queue = keys.queue AND lane = keys.lane
+          AND tenant = keys.tenant AND priority = keys.priority AND id <> ALL (ARRAY(SELECT id FROM t))
+        ORDER BY due_at LIMIT 1
+    ) x
+    WHERE %(direct)s AND {due.UNLIMITED}
 )
-SELECT id, run_id, task, attempts, spec, timeout, has_parents FROM t
+-- One row per claimed task run, each with the next due time; a single row of NULLs and the next
+-- due time when nothing was claimed.
+SELECT t.id, t.run_id, t.task, t.attempts, t.spec, t.timeout, t.has_parents, upcoming.next_due
+FROM upcoming LEFT JOIN t ON true
 """
 
 # How many candidates each key offers a claim of n: enough that workers claiming at the same
@@ -769,14 +778,12 @@ class Worker(Role):
                 db.execute(cursor, ASYNC_COMMIT)
                 sent = resolver.send_endings(endings, worker_id=self.id, now=now) if endings else None
                 claiming = self.send_claim(claim, now) if claim else None
-                asking = self.send_next_due(now) if claim else None
                 if sent is not None:
                     resolver.receive_endings(sent)
                     if self.limited():
                         # Finished work frees concurrency-limit room: let the dispatchers look again.
                         wake_dispatchers()
                 claimed = self.receive_claim(claiming) if claiming is not None else []
-                self.claimed_next_due = self.receive_next_due(asking) if asking is not None else None
         except BaseException:
             # The database is away (a restart, a failover): keep the outcomes for the next try
             # after the loop reconnected, or the task runs would stay "running" under a live
@@ -828,27 +835,15 @@ class Worker(Role):
                                    "worker": self.id, "now": now, **self.limit_params()})
         return cursor
 
-    def send_next_due(self, now):
-        """Sent after the claim, in its transaction: it sees the claimed rows running."""
-        params = self.limit_params()
-        if not params["direct"]:
-            return None
-        cursor = db.cursor()
-        db.execute(cursor, NEXT_DUE, {"queues": self.queues, **params})
-        return cursor
-
-    @staticmethod
-    def receive_next_due(cursor):
-        with cursor:
-            return cursor.fetchone()[0]
-
     def receive_claim(self, cursor) -> list[dict]:
+        """The claimed task runs' messages; the next due time goes to ``claimed_next_due``."""
         with cursor:
             rows = cursor.fetchall()
-        if not rows:
-            return []
+        self.claimed_next_due = rows[0][-1] if rows else None
         messages = []
-        for task_run_id, run_id, task, number, spec, timeout, has_parents in rows:
+        for task_run_id, run_id, task, number, spec, timeout, has_parents, _ in rows:
+            if task_run_id is None:
+                continue
             spec = _json(spec)
             messages.append({
                 "id": task_run_id, "run_id": run_id, "task": task, "number": number, "spec": spec,

@@ -5,6 +5,7 @@
 - ``jobs``: the jobs the benchmark's workers run;
 - ``scheduler``, ``pages``, ``cron``: the scheduler's insert and failover, page speed with a big
   history, cron over long ranges.
+- ``footprint``: the idle memory of the whole ``./dev run`` stack;
 - ``mapping``: a map over 10,000 no-op items, from the parent's success to the last instance's
   end, and the run page's time for that run.
 """

@@ -2,7 +2,7 @@
 dispatcher processes, in a dedicated database ``orchestrator_bench`` on the current server
 (dropped, created and migrated at the start; the product's own data is never touched).
 
-Sections (``--only pg,jobs,latency,steady,backlog,history,dag,scheduler,pages,cron,map``):
+Sections (``--only pg,jobs,latency,steady,backlog,history,dag,scheduler,pages,cron,map,footprint``):
 
 - jobs: no-op single-task jobs completed per second end to end (enqueue, dispatch, execute,
   record) with one and with two worker processes. Jobs are enqueued while the workers run, in
@@ -14,6 +14,7 @@ Sections (``--only pg,jobs,latency,steady,backlog,history,dag,scheduler,pages,cr
   and cost with a due backlog, a delayed backlog and a finished history (see ``bench.load``).
 - dag: trigger-to-success wall time of a DAG of 1 + 200 parallel + 1 join tasks, and of a
   100-task chain.
+- footprint: the memory (PSS) of the whole ``./dev run`` stack once idle (see ``bench.footprint``).
 - pg: PostgreSQL's own ceiling on the same server: a bare SKIP LOCKED claim-and-complete loop,
   one job per transaction and 100 per transaction, so each figure above reads as a ratio to it.
 """
@@ -40,7 +41,8 @@ from orchestrator.database_url import format_database_url
 BENCH_DB = os.environ.get("ORCHESTRATOR_BENCH_DATABASE", "orchestrator_bench")
 ROOT = Path(__file__).resolve().parent.parent.parent
 JOBS_MODULE = "orchestrator.bench.jobs"
-SECTIONS = ("pg", "jobs", "latency", "steady", "backlog", "history", "dag", "scheduler", "pages", "cron", "map")
+SECTIONS = ("pg", "jobs", "latency", "steady", "backlog", "history", "dag", "scheduler", "pages", "cron", "map",
+            "footprint")
 
 
 # --- the database ----------------------------------------------------------------------------------
@@ -374,3 +376,6 @@ def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int 
     if "map" in only:
         out("Mapping:")
         _external(out, "orchestrator.bench.mapping")
+    if "footprint" in only:
+        out("Idle footprint:")
+        _external(out, "orchestrator.bench.footprint")
