@@ -100,6 +100,53 @@ class Role:
         """Clean up on the way out (the database may be away: failures are the role's to log)."""
 
 
+class Together(Role):
+    """Several roles on one loop, for a small deployment that wants fewer processes (``manage.py
+    scheduler --dispatch``): each keeps its own ticks, waits and notifications; the loop ticks all
+    of them, waits for the earliest, and hands each notification to the roles that listen on its
+    channel. A database error in any of them is one error of the process, handled as always."""
+
+    def __init__(self, *roles: Role):
+        self.roles = roles
+        self.role = "+".join(role.role for role in roles)
+        self.channels = tuple(dict.fromkeys(channel for role in roles for channel in role.channels))
+        self.poll = None
+
+    def start(self, loop: Loop) -> None:
+        self.poll = loop.poll
+        for role in self.roles:
+            role.start(loop)
+
+    def tick(self) -> bool:
+        did = False
+        for role in self.roles:
+            did = role.tick() or did
+        return did
+
+    def next_wait(self) -> float | None:
+        # A role's None is its own poll, not the loop's.
+        waits = [wait if (wait := role.next_wait()) is not None else getattr(role, "poll", None) or self.poll
+                 for role in self.roles]
+        return min(waits)
+
+    def notified(self, notifies: list) -> None:
+        for role in self.roles:
+            mine = [note for note in notifies if note.channel in role.channels]
+            if mine:
+                role.notified(mine)
+
+    def finished(self, stop_requests: int) -> bool:
+        return all(role.finished(stop_requests) for role in self.roles)
+
+    def reconnected(self) -> None:
+        for role in self.roles:
+            role.reconnected()
+
+    def stop(self) -> None:
+        for role in reversed(self.roles):
+            role.stop()
+
+
 class Backoff:
     """Exponential back-off with "equal jitter": half the delay is fixed, half random, so a fleet
     of processes that lost the database at the same instant does not reconnect in lockstep."""

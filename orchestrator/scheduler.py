@@ -33,7 +33,7 @@ from orchestrator.channels import SCHEDULES_CHANNEL, wake_due
 from orchestrator.clock import system
 from orchestrator.conf import app_settings
 from orchestrator.lease import LeaderLease, LeaseLost, NoLease
-from orchestrator.loop import DATABASE_ERRORS, Loop, Role
+from orchestrator.loop import DATABASE_ERRORS, Loop, Role, Together
 from orchestrator.models import Run, Schedule, TaskRun, Trigger, WorkflowVersion
 from orchestrator.params import ParamError, clean_params
 from orchestrator.runs import NewRun, insert_runs, release_pending_run
@@ -547,12 +547,15 @@ class SchedulerRole(Role):
         self.was_leader: bool | None = None
         self.did = False
 
-    def serve(self, max_seconds: float | None = None) -> None:
+    def serve(self, max_seconds: float | None = None, also: Role | None = None) -> None:
+        """Run the loop; ``also``: another role on the same loop (``scheduler --dispatch``)."""
         # Through logging, not stdout: with LOG_FORMAT=json every line a process writes is JSON.
         lease = self.scheduler.lease
-        log.info("scheduler %s started (lease %s%s)", self.scheduler.holder, lease.name,
-                 ", disabled for tests" if isinstance(lease, NoLease) else "", extra={"action": "scheduler_start"})
-        Loop(self, poll=MAX_SLEEP, max_seconds=max_seconds).run()
+        log.info("scheduler %s started (lease %s%s)%s", self.scheduler.holder, lease.name,
+                 ", disabled for tests" if isinstance(lease, NoLease) else "",
+                 f" with a {also.role} in the same process" if also is not None else "",
+                 extra={"action": "scheduler_start"})
+        Loop(self if also is None else Together(self, also), poll=MAX_SLEEP, max_seconds=max_seconds).run()
 
     def tick(self) -> bool:
         try:

@@ -108,7 +108,9 @@ def test_up_is_ready_when_the_server_listens_logs_client_errors_once_and_stops_q
 
     # The roles are forks of up (they share its memory), each named for its role where ps shows it.
     roles = dict(re.findall(r"\[up\] started (\w+) pid (\d+)", output))
-    commands = {"web": "runserver", "scheduler": "scheduler", "dispatcher": "dispatcher", "worker": "worker"}
+    # The dispatcher's work is done in the scheduler's process (scheduler --dispatch).
+    commands = {"web": "runserver", "scheduler": "scheduler", "worker": "worker"}
+    assert "dispatcher" not in roles
     for name, command in commands.items():
         assert (Path("/proc") / roles[name] / "comm").read_text().strip() == command
     # A role that dies is forked again.
@@ -124,6 +126,6 @@ def test_up_is_ready_when_the_server_listens_logs_client_errors_once_and_stops_q
     assert up.wait(timeout=90) == 0, processes.output(up)
     output = processes.output(up)[stopping_from:]
     assert "exited with code -15" not in output and "killed" not in output, output
-    for name in ("web", "scheduler", "dispatcher", "worker"):
+    for name in ("web", "scheduler", "worker"):
         assert re.search(rf"\[up\] {name} \(pid \d+\) (exited cleanly \(code 0\)|stopped by the SIGTERM the "
                          rf"supervisor sent)", output), output

@@ -196,8 +196,9 @@ def test_concurrency_limits_hold_under_several_workers_and_two_dispatchers(proce
     record = tmp_path / "times.jsonl"
     QueueLimit.objects.create(queue="limited", max_running=3)
     TenantLimit.objects.create(tenant="acme", max_running=1)
-    for _ in range(2):
-        processes.start("dispatcher", env=env)
+    # One dispatcher of its own, one in a scheduler's process (what ./dev run starts).
+    processes.start("dispatcher", env=env)
+    processes.start("scheduler", "--dispatch", env=env)
     for _ in range(3):
         start_worker(processes, env, queues="limited", concurrency=2)
     runs = [start_run({"j": job("record_job", str(record), 0.3, f"{tenant}-{i}", queue="limited")}, tenant=tenant)

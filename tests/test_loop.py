@@ -103,3 +103,56 @@ def test_sigterm_ends_the_wait_at_once_and_stops_the_loop_after_the_tick():
     assert role.ticks == 1
     assert time.monotonic() - began < 30  # not the 60 s wait
     assert signal.getsignal(signal.SIGTERM) == previous  # the handler is put back
+
+
+class Recorder(Role):
+    """Records what the loop hands it; finished after ``ticks`` ticks."""
+
+    def __init__(self, role, channels, wait, ticks=3, poll=None):
+        self.role, self.channels, self.wait, self.ticks_left = role, channels, wait, ticks
+        self.poll = poll
+        self.notes, self.ticks, self.started, self.stopped = [], 0, False, False
+
+    def start(self, loop):
+        self.started = True
+
+    def tick(self) -> bool:
+        self.ticks += 1
+        return False
+
+    def next_wait(self):
+        return self.wait
+
+    def notified(self, notifies):
+        self.notes += [note.channel for note in notifies]
+
+    def finished(self, stop_requests):
+        return self.ticks >= self.ticks_left
+
+    def stop(self):
+        self.stopped = True
+
+
+def test_roles_together_on_one_loop_keep_their_own_channels_waits_and_ends():
+    from types import SimpleNamespace
+
+    from orchestrator.loop import Together
+
+    scheduler = Recorder("scheduler", ("schedules",), wait=5.0, ticks=2)
+    dispatcher = Recorder("dispatcher", ("dispatch",), wait=None, ticks=4, poll=0.25)
+    both = Together(scheduler, dispatcher)
+    assert both.role == "scheduler+dispatcher" and both.channels == ("schedules", "dispatch")
+    both.start(SimpleNamespace(poll=9.0))
+    assert scheduler.started and dispatcher.started
+    # The earliest wait wins; a role's None is its own poll.
+    assert both.next_wait() == 0.25
+    both.notified([SimpleNamespace(channel="dispatch"), SimpleNamespace(channel="schedules"),
+                   SimpleNamespace(channel="dispatch")])
+    assert scheduler.notes == ["schedules"] and dispatcher.notes == ["dispatch", "dispatch"]
+    # Done only when every role is done; each ticks on every turn.
+    both.tick(), both.tick()
+    assert not both.finished(1)
+    both.tick(), both.tick()
+    assert both.finished(1) and scheduler.ticks == dispatcher.ticks == 4
+    both.stop()
+    assert scheduler.stopped and dispatcher.stopped

@@ -2,6 +2,7 @@
 
 from django.core.management.base import BaseCommand
 
+from orchestrator.dispatcher import Dispatcher
 from orchestrator.management.roles import require_migrated
 from orchestrator.scheduler import Scheduler, SchedulerRole
 
@@ -16,7 +17,14 @@ class Command(BaseCommand):
                                  "that both believe they lead still create each run once")
         parser.add_argument("--batch-size", type=int, default=1000,
                             help="schedules locked and fired per transaction (default 1000)")
+        parser.add_argument("--dispatch", action="store_true",
+                            help="also do a dispatcher's work in this process (one process fewer for a small "
+                                 "deployment; any number of separate dispatchers may run beside it)")
 
-    def handle(self, *args, no_lease=False, batch_size=1000, **options):
+    def handle(self, *args, no_lease=False, batch_size=1000, dispatch=False, **options):
         require_migrated()
-        SchedulerRole(Scheduler(use_lease=not no_lease, batch_size=max(1, batch_size))).serve()
+        role = SchedulerRole(Scheduler(use_lease=not no_lease, batch_size=max(1, batch_size)))
+        if dispatch:
+            role.serve(also=Dispatcher())
+        else:
+            role.serve()
