@@ -225,7 +225,11 @@ class Run(models.Model):
             models.Index(fields=["backfill"], condition=Q(backfill__isnull=False), name="run_of_backfill"),
             models.Index(fields=["created_by"], condition=Q(created_by__isnull=False), name="run_of_creator"),
             models.Index(fields=["state", "-id"], name="run_by_state"),
-            models.Index(fields=["schedule", "state"], condition=Q(state__in=[*ACTIVE_RUN_STATES]), name="run_active"),
+            # Active runs of a schedule (overlap policies). Like the deadline and timeout indexes
+            # below, only rows that can match: a job's run (no schedule, deadline or timeout) takes
+            # no entry in them at its insert and at its start.
+            models.Index(fields=["schedule", "state"], condition=Q(state__in=[*ACTIVE_RUN_STATES], schedule__isnull=False),
+                         name="run_active_of_schedule"),
             models.Index(fields=["finished_at"], condition=Q(finished_at__isnull=False), name="run_finished_at"),
             # /metrics: the schedule delay of runs started in the last hour.
             models.Index(fields=["started_at"], condition=Q(schedule_delay__isnull=False), name="run_schedule_delay"),
@@ -233,9 +237,11 @@ class Run(models.Model):
             models.Index(fields=["trigger", "-id"], name="run_by_trigger"),
             models.Index(fields=["logical_date"], name="run_by_logical_date"),
             # The scheduler's reads of active runs past their deadline or timeout.
-            models.Index(fields=["deadline_at"], name="run_deadline_due",
-                         condition=Q(state__in=[*ACTIVE_RUN_STATES], deadline_missed_at__isnull=True)),
-            models.Index(fields=["timeout_at"], name="run_timeout_due", condition=Q(state__in=[*ACTIVE_RUN_STATES])),
+            models.Index(fields=["deadline_at"], name="run_deadline_pending",
+                         condition=Q(state__in=[*ACTIVE_RUN_STATES], deadline_missed_at__isnull=True,
+                                     deadline_at__isnull=False)),
+            models.Index(fields=["timeout_at"], name="run_timeout_pending",
+                         condition=Q(state__in=[*ACTIVE_RUN_STATES], timeout_at__isnull=False)),
             # The dashboard's recent deadline misses.
             models.Index(fields=["deadline_missed_at"], name="run_deadline_missed",
                          condition=Q(deadline_missed_at__isnull=False)),

@@ -3,7 +3,8 @@
 A job's run has no workflow, version, schedule, backfill or creator: those indexes become partial
 (only the rows that have one), and the foreign keys lose the indexes of their own that another
 index already leads with. The task run's and the attempt's worker are looked up only while
-running. Due work is read by queue first (``orchestrator.due``: a worker walks its own queues), and its
+running. The active-run, deadline and timeout indexes take only runs that have a schedule, a
+deadline or a timeout. Due work is read by queue first (``orchestrator.due``: a worker walks its own queues), and its
 next due time from the same index. Every index is built and dropped concurrently, so the upgrade of a big table blocks no
 writer (hence a migration that is not atomic); the new ones are in place before the old go.
 """
@@ -52,6 +53,18 @@ class Migration(migrations.Migration):
             index=models.Index(condition=models.Q(('state', 'running')), fields=['worker'], name='taskrun_running'),
         ),
         AddIndexConcurrently(
+            model_name='run',
+            index=models.Index(condition=models.Q(('schedule__isnull', False), ('state__in', ['pending', 'running'])), fields=['schedule', 'state'], name='run_active_of_schedule'),
+        ),
+        AddIndexConcurrently(
+            model_name='run',
+            index=models.Index(condition=models.Q(('deadline_at__isnull', False), ('deadline_missed_at__isnull', True), ('state__in', ['pending', 'running'])), fields=['deadline_at'], name='run_deadline_pending'),
+        ),
+        AddIndexConcurrently(
+            model_name='run',
+            index=models.Index(condition=models.Q(('state__in', ['pending', 'running']), ('timeout_at__isnull', False)), fields=['timeout_at'], name='run_timeout_pending'),
+        ),
+        AddIndexConcurrently(
             model_name='taskrun',
             index=models.Index(condition=models.Q(('state', 'scheduled')), fields=['queue', 'lane', 'tenant', 'priority', 'due_at', 'id'], name='taskrun_due_by_queue'),
         ),
@@ -83,6 +96,18 @@ class Migration(migrations.Migration):
         RemoveIndexConcurrently(
             model_name='run',
             name='run_by_workflow_date',
+        ),
+        RemoveIndexConcurrently(
+            model_name='run',
+            name='run_active',
+        ),
+        RemoveIndexConcurrently(
+            model_name='run',
+            name='run_deadline_due',
+        ),
+        RemoveIndexConcurrently(
+            model_name='run',
+            name='run_timeout_due',
         ),
         RemoveIndexConcurrently(
             model_name='taskrun',
