@@ -60,6 +60,9 @@ log = logging.getLogger(__name__)
 # recorded again (the claim returns to "queued", the outcome's attempt is reaped and retried);
 # never that work is lost. It takes the disk's fsync latency out of every batch (and no JIT).
 ASYNC_COMMIT = SHORT_TRANSACTION
+# While other children still run, a worker's batches are at least this far apart: outcomes and
+# announced work that arrive meanwhile wait for the next one, so a busy worker records and claims
+# many per transaction; one that flushed longer ago (light load) flushes at once.
 COALESCE_SECONDS = 0.003
 # The latest recorded outcomes a worker keeps, to record again those a database crash lost: a
 # server's unflushed commits span well under a second (wal_writer_delay), far fewer outcomes than
@@ -277,7 +280,7 @@ class Worker(Role):
         self.loop: Loop | None = None
         self.slots: list[Slot] = []
         self.endings: list[Ending] = []
-        self.endings_since = 0.0
+        self.last_flush = -1e9  # time.monotonic() when the latest batch began
         # The latest outcomes recorded: a database crash can lose the last commits (written
         # without waiting for the WAL flush), and these are then recorded again (``reconnected``).
         self.recorded: deque[tuple[Ending, int]] = deque()
@@ -528,10 +531,8 @@ class Worker(Role):
             deadlines.append(shrink)
         if deadlines:
             timeout = min(timeout, min(deadlines) - now)
-        if self.holding(now):
-            timeout = min(timeout, self.endings_since + COALESCE_SECONDS - now)
-        elif self.drain_deadline is None and self.want_claim and self.idle_slots():
-            timeout = 0.0
+        if (self.endings or (self.want_claim and self.idle_slots())) and self.drain_deadline is None:
+            timeout = min(timeout, self.last_flush + COALESCE_SECONDS - now) if self.holding(now) else 0.0
         return max(0.0, timeout)
 
     def end_overdue_tasks(self, now: float) -> None:
@@ -601,8 +602,9 @@ class Worker(Role):
             self.next_heartbeat = now + self.heartbeat_every
 
     def holding(self, now: float) -> bool:
-        return bool(self.endings) and self.busy_count() > 0 and self.drain_deadline is None and \
-            now - self.endings_since < COALESCE_SECONDS
+        """Whether the next batch waits: the latest one began less than COALESCE_SECONDS ago and
+        other children still run (their outcomes will join it). With none running, nothing would."""
+        return self.busy_count() > 0 and self.drain_deadline is None and now - self.last_flush < COALESCE_SECONDS
 
     def idle_slots(self) -> list[Slot]:
         """The children ready for a task (a child still starting gets none: the claim would wait)."""
@@ -669,8 +671,6 @@ class Worker(Role):
         slot.idle_since = time.monotonic()
 
     def add_ending(self, ending: Ending) -> None:
-        if not self.endings:
-            self.endings_since = time.monotonic()
         self.endings.append(ending)
 
     def child_died(self, slot: Slot) -> None:
@@ -770,6 +770,7 @@ class Worker(Role):
         """Record the outcomes gathered so far and claim up to ``claim`` task runs, in one
         transaction that commits before anything claimed starts."""
         endings, self.endings = self.endings, []
+        self.last_flush = time.monotonic()
         now = clock.now()
         try:
             # One round trip sends the whole batch (db.pipeline): the outcomes' statements and the
