@@ -13,7 +13,9 @@
   enqueued every 50 ms during the window (it should overtake the backlog). Without a due backlog
   the producer keeps 1,000 no-op jobs due or running, so the workers are as busy.
 - history: the same window after filling finished runs, task runs and attempts (1,000,000 by
-  default: what fits in a benchmark's minutes; ``--history``), against the same figures at zero.
+  default: what fits in a benchmark's minutes; ``--history``), against the same figures at zero,
+  and the server time of the pages whose cost could follow the history (runs list, dashboard,
+  dead-letter queue) at both.
 
 Fills are one ``INSERT ... SELECT generate_series`` per table; a million rows take a few minutes
 on a loaded two-core machine.
@@ -29,7 +31,7 @@ from datetime import datetime
 from django.db import connection, transaction
 
 from orchestrator import clock
-from orchestrator.bench.core import Roles, reset_work
+from orchestrator.bench.core import Output, Roles, reset_work
 from orchestrator.channels import wake_due
 
 NOOP = "orchestrator.bench.jobs:noop"
@@ -296,14 +298,33 @@ def run_backlog(out, sizes=(0, 100_000, 1_000_000), delayed: int = 1_000_000, se
     return figures
 
 
+# Pages whose cost could follow the history: the runs list and its filters, the dashboard, the
+# dead-letter queue.
+HISTORY_PAGES = {
+    "runs list, first page": "/runs/",
+    "runs list, state=failed": "/runs/?state=failed",
+    "runs list, trigger=job": "/runs/?trigger=job",
+    "dashboard": "/",
+    "dead-letter queue": "/dead-letter/",
+}
+
+
+def _pages(out) -> dict:
+    from orchestrator.bench.pages import time_pages
+
+    return time_pages(HISTORY_PAGES, Output(lambda line: out("    " + line.strip())), repeat=7)
+
+
 def run_history(out, size: int = 1_000_000, seconds: float = 8.0) -> dict:
     reset_work()
     figures = {0: window(out, f"        0 finished in history ({SUPPLY:,} kept due or running)", seconds,
                          supply=SUPPLY)}
+    figures["pages 0"] = _pages(out)
     reset_work()
     began = time.monotonic()
     fill_history(size)
     filled = time.monotonic() - began
     figures[size] = window(out, f"{size:>9,} finished runs, task runs and attempts (filled in {filled:.0f} s)",
                            seconds, supply=SUPPLY)
+    figures[f"pages {size}"] = _pages(out)
     return figures
