@@ -86,16 +86,22 @@ def in_dispatch_order(which: str, batch: str) -> str:
 )"""
 
 
-def next_due(keys: str, which: str) -> str:
-    """The earliest due time of the scheduled rows of the keys ``which`` lets through (NULL: none)."""
-    return f"""WITH RECURSIVE {keys}
-SELECT min(d.due_at) FROM keys CROSS JOIN LATERAL (
+def earliest(which: str, leaving_out: str = "") -> str:
+    """A SELECT of the earliest due time of the scheduled rows of the keys ``which`` lets through
+    (NULL: none), one index probe per key; ``leaving_out``: an array of ids not to count."""
+    but = f" AND id <> ALL ({leaving_out})" if leaving_out else ""
+    return f"""SELECT min(d.due_at) AS next_due FROM keys CROSS JOIN LATERAL (
     SELECT due_at FROM orchestrator_taskrun
     WHERE state = '{SCHEDULED}' AND queue = keys.queue AND lane = keys.lane AND tenant = keys.tenant
-      AND priority = keys.priority
+      AND priority = keys.priority{but}
     ORDER BY due_at LIMIT 1
 ) d
 WHERE {which}"""
+
+
+def next_due(keys: str, which: str) -> str:
+    """The statement of ``earliest`` over ``keys``."""
+    return f"WITH RECURSIVE {keys}\n{earliest(which)}"
 
 
 @dataclass(frozen=True)

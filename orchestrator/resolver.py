@@ -65,7 +65,8 @@ class Ending:
 # Taken first, in id order, by every writer (workers, reaper, control), so writers queue rather
 # than deadlock. NO KEY UPDATE: it does not block inserts that reference the run.
 # It also says which runs map or branch (Run.dynamic), for the steps of mapping.py.
-LOCK_RUNS = "SELECT id, dynamic FROM orchestrator_run WHERE id = ANY (%s) ORDER BY id FOR NO KEY UPDATE"
+_LOCK_RUNS = "SELECT id, dynamic FROM orchestrator_run WHERE id = ANY ({}) ORDER BY id FOR NO KEY UPDATE"
+LOCK_RUNS = _LOCK_RUNS.format("%s")
 # The runs of some task runs, to lock them (LOCK_RUNS) before touching the task runs.
 RUNS_OF = "SELECT DISTINCT run_id FROM orchestrator_taskrun WHERE id = ANY (%s)"
 
@@ -82,7 +83,7 @@ RUNS_OF = "SELECT DISTINCT run_id FROM orchestrator_taskrun WHERE id = ANY (%s)"
 # says whether its run maps or branches (for mapping.py) and how a job run ended (run_state).
 END_TASK_RUNS = f"""
 WITH l AS MATERIALIZED (
-    SELECT id, dynamic FROM orchestrator_run WHERE id = ANY (%(runs)s::bigint[]) ORDER BY id FOR NO KEY UPDATE
+    {_LOCK_RUNS.format("%(runs)s::bigint[]")}
 ), d AS (
     SELECT *, outcome = '{AttemptOutcome.RESCHEDULED}' AS not_yet
     FROM unnest(%(ids)s::bigint[], %(numbers)s::int[], %(outcomes)s::text[], %(results)s::text[],

@@ -172,13 +172,7 @@ direct AS MATERIALIZED (
     -- When the next task run this worker may claim itself is due, the claimed ones left out (the
     -- statement's snapshot still sees them scheduled); NULL: none. Wanted after a short claim: to
     -- wait until then, or to look again soon when it is due already (rows another worker held).
-    SELECT min(x.due_at) AS next_due FROM keys CROSS JOIN LATERAL (
-        SELECT due_at FROM orchestrator_taskrun
-        WHERE state = '{TaskState.SCHEDULED}' AND queue = keys.queue AND lane = keys.lane
-          AND tenant = keys.tenant AND priority = keys.priority AND id <> ALL (ARRAY(SELECT id FROM t))
-        ORDER BY due_at LIMIT 1
-    ) x
-    WHERE %(direct)s AND {due.UNLIMITED}
+    {due.earliest(f"%(direct)s AND {due.UNLIMITED}", leaving_out="ARRAY(SELECT id FROM t)")}
 )
 -- One row per claimed task run, each with the next due time; a single row of NULLs and the next
 -- due time when nothing was claimed.
