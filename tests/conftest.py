@@ -115,6 +115,26 @@ def test_database_url() -> str:
 test_database_url.__test__ = False  # not a test, despite its name
 
 
+def data_dir() -> Path:
+    """The data folder of this test process. Under pytest-xdist each worker has a test database
+    of its own, whose ids repeat the other workers'; task logs are named by run and task run id,
+    so each worker keeps them in a folder of its own."""
+    base = Path(os.environ.get("ORCHESTRATOR_DATA_DIR") or ROOT / ".data")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return base / "test-workers" / worker if worker else base
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _worker_data_dir():
+    """The app's data folder (task logs) in this process; project.database keeps the embedded
+    server where it is, so every worker talks to the one ./dev test started."""
+    from django.conf import settings
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        settings.ORCHESTRATOR_DATA_DIR = data_dir()
+    yield
+
+
 def process_env(**extra) -> dict:
     env = dict(os.environ)
     env.update({
@@ -123,7 +143,7 @@ def process_env(**extra) -> dict:
         "SECRET_KEY": "tests-only-secret-key",
         "ORCHESTRATOR_WEBHOOK_SECRET": "tests-only-webhook-secret",
         "PYTHONUNBUFFERED": "1",
-        "ORCHESTRATOR_DATA_DIR": env.get("ORCHESTRATOR_DATA_DIR", str(ROOT / ".data")),
+        "ORCHESTRATOR_DATA_DIR": str(data_dir()),
         # The functions the tests' workers may run.
         "ORCHESTRATOR_JOB_MODULES": "workflows.jobs,tests.tasks_for_tests",
     })

@@ -40,12 +40,31 @@ def main(argv: list[str]) -> int:
     started_here = database.prepare()
     try:
         print("== pytest", flush=True)
-        return subprocess.run([python, "-m", "pytest", *argv], cwd=ROOT).returncode
+        return subprocess.run([python, "-m", "pytest", *in_parallel(argv)], cwd=ROOT).returncode
     finally:
         if started_here:
             from orchestrator import embedded
 
             embedded.stop(database.pgdata())
+
+
+# pytest options that take the next argument as their value (anything else not starting with "-"
+# names tests).
+_VALUED = {"-m", "-k", "-p", "-o", "-c", "-W", "--rootdir", "--basetemp", "--deselect", "--ignore", "--durations"}
+
+
+def in_parallel(argv: list[str]) -> list[str]:
+    """The whole suite, or a selection by marker, runs on pytest-xdist: one process per core
+    (ORCHESTRATOR_TEST_PROCESSES to choose), each with its own test database and data folder
+    (tests/conftest.py). Most of a test's time is spent waiting on the processes it starts, so
+    the cores stay busy. A run that names tests, or says -n itself, runs as asked."""
+    if "no:xdist" in argv or any(arg.startswith(("-n", "--numprocesses")) for arg in argv):
+        return argv
+    values = {i + 1 for i, arg in enumerate(argv) if arg in _VALUED}
+    if any(not arg.startswith("-") and i not in values for i, arg in enumerate(argv)):
+        return argv
+    processes = os.environ.get("ORCHESTRATOR_TEST_PROCESSES", "auto")
+    return ["-n", processes, "--dist", "worksteal", *argv]
 
 
 def ensure_axe() -> None:
