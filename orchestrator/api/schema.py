@@ -6,6 +6,7 @@ mix, so their component names cannot collide)."""
 import inspect
 from contextvars import ContextVar
 
+from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.settings import patched_settings
 from drf_spectacular.utils import extend_schema as spectacular_extend_schema
@@ -94,8 +95,6 @@ class DocsView(SpectacularSwaggerSplitView):
 
 def generate(request=None) -> dict:
     """This API's schema as a dict (for tests and tools)."""
-    from drf_spectacular.generators import SchemaGenerator
-
     token = _generating.set(True)
     try:
         with patched_settings(SETTINGS):
