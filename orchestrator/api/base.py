@@ -14,6 +14,7 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.views import APIView
 
+from orchestrator import reads
 from orchestrator.api import serializers as s
 from orchestrator.api.errors import exception_handler
 from orchestrator.api.parsing import JSONParser, KeysetPagination
@@ -51,12 +52,12 @@ def paginated_schema(item_serializer):
     })
 
 
-def filter_workflow(name: str) -> Workflow:
-    """The workflow a list is filtered by: like a workflow in the path, an unknown one is a 404."""
-    workflow = Workflow.objects.filter(name=name).first()
-    if workflow is None:
+def filter_workflow(name: str) -> int:
+    """The id of the workflow a list is filtered by: like a workflow in the path, an unknown one is a 404."""
+    workflow_id = reads.workflow_id(name)
+    if workflow_id is None:
         raise NotFound({"detail": f"unknown workflow {name!r}", "workflow": [f"unknown workflow {name!r}"]})
-    return workflow
+    return workflow_id
 
 
 def get_workflow(name: str) -> Workflow:

@@ -11,7 +11,7 @@ from rest_framework import status
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
-from orchestrator import audit, clock, control, jobs, logs
+from orchestrator import audit, clock, control, jobs, logs, reads
 from orchestrator import backfill as backfills
 from orchestrator.api import serializers as s
 from orchestrator.api.base import (
@@ -46,7 +46,6 @@ from orchestrator.models import (
     Run,
     Schedule,
     TaskRun,
-    TaskState,
     Trigger,
     Workflow,
 )
@@ -102,19 +101,16 @@ class WorkflowResumeView(APIBase):
 # --- runs -----------------------------------------------------------------------------------------
 
 
-def filtered_runs(request, workflow: Workflow | None = None):
+def filtered_runs(request, workflow=reads.ANY):
+    """The runs a list's query asks for (``reads.runs``); ``workflow`` the id of the one in the path."""
     filters = validated_query(s.RunFilterSerializer, request.query_params)
-    runs = Run.objects.select_related("workflow", "version", "schedule", "created_by")
-    if workflow is None and "workflow" in filters:
+    if workflow is reads.ANY and "workflow" in filters:
         workflow = filter_workflow(filters["workflow"])
-    if workflow is not None:
-        runs = runs.filter(workflow=workflow)
-    for key, lookup in [("state", "state"), ("trigger", "trigger"), ("created_after", "created_at__gte"),
-                        ("created_before", "created_at__lt"), ("logical_after", "logical_date__gte"),
-                        ("logical_before", "logical_date__lt")]:
-        if key in filters:
-            runs = runs.filter(**{lookup: filters[key]})
-    return runs
+    return reads.runs(
+        workflow=workflow, state=filters.get("state"), trigger=filters.get("trigger"),
+        logical_from=filters.get("logical_after"), logical_before=filters.get("logical_before"),
+        created_from=filters.get("created_after"), created_before=filters.get("created_before"),
+    ).select_related("workflow", "version", "schedule", "created_by")
 
 
 def run_detail(run: Run) -> dict:
@@ -134,7 +130,7 @@ class WorkflowRunsView(APIBase):
                    parameters=[s.RunFilterSerializer, CURSOR, LIMIT],
                    responses={200: paginated_schema(s.RunSerializer), **errors(400, 401, 403, 404)})
     def get(self, request, name):
-        return self.page(filtered_runs(request, get_workflow(name)), s.RunSerializer)
+        return self.page(filtered_runs(request, get_workflow(name).pk), s.RunSerializer)
 
     @extend_schema(
         tags=["runs"], summary="Trigger a run",
@@ -320,11 +316,8 @@ class DeadLetterListView(APIBase):
                    responses={200: paginated_schema(s.DeadTaskRunSerializer), **errors(400, 401, 403, 404)})
     def get(self, request):
         filters = validated_query(s.DeadLetterFilterSerializer, request.query_params)
-        dead = TaskRun.objects.filter(state=TaskState.DEAD).select_related("run__workflow")
-        if "workflow" in filters:
-            dead = dead.filter(run__workflow=filter_workflow(filters["workflow"]))
-        if "queue" in filters:
-            dead = dead.filter(queue=filters["queue"])
+        workflow = filter_workflow(filters["workflow"]) if "workflow" in filters else reads.ANY
+        dead = reads.dead_letters(workflow=workflow, queue=filters.get("queue")).select_related("run__workflow")
         return self.page(dead, s.DeadTaskRunSerializer, DeadLetterPagination)
 
 

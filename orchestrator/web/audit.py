@@ -8,9 +8,9 @@ import json
 from django import forms
 from django.core.exceptions import PermissionDenied
 
-from orchestrator import access
+from orchestrator import access, reads
 from orchestrator.models import AuditEvent
-from orchestrator.web.kit import keyset_page, page, page_links, valid_filters, viewer_required
+from orchestrator.web.kit import id_cursor, page, page_links, valid_filters, viewer_required
 
 
 class AuditFilterForm(forms.Form):
@@ -45,9 +45,9 @@ def audit_log(request):
         raise PermissionDenied("The audit log is for operators.")
     form = AuditFilterForm(request.GET or None)
     data = valid_filters(form)
-    rows, has_older, has_newer = keyset_page(filter_events(data), data.get("before"), data.get("after"))
-    for event in rows:
+    events = reads.BY_ID.page(filter_events(data), id_cursor(data))
+    for event in events.rows:
         event.detail_text = ", ".join(f"{key}={json.dumps(value, ensure_ascii=False)}"
                                       for key, value in (event.detail or {}).items())
     return page(request, "orchestrator/web/audit.html",
-                {"form": form, "events": rows, **page_links(request, rows, has_older, has_newer)})
+                {"form": form, "events": events.rows, **page_links(request, events)})

@@ -8,9 +8,9 @@ from datetime import datetime, timedelta
 from django.db import connection
 from django.db.models import Count
 
-from orchestrator import clock
+from orchestrator import clock, reads
 from orchestrator.conf import app_settings
-from orchestrator.models import ACTIVE_RUN_STATES, Lease, Run, RunState, TaskRun, TaskState, Trigger, Worker
+from orchestrator.models import ACTIVE_RUN_STATES, Lease, Run, RunState, Trigger, Worker
 from orchestrator.web.kit import page, viewer_required
 
 # A backfill's runs start long after their logical dates by design: their delay says nothing about
@@ -43,17 +43,6 @@ def schedule_delay(now: datetime) -> dict:
     return {"p50": p50, "p95": p95, "count": count}
 
 
-def queue_rows(now: datetime) -> list[tuple[str, dict[str, int]]]:
-    queues: dict[str, dict[str, int]] = {}
-    busy = TaskRun.objects.filter(state__in=[TaskState.QUEUED, TaskState.RUNNING])
-    for row in busy.values("queue", "state").annotate(n=Count("id")):
-        queues.setdefault(row["queue"], {"queued": 0, "running": 0, "due": 0})[row["state"]] = row["n"]
-    due = TaskRun.objects.filter(state=TaskState.SCHEDULED, due_at__lte=now)
-    for row in due.values("queue").annotate(n=Count("id")):
-        queues.setdefault(row["queue"], {"queued": 0, "running": 0, "due": 0})["due"] = row["n"]
-    return sorted(queues.items())
-
-
 def live_workers(now: datetime) -> list[Worker]:
     """Running and draining workers, newest heartbeat first, each marked stale when it is silent
     for longer than the heartbeat timeout."""
@@ -79,10 +68,11 @@ def dashboard_context(now: datetime) -> dict:
         "runs_24h": sum(states.values()),
         "failed_24h": states[RunState.FAILED],
         "delay": schedule_delay(now),
-        "queues": queue_rows(now),
+        # The depths /metrics reports, from the same read.
+        "queues": sorted(reads.queue_depths(now).items()),
         "workers": live_workers(now),
         "leases": leases,
-        "dead": TaskRun.objects.filter(state=TaskState.DEAD).count(),
+        "dead": reads.dead_letter_count(),
         "recent_failures": Run.objects.filter(state=RunState.FAILED).select_related("workflow").order_by("-id")[:8],
         "recent": Run.objects.select_related("workflow").order_by("-id")[:10],
         "deadline_misses": missed.select_related("workflow").order_by("-deadline_missed_at")[:8],

@@ -8,38 +8,27 @@ from datetime import UTC
 from django.contrib import messages
 from django.urls import reverse
 
-from orchestrator import audit, control
+from orchestrator import audit, control, reads
 from orchestrator.models import TaskRun, TaskState
 from orchestrator.web import zones
-from orchestrator.web.forms import JOBS, BulkTaskRunForm, DeadLetterFilterForm
+from orchestrator.web.forms import BulkTaskRunForm, DeadLetterFilterForm
 from orchestrator.web.kit import (
     back,
     day_bounds,
-    keyset_page,
     page,
     page_links,
     safe_next,
     valid_filters,
     viewer_required,
+    workflow_filter,
 )
 
 
 def dead_task_runs(data: dict, zone=UTC):
-    rows = TaskRun.objects.filter(state=TaskState.DEAD)
-    if data.get("workflow") == JOBS:
-        rows = rows.filter(run__workflow__isnull=True)
-    elif data.get("workflow"):
-        rows = rows.filter(run__workflow__name=data["workflow"])
-    if data.get("queue"):
-        rows = rows.filter(queue=data["queue"])
-    if data.get("error"):
-        rows = rows.filter(error__icontains=data["error"])
-    lo, hi = day_bounds(data.get("since"), data.get("until"), zone)
-    if lo:
-        rows = rows.filter(finished_at__gte=lo)
-    if hi:
-        rows = rows.filter(finished_at__lt=hi)
-    return rows
+    """The dead task runs matching the list's filters, without pagination; dates are days in ``zone``."""
+    since, until = day_bounds(data.get("since"), data.get("until"), zone)
+    return reads.dead_letters(workflow=workflow_filter(data.get("workflow")), queue=data.get("queue"),
+                              error=data.get("error"), died_from=since, died_before=until)
 
 
 @viewer_required
@@ -48,11 +37,11 @@ def dead_letter(request):
         return dead_letter_action(request)
     form = DeadLetterFilterForm(request.GET or None)
     data = valid_filters(form)
-    rows, has_older, _has_newer = keyset_page(
-        dead_task_runs(data, zones.for_request(request).zone).select_related("run__workflow"), data.get("before"), None
-    )
+    dead = reads.DEAD_LETTER_ORDER.page(dead_task_runs(data, zones.for_request(request).zone)
+                                        .select_related("run__workflow"), data.get("cursor"))
     return page(request, "orchestrator/web/dead_letter.html", {
-        "form": form, "rows": rows, **page_links(request, rows, has_older, False), "paged": bool(data.get("before")),
+        "form": form, "rows": dead.rows, **page_links(request, dead, reads.DEAD_LETTER_ORDER),
+        "paged": bool(data.get("cursor")),
         "queues": TaskRun.objects.filter(state=TaskState.DEAD).values_list("queue", flat=True).distinct()
         .order_by("queue"),
     })

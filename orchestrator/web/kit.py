@@ -15,14 +15,14 @@ from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
-from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.http import require_POST
 
-from orchestrator import access, clock
+from orchestrator import access, clock, reads
 from orchestrator.conf import app_settings
 from orchestrator.web import zones
+from orchestrator.web.forms import JOBS
 
-PAGE_SIZE = 50
 POLL = "2s"  # how often the live part of an unfinished run or task run is refreshed
 NOT_A_VIEWER = "You need to be in the Viewers or Operators group to see these pages."
 
@@ -88,23 +88,13 @@ def seconds(start: datetime | None, end: datetime | None, now: datetime) -> floa
     return max(0.0, ((end or now) - start).total_seconds())
 
 
-def keyset_page(queryset, before: int | None, after: int | None, size: int = PAGE_SIZE):
-    """One page of ``queryset`` by id, newest first, and whether older/newer rows exist.
-    ``before``: rows older than that id; ``after``: rows newer than it (fetched ascending, then
-    flipped). One extra row tells whether there is a next page; no COUNT, no OFFSET."""
-    if after:
-        rows = list(queryset.filter(pk__gt=after).order_by("id")[: size + 1])
-        has_newer = len(rows) > size
-        rows = rows[:size][::-1]
-        has_older = bool(rows) and queryset.filter(pk__lt=rows[-1].pk).exists()
-        return rows, has_older, has_newer
-    if before:
-        queryset = queryset.filter(pk__lt=before)
-    rows = list(queryset.order_by("-id")[: size + 1])
-    has_older = len(rows) > size
-    rows = rows[:size]
-    has_newer = bool(before) and bool(rows)
-    return rows, has_older, has_newer
+def id_cursor(data: dict) -> reads.Cursor | None:
+    """The cursor of a list paged by id, from its ``after`` (newer rows) or ``before`` (older) filter."""
+    if data.get("after"):
+        return reads.Cursor(False, (data["after"],))
+    if data.get("before"):
+        return reads.Cursor(True, (data["before"],))
+    return None
 
 
 def valid_filters(form) -> dict:
@@ -116,18 +106,33 @@ def valid_filters(form) -> dict:
     return {key: value for key, value in form.cleaned_data.items() if key not in form.errors}
 
 
-def page_links(request, rows: list, has_older: bool, has_newer: bool) -> dict:
-    """The query strings of a keyset-paged list's links: the older and newer pages (or ""), and the
-    first page, each keeping the list's filters."""
+def workflow_filter(name: str | None):
+    """The ``workflow`` of a read (``reads.runs``, ``reads.dead_letters``) for the lists' workflow filter."""
+    if not name:
+        return reads.ANY
+    return reads.NO_WORKFLOW if name == JOBS else reads.workflow_id(name)
+
+
+def page_links(request, page: reads.Page, keyset: reads.Keyset = reads.BY_ID) -> dict:
+    """Whether older and newer pages exist, and the query strings of the links to them (or "")
+    and to the first page, each keeping the list's filters. A list by id pages with ``before`` and
+    ``after``; one ordered by time with the API's cursor."""
+
+    def query(cursor: reads.Cursor | None) -> str:
+        if cursor is None:
+            return ""
+        if keyset.time_field:
+            cursor_params = {"cursor": keyset.text(cursor)}
+        else:
+            cursor_params = {"before" if cursor.older else "after": cursor.key[0]}
+        return f"{base}&{urlencode(cursor_params)}".lstrip("&")
+
     params = request.GET.copy()
-    for key in ("before", "after"):
+    for key in ("before", "after", "cursor"):
         params.pop(key, None)
     base = params.urlencode()
-    return {
-        "has_older": has_older, "has_newer": has_newer, "first_qs": base,
-        "older_qs": f"{base}&before={rows[-1].pk}".lstrip("&") if rows and has_older else "",
-        "newer_qs": f"{base}&after={rows[0].pk}".lstrip("&") if rows and has_newer else "",
-    }
+    return {"has_older": page.older is not None, "has_newer": page.newer is not None, "first_qs": base,
+            "older_qs": query(page.older), "newer_qs": query(page.newer)}
 
 
 def day_bounds(since: date | None, until: date | None, zone=UTC) -> tuple[datetime | None, datetime | None]:

@@ -10,21 +10,22 @@ from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 
-from orchestrator import audit, clock, control
-from orchestrator.models import Attempt, Run, TaskRun, TaskState, Workflow
+from orchestrator import audit, clock, control, reads
+from orchestrator.models import Attempt, Run, TaskRun, TaskState
 from orchestrator.web import mapped, svg, zones
-from orchestrator.web.forms import JOBS, RunFilterForm
+from orchestrator.web.forms import RunFilterForm
 from orchestrator.web.kit import (
     POLL,
     back,
     day_bounds,
-    keyset_page,
+    id_cursor,
     operator_action,
     page,
     page_links,
     seconds,
     valid_filters,
     viewer_required,
+    workflow_filter,
 )
 from orchestrator.web.timeline import Axis
 
@@ -32,41 +33,22 @@ RETRYABLE = (TaskState.DEAD, TaskState.FAILED, TaskState.UPSTREAM_FAILED)
 
 
 def filter_runs(data: dict, zone=UTC):
-    """The runs matching the list's filters, newest first, without pagination; dates are days in
-    ``zone``."""
-    runs = Run.objects.all()
-    if data.get("workflow") == JOBS:
-        runs = runs.filter(workflow__isnull=True)
-    elif data.get("workflow"):
-        # By id, not by a join on the name: the planner then sees one workflow_id and can walk
-        # the (workflow, -id) index instead of joining a million rows.
-        workflow_id = Workflow.objects.filter(name=data["workflow"]).values_list("id", flat=True).first()
-        runs = runs.filter(workflow_id=workflow_id) if workflow_id else runs.none()
-    if data.get("state"):
-        runs = runs.filter(state=data["state"])
-    if data.get("trigger"):
-        runs = runs.filter(trigger=data["trigger"])
-    lo, hi = day_bounds(data.get("since"), data.get("until"), zone)
-    if lo:
-        runs = runs.filter(logical_date__gte=lo)
-    if hi:
-        runs = runs.filter(logical_date__lt=hi)
-    return runs
+    """The runs matching the list's filters, without pagination; dates are days in ``zone``."""
+    since, until = day_bounds(data.get("since"), data.get("until"), zone)
+    return reads.runs(workflow=workflow_filter(data.get("workflow")), state=data.get("state"),
+                      trigger=data.get("trigger"), logical_from=since, logical_before=until)
 
 
 @viewer_required
 def run_list(request):
     form = RunFilterForm(request.GET or None)
     data = valid_filters(form)
-    rows, has_older, has_newer = keyset_page(
-        filter_runs(data, zones.for_request(request).zone).select_related("workflow", "created_by"),
-        data.get("before"), data.get("after")
-    )
+    runs = reads.RUN_ORDER.page(filter_runs(data, zones.for_request(request).zone)
+                                .select_related("workflow", "created_by"), id_cursor(data))
     now = clock.now()
-    for run in rows:
+    for run in runs.rows:
         run.seconds = seconds(run.started_at, run.finished_at, now)
-    return page(request, "orchestrator/web/runs.html",
-                {"form": form, "runs": rows, **page_links(request, rows, has_older, has_newer)})
+    return page(request, "orchestrator/web/runs.html", {"form": form, "runs": runs.rows, **page_links(request, runs)})
 
 
 def task_runs_in_order(run: Run) -> tuple[list[TaskRun], dict[str, list[str]]]:
