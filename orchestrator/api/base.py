@@ -26,11 +26,18 @@ IDEMPOTENCY_KEY_PATTERN = r"^[!-~]([ -~]{0,253}[!-~])?$"  # 1 to 255 printable A
 IDEMPOTENCY_HEADER = OpenApiParameter(
     "Idempotency-Key", {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN, "maxLength": 255},
     OpenApiParameter.HEADER, required=False,
-    description="Same as the idempotency_key field; retries with one key create one resource.",
+    description="Same as the idempotency_key field; retries with one key create one resource. Give the key "
+                "one way or the other: a header and a field that differ are a 400.",
 )
+# The 400 of an operation that takes an idempotency key, which a schema cannot state as a rule
+# (the header and the body are checked apart).
+IDEMPOTENCY_400 = ("invalid input: each bad field has a list of messages; also when the Idempotency-Key "
+                   "header and the idempotency_key field differ")
 
 
-def errors(*codes: int) -> dict:
+def errors(*codes: int, bad_input: str | None = None) -> dict:
+    """The error responses of an operation for the schema; ``bad_input`` describes its 400 when it
+    has a reason of its own."""
     described = {
         400: "invalid input: each bad field has a list of messages",
         401: "no credentials (a token or a session)",
@@ -38,6 +45,8 @@ def errors(*codes: int) -> dict:
         404: "no such object",
         409: "the idempotency key was used for a different request",
     }
+    if bad_input:
+        described[400] = bad_input
     return {code: OpenApiResponse(s.ErrorSerializer, description=described[code]) for code in codes}
 
 

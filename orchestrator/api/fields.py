@@ -7,6 +7,7 @@ what the schema tells clients is wrong."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC
 
 from django.utils.dateparse import parse_datetime
@@ -51,8 +52,15 @@ class Text(serializers.CharField):
 
 
 class TextMatching(serializers.RegexField):
+    """Text that matches ``regex`` whole, as JSON Schema's ``pattern`` means it: Python's ``$`` would
+    also take a trailing line break ("a:b\\n"), which the schema refuses."""
+
+    def __init__(self, regex: str, **kwargs):
+        self.whole = re.compile(regex)
+        super().__init__(regex, **kwargs)
+
     def to_internal_value(self, data):
-        if not isinstance(data, str):
+        if not isinstance(data, str) or not self.whole.fullmatch(data):
             self.fail("invalid")
         return super().to_internal_value(data)
 
@@ -126,5 +134,5 @@ class IdempotencyKeyField(Text):
         kwargs.setdefault("min_length", 1)
         kwargs.setdefault("help_text", "Retrying with the same key and payload returns the existing resource (200); "
                                        "the same key with a different payload is a 409. Also accepted as the "
-                                       "Idempotency-Key header.")
+                                       "Idempotency-Key header (a header and a field that differ are a 400).")
         super().__init__(**kwargs)

@@ -27,10 +27,13 @@ from orchestrator.api.fields import (
 from orchestrator.limits import (
     MAX_ID,
     MAX_LOG_OFFSET,
+    MAX_REF_LENGTH,
     PRIORITY_MAX,
     PRIORITY_MIN,
     QUEUE,
     QUEUE_RE,
+    REF_RE,
+    REF_RULE,
 )
 from orchestrator.models import (
     Attempt,
@@ -252,9 +255,10 @@ class LogPageSerializer(serializers.Serializer):
 
 
 class JobRequestSerializer(serializers.Serializer):
-    ref = Text(max_length=255, help_text='The registered function to call, "package.module:function" '
-                                         '(a @job function, a django.tasks task or a workflow task); '
-                                         'any other reference is refused.')
+    ref = TextMatching(REF_RE.pattern, max_length=MAX_REF_LENGTH,
+                       error_messages={"invalid": f"{REF_RULE}, e.g. 'myapp.jobs:send_welcome_email'"},
+                       help_text='The registered function to call, "package.module:function" (a @job function, a '
+                                 'django.tasks task or a workflow task); any other reference is refused.')
     args = JSONListField(required=False, default=list)
     kwargs = JSONObjectField(required=False, default=dict)
     run_after = AwareDateTimeField(required=False, allow_null=True, default=None,
@@ -372,8 +376,7 @@ class TaskRunIdsSerializer(serializers.Serializer):
 
 
 class ClearSerializer(serializers.Serializer):
-    downstream = serializers.BooleanField(required=False, default=True,
-                                          help_text="Also clear every finished task run downstream of it.")
+    downstream = Flag(required=False, default=True, help_text="Also clear every finished task run downstream of it.")
 
 
 class MarkSerializer(serializers.Serializer):
@@ -413,6 +416,11 @@ class BackfillRequestSerializer(serializers.Serializer):
                                         help_text="what to do with fire times that already have a run")
     params = JSONObjectField(required=False, default=dict, help_text="override the schedule's params")
     dry_run = Flag(required=False, default=False, help_text="only list the fire times and counts; create nothing")
+
+    # What validate() refuses, in the schema too (api.schema.cross_field_rules): a schedule and a cron
+    # expression are two answers to one question.
+    schema_rules = {"not": {"required": ["schedule", "cron"],
+                            "properties": {"schedule": {"type": "string"}, "cron": {"type": "string"}}}}
 
     def validate(self, data):
         if data["end"] < data["start"]:

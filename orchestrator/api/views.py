@@ -15,6 +15,7 @@ from orchestrator import audit, clock, control, jobs, logs, reads
 from orchestrator import backfill as backfills
 from orchestrator.api import serializers as s
 from orchestrator.api.base import (
+    IDEMPOTENCY_400,
     IDEMPOTENCY_HEADER,
     APIBase,
     body,
@@ -137,7 +138,8 @@ class WorkflowRunsView(APIBase):
         description="Params are checked against the workflow's declared params. With an idempotency key "
                     "(field or Idempotency-Key header) a retry returns the run it created (200).",
         request=s.TriggerSerializer, parameters=[IDEMPOTENCY_HEADER],
-        responses={201: s.RunDetailSerializer, 200: s.RunDetailSerializer, **errors(400, 401, 403, 404, 409)},
+        responses={201: s.RunDetailSerializer, 200: s.RunDetailSerializer,
+                   **errors(400, 401, 403, 404, 409, bad_input=IDEMPOTENCY_400)},
     )
     def post(self, request, name):
         workflow = get_workflow(name)
@@ -278,7 +280,7 @@ class JobListView(APIBase):
                     "not before `run_after`; an unregistered ref is a 400. Jobs run at least once: make them "
                     "idempotent.",
         request=s.JobRequestSerializer, parameters=[IDEMPOTENCY_HEADER],
-        responses={201: s.JobSerializer, 200: s.JobSerializer, **errors(400, 401, 403, 409)},
+        responses={201: s.JobSerializer, 200: s.JobSerializer, **errors(400, 401, 403, 409, bad_input=IDEMPOTENCY_400)},
     )
     def post(self, request):
         data = validated(s.JobRequestSerializer, body(request))
