@@ -3,7 +3,9 @@
 Every role writes its state to PostgreSQL, so any web process can report on the whole
 deployment; no process keeps counters of its own. One scrape runs six aggregate queries, each
 on a partial or narrow index (the queued/scheduled/dead partial indexes of the task-run table,
-the finished-at indexes), and never loads rows into Python.
+the finished-at indexes), and never loads rows into Python. The queue depths and the size of
+the dead-letter queue are ``reads``' (``queue_depths``, ``DEAD_LETTER_COUNT_SQL``), the very
+numbers the dashboard shows.
 
 Metrics that describe a window (the schedule delay histogram, task outcomes, reaped attempts)
 say which window in their name or help text: the history is pruned, so all-time totals from
@@ -20,10 +22,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from orchestrator import clock
+from orchestrator import clock, reads
 from orchestrator.conf import app_settings
 from orchestrator.lease import SCHEDULER_LEASE
-from orchestrator.states import LIVE_WORKER_STATES, AttemptOutcome, RunState, TaskState, sql_list
+from orchestrator.states import LIVE_WORKER_STATES, AttemptOutcome, RunState, sql_list
 
 SCHEDULE_DELAY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 SCHEDULE_DELAY_WINDOW_SECONDS = 3600
@@ -32,18 +34,6 @@ REAPED_WINDOW_SECONDS = 3600
 NOT_RUN_STATES = (RunState.SKIPPED, RunState.MISSED)
 NOT_RUN_WINDOW_SECONDS = 3600
 JOB_LABEL = "(job)"  # workflow label of one-off jobs; no workflow name can start with "("
-
-# Due work: queued rows, plus scheduled rows whose time has come but that the dispatcher has
-# not released yet (held by a concurrency limit, or a dispatcher is behind). UNION ALL keeps
-# each branch on its own partial index.
-QUEUE_SQL = f"""
-    SELECT queue, '{TaskState.QUEUED}', count(*) FROM orchestrator_taskrun WHERE state = '{TaskState.QUEUED}' GROUP BY queue
-    UNION ALL
-    SELECT queue, 'due', count(*) FROM orchestrator_taskrun
-     WHERE state = '{TaskState.SCHEDULED}' AND (due_at IS NULL OR due_at <= %(now)s) GROUP BY queue
-    UNION ALL
-    SELECT queue, '{TaskState.RUNNING}', count(*) FROM orchestrator_taskrun WHERE state = '{TaskState.RUNNING}' GROUP BY queue
-"""
 
 # Task runs that ended within the window, by workflow (jobs under one label) and final state,
 # through the finished-at index: a scrape reads only the recent rows.
@@ -79,7 +69,7 @@ NOT_RUN_SQL = f"""
 # db_now is NULL except under a test's pinned clock.
 STATUS_SQL = f"""
     SELECT
-      (SELECT count(*) FROM orchestrator_taskrun WHERE state = '{TaskState.DEAD}'),
+      ({reads.DEAD_LETTER_COUNT_SQL}),
       (SELECT count(*) FROM orchestrator_worker
         WHERE state IN ({sql_list(LIVE_WORKER_STATES)})
           AND heartbeat_at > COALESCE(%(db_now)s::timestamptz, now()) - make_interval(secs => %(heartbeat)s)),
@@ -129,7 +119,7 @@ class DatabaseCollector:
     def _families(self) -> list:
         heartbeat_timeout = app_settings.HEARTBEAT_TIMEOUT_SECONDS
         now, db_now = clock.now(), clock.db_now_param()
-        queue_rows = _fetchall(QUEUE_SQL, {"now": now})
+        depths = reads.queue_depths(now)
         outcome_rows = _fetchall(OUTCOME_SQL, {"job_label": JOB_LABEL, "now": now, "window": OUTCOME_WINDOW_SECONDS})
         delay_rows = _fetchall(SCHEDULE_DELAY_SQL, {"now": now, "window": SCHEDULE_DELAY_WINDOW_SECONDS})
         not_run_rows = _fetchall(NOT_RUN_SQL, {"now": now, "window": NOT_RUN_WINDOW_SECONDS})
@@ -139,18 +129,22 @@ class DatabaseCollector:
         })[0]
         worker_rows = _fetchall(WORKERS_BY_QUEUE_SQL, {"db_now": db_now, "heartbeat": heartbeat_timeout})
 
-        depth, running = _queue_counts(queue_rows, worker_rows)
+        # Queues served by a live worker are reported even when empty, so a dashboard shows 0
+        # rather than no data.
+        for queue, _count in worker_rows:
+            depths.setdefault(queue, reads.Depth())
         families = []
         gauge = GaugeMetricFamily(
-            "orchestrator_queue_depth", "Task runs waiting for a worker: queued, or scheduled and due.", labels=["queue"]
+            "orchestrator_queue_depth", "Task runs waiting for a worker: queued, or scheduled and due now "
+            "(not those scheduled for later).", labels=["queue"]
         )
-        for queue in sorted(depth):
-            gauge.add_metric([queue], depth[queue])
+        for queue in sorted(depths):
+            gauge.add_metric([queue], depths[queue].waiting)
         families.append(gauge)
 
         gauge = GaugeMetricFamily("orchestrator_tasks_running", "Task runs being executed now.", labels=["queue"])
-        for queue in sorted(running):
-            gauge.add_metric([queue], running[queue])
+        for queue in sorted(depths):
+            gauge.add_metric([queue], depths[queue].running)
         families.append(gauge)
 
         gauge = GaugeMetricFamily(
@@ -214,20 +208,6 @@ class DatabaseCollector:
 
         families += _lease_families(holder, epoch, remaining)
         return families
-
-
-def _queue_counts(queue_rows, worker_rows) -> tuple[dict, dict]:
-    """Task runs waiting (queued, or scheduled and due) and running, per queue. Queues served by a
-    live worker are reported even when empty, so a dashboard shows 0 rather than no data."""
-    queues = {queue for queue, _ in worker_rows} | {row[0] for row in queue_rows}
-    depth = dict.fromkeys(queues, 0)
-    running = dict.fromkeys(queues, 0)
-    for queue, kind, count in queue_rows:
-        if kind == TaskState.RUNNING:
-            running[queue] += count
-        else:
-            depth[queue] += count
-    return depth, running
 
 
 def _lease_families(holder, epoch, remaining) -> list:

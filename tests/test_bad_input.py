@@ -295,7 +295,7 @@ def test_a_bug_in_a_page_answers_a_plain_page_without_internals(operator, workfl
     def broken(*args, **kwargs):
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr("orchestrator.web.views._workflow_context", broken)
+    monkeypatch.setattr("orchestrator.web.workflows.workflow_context", broken)
     client = Client(raise_request_exception=False)
     client.force_login(operator)
     response = client.get("/workflows/reports/")

@@ -350,13 +350,13 @@ def test_an_operator_cancels_an_active_run_and_retries_a_failed_one(as_operator,
 
 def test_the_task_run_page_escapes_what_a_task_printed_and_pages_a_long_log(as_viewer, etl):
     from orchestrator import logs
-    from orchestrator.web import views
+    from orchestrator.web import task_runs
 
     run = finished_run(etl, state=RunState.FAILED, task_state=TaskState.DEAD, error="<script>alert(1)</script>")
     tr = run.task_runs.get(task="extract")
     attempt = tr.attempt_set.get()
     line = "row <script>alert('x')</script> done\n"
-    body = line * (views.LOG_PAGE // len(line) + 50)
+    body = line * (task_runs.LOG_PAGE // len(line) + 50)
     conf.log_storage().save(logs.attempt_log_name(attempt), ContentFile(body.encode()))
     html = as_viewer.get(reverse("orchestrator:web:task_run", args=[tr.pk])).content.decode()
     assert "<script>alert" not in html

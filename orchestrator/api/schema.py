@@ -6,10 +6,13 @@ mix, so their component names cannot collide)."""
 import inspect
 from contextvars import ContextVar
 
+from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.settings import patched_settings
 from drf_spectacular.utils import extend_schema as spectacular_extend_schema
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
+
+from orchestrator.api import serializers as api_serializers
 
 SETTINGS = {
     "TITLE": "Orchestrator API",
@@ -23,7 +26,8 @@ SETTINGS = {
                             "TaskStateEnum": "orchestrator.models.TaskState"},
     "PREPROCESSING_HOOKS": ["orchestrator.api.schema.only_this_api"],
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
-                             "orchestrator.api.parsing.describe_text_inputs"],
+                             "orchestrator.api.parsing.describe_text_inputs",
+                             "orchestrator.api.schema.cross_field_rules"],
 }
 
 # True while this API's own schema is generated.
@@ -64,6 +68,20 @@ def only_this_api(endpoints):
             and isinstance(getattr(endpoint[3].cls, "schema", None), Schema)]
 
 
+def cross_field_rules(result, generator, request, public):
+    """drf-spectacular postprocessing hook: an input serializer's ``schema_rules`` (what its
+    ``validate()`` refuses that no single field can say) on its request component, so the schema
+    refuses what the server refuses."""
+    components = result.get("components", {}).get("schemas", {})
+    for serializer in vars(api_serializers).values():
+        rules = getattr(serializer, "schema_rules", None)
+        if isinstance(serializer, type) and rules:
+            name = f"{serializer.__name__.removesuffix('Serializer')}Request"
+            if name in components:
+                components[name].update(rules)
+    return result
+
+
 class SchemaView(SpectacularAPIView):
     custom_settings = SETTINGS
     permission_classes = []
@@ -94,8 +112,6 @@ class DocsView(SpectacularSwaggerSplitView):
 
 def generate(request=None) -> dict:
     """This API's schema as a dict (for tests and tools)."""
-    from drf_spectacular.generators import SchemaGenerator
-
     token = _generating.set(True)
     try:
         with patched_settings(SETTINGS):

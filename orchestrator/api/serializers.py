@@ -1,26 +1,39 @@
-"""What the API reads and writes. Input serializers check everything PostgreSQL or our modules
-would otherwise reject late (NUL bytes, integers out of range, datetimes without a timezone), so a
-bad request is a 400 naming the field and changes nothing stored."""
+"""What the API reads and writes; together they are the OpenAPI schema's components. Input
+serializers are made of the field types of ``api.fields``, which check everything PostgreSQL or
+our modules would otherwise reject late, so a bad request is a 400 naming the field and changes
+nothing stored."""
 
 from __future__ import annotations
 
-from datetime import UTC
-
 from django.urls import reverse
-from django.utils.dateparse import parse_datetime
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from orchestrator import backfill as backfills
 from orchestrator import cron
+from orchestrator.api.fields import (
+    AwareDateTimeField,
+    Flag,
+    IdempotencyKeyField,
+    JSONListField,
+    JSONObjectField,
+    Number,
+    QueryInteger,
+    Text,
+    TextMatching,
+    WholeNumber,
+)
 from orchestrator.limits import (
     MAX_ID,
     MAX_LOG_OFFSET,
+    MAX_REF_LENGTH,
     PRIORITY_MAX,
     PRIORITY_MIN,
     QUEUE,
     QUEUE_RE,
-    json_problem,
+    REF_RE,
+    REF_RULE,
 )
 from orchestrator.models import (
     Attempt,
@@ -37,124 +50,6 @@ from orchestrator.models import (
 )
 
 PRIORITY_RANGE = (PRIORITY_MIN, PRIORITY_MAX)
-
-
-class AwareDateTimeField(serializers.DateTimeField):
-    """An ISO 8601 date and time that must carry its timezone: a naive one is ambiguous, and
-    guessing the server's zone would silently shift a job or a backfill by hours."""
-
-    default_error_messages = {
-        "invalid": "expected a date and time like 2026-01-31T08:00:00+00:00, got {input!r}",
-        "naive": "{input!r} has no timezone; add one, e.g. +00:00 or Z",
-        "range": "{input!r} is out of the supported range (years 1-9999 in UTC)",
-    }
-
-    def to_internal_value(self, value):
-        if not isinstance(value, str):
-            self.fail("invalid", input=value)
-        try:
-            parsed = parse_datetime(value.strip())
-        except ValueError:
-            parsed = None
-        if parsed is None:
-            self.fail("invalid", input=value)
-        if parsed.tzinfo is None or parsed.utcoffset() is None:
-            self.fail("naive", input=value)
-        try:
-            return parsed.astimezone(UTC)
-        except (OverflowError, ValueError):
-            self.fail("range", input=value)
-
-
-# Input fields take the JSON types the schema states: DRF alone would read 0 as "0" for a string, "5" as 5
-# for an integer and "yes" as true, accepting what the schema tells clients is wrong.
-
-
-class Text(serializers.CharField):
-    def to_internal_value(self, data):
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class TextMatching(serializers.RegexField):
-    def to_internal_value(self, data):
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class WholeNumber(serializers.IntegerField):
-    def to_internal_value(self, data):
-        if isinstance(data, bool) or not isinstance(data, int):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class Number(serializers.FloatField):
-    def to_internal_value(self, data):
-        if isinstance(data, bool) or not isinstance(data, int | float):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class Flag(serializers.BooleanField):
-    def to_internal_value(self, data):
-        if not isinstance(data, bool):
-            self.fail("invalid")
-        return data
-
-
-class QueryInteger(serializers.IntegerField):
-    """An integer in the query string: digits, nothing else (DRF would also take "5.0")."""
-
-    def to_internal_value(self, data):
-        if not isinstance(data, str) or len(data) > 20 or not data.lstrip("-").isascii() \
-                or not data.lstrip("-").isdigit():
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-def check_json(value) -> None:
-    """What jsonb cannot hold (NUL, unpaired surrogates, deep nesting), found before the database does."""
-    if problem := json_problem(value):
-        raise serializers.ValidationError(problem)
-
-
-@extend_schema_field({"type": "object", "additionalProperties": True})
-class JSONObjectField(serializers.JSONField):
-    default_error_messages = {"not_object": "expected a JSON object, got {kind}"}
-
-    def to_internal_value(self, data):
-        data = super().to_internal_value(data)
-        if not isinstance(data, dict):
-            self.fail("not_object", kind=type(data).__name__)
-        check_json(data)
-        return data
-
-
-@extend_schema_field({"type": "array", "items": {}})
-class JSONListField(serializers.JSONField):
-    default_error_messages = {"not_list": "expected a JSON array, got {kind}"}
-
-    def to_internal_value(self, data):
-        data = super().to_internal_value(data)
-        if not isinstance(data, list):
-            self.fail("not_list", kind=type(data).__name__)
-        check_json(data)
-        return data
-
-
-class IdempotencyKeyField(Text):
-    def __init__(self, **kwargs):
-        kwargs.setdefault("required", False)
-        kwargs.setdefault("allow_null", True)
-        kwargs.setdefault("max_length", 255)
-        kwargs.setdefault("min_length", 1)
-        kwargs.setdefault("help_text", "Retrying with the same key and payload returns the existing resource (200); "
-                                       "the same key with a different payload is a 409. Also accepted as the "
-                                       "Idempotency-Key header.")
-        super().__init__(**kwargs)
 
 
 # --- workflows ------------------------------------------------------------------------------------
@@ -360,9 +255,10 @@ class LogPageSerializer(serializers.Serializer):
 
 
 class JobRequestSerializer(serializers.Serializer):
-    ref = Text(max_length=255, help_text='The registered function to call, "package.module:function" '
-                                         '(a @job function, a django.tasks task or a workflow task); '
-                                         'any other reference is refused.')
+    ref = TextMatching(REF_RE.pattern, max_length=MAX_REF_LENGTH,
+                       error_messages={"invalid": f"{REF_RULE}, e.g. 'myapp.jobs:send_welcome_email'"},
+                       help_text='The registered function to call, "package.module:function" (a @job function, a '
+                                 'django.tasks task or a workflow task); any other reference is refused.')
     args = JSONListField(required=False, default=list)
     kwargs = JSONObjectField(required=False, default=dict)
     run_after = AwareDateTimeField(required=False, allow_null=True, default=None,
@@ -480,8 +376,7 @@ class TaskRunIdsSerializer(serializers.Serializer):
 
 
 class ClearSerializer(serializers.Serializer):
-    downstream = serializers.BooleanField(required=False, default=True,
-                                          help_text="Also clear every finished task run downstream of it.")
+    downstream = Flag(required=False, default=True, help_text="Also clear every finished task run downstream of it.")
 
 
 class MarkSerializer(serializers.Serializer):
@@ -522,6 +417,11 @@ class BackfillRequestSerializer(serializers.Serializer):
     params = JSONObjectField(required=False, default=dict, help_text="override the schedule's params")
     dry_run = Flag(required=False, default=False, help_text="only list the fire times and counts; create nothing")
 
+    # What validate() refuses, in the schema too (api.schema.cross_field_rules): a schedule and a cron
+    # expression are two answers to one question.
+    schema_rules = {"not": {"required": ["schedule", "cron"],
+                            "properties": {"schedule": {"type": "string"}, "cron": {"type": "string"}}}}
+
     def validate(self, data):
         if data["end"] < data["start"]:
             raise serializers.ValidationError({"end": ["must not be before start"]})
@@ -553,8 +453,6 @@ class BackfillSerializer(serializers.ModelSerializer):
         fields = ["id", "workflow", "schedule", "start", "end", "reprocess", "params", "total", "done", "created_at"]
 
     def get_done(self, backfill) -> int:
-        from orchestrator import backfill as backfills
-
         done, _total = backfills.progress(backfill)
         return done
 

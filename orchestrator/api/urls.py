@@ -31,5 +31,7 @@ urlpatterns = [
     path("dataset-events/", views.DatasetEventListView.as_view(), name="dataset-events"),
     path("schema/", schema.SchemaView.as_view(), name="schema"),
     path("docs/", schema.DocsView.as_view(), name="docs"),
-    re_path(r"^.*$", not_found),
+    # Any path at all, a line break in it too ("." stops at one, and "(?s)" cannot be reversed):
+    # every answer under the API is JSON.
+    re_path(r"^[\s\S]*$", not_found),
 ]

@@ -5,35 +5,41 @@ the web UI and the admin behave the same."""
 
 from __future__ import annotations
 
-import re
-from functools import cache
-
 from django.db.models import Prefetch
 from django.urls import reverse
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
-from rest_framework import serializers, status
-from rest_framework.authentication import SessionAuthentication
+from rest_framework import status
 from rest_framework.exceptions import NotFound, ValidationError
-from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from orchestrator import audit, clock
+from orchestrator import audit, clock, control, jobs, logs, reads
+from orchestrator import backfill as backfills
 from orchestrator.api import serializers as s
-from orchestrator.api.errors import exception_handler, field_errors
+from orchestrator.api.base import (
+    IDEMPOTENCY_400,
+    IDEMPOTENCY_HEADER,
+    APIBase,
+    body,
+    errors,
+    filter_workflow,
+    get_run,
+    get_workflow,
+    idempotency_key,
+    paginated_schema,
+    validated,
+)
+from orchestrator.api.errors import field_errors
 from orchestrator.api.parsing import (
     CURSOR,
     LIMIT,
     TIME_CURSOR,
     DeadLetterPagination,
-    JSONParser,
-    KeysetPagination,
     validated_query,
 )
-from orchestrator.api.permissions import OperatorsOnly, TokenAuthentication, ViewerReadsOperatorWrites
-from orchestrator.api.schema import Schema, extend_schema
+from orchestrator.api.permissions import OperatorsOnly
+from orchestrator.api.schema import extend_schema
 from orchestrator.models import (
     Attempt,
+    AuditEvent,
     Backfill,
     ConsumerRun,
     Dataset,
@@ -41,125 +47,11 @@ from orchestrator.models import (
     Run,
     Schedule,
     TaskRun,
-    TaskState,
     Trigger,
     Workflow,
 )
+from orchestrator.params import clean_params
 from orchestrator.runs import trigger_workflow
-
-IDEMPOTENCY_KEY_PATTERN = r"^[!-~]([ -~]{0,253}[!-~])?$"  # 1 to 255 printable ASCII characters, no edge spaces
-IDEMPOTENCY_HEADER = OpenApiParameter(
-    "Idempotency-Key", {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN, "maxLength": 255},
-    OpenApiParameter.HEADER, required=False,
-    description="Same as the idempotency_key field; retries with one key create one resource.",
-)
-
-
-def errors(*codes: int) -> dict:
-    described = {
-        400: "invalid input: each bad field has a list of messages",
-        401: "no credentials (a token or a session)",
-        403: "the user lacks the Viewers/Operators group this needs",
-        404: "no such object",
-        409: "the idempotency key was used for a different request",
-    }
-    return {code: OpenApiResponse(s.ErrorSerializer, description=described[code]) for code in codes}
-
-
-@cache
-def paginated_schema(item_serializer):
-    """The shape of a cursor page, for the schema."""
-    name = f"Paginated{item_serializer.__name__.removesuffix('Serializer')}List"
-    return type(name, (serializers.Serializer,), {
-        "next": serializers.URLField(allow_null=True),
-        "previous": serializers.URLField(allow_null=True),
-        "results": item_serializer(many=True),
-    })
-
-
-def filter_workflow(name: str) -> Workflow:
-    """The workflow a list is filtered by: like a workflow in the path, an unknown one is a 404."""
-    workflow = Workflow.objects.filter(name=name).first()
-    if workflow is None:
-        raise NotFound({"detail": f"unknown workflow {name!r}", "workflow": [f"unknown workflow {name!r}"]})
-    return workflow
-
-
-def get_workflow(name: str) -> Workflow:
-    # PostgreSQL text cannot hold NUL, so no workflow has such a name (and asking would be a DataError).
-    workflow = None if "\x00" in name else Workflow.objects.select_related("current_version").filter(name=name).first()
-    if workflow is None:
-        raise NotFound(f"unknown workflow {name!r}")
-    return workflow
-
-
-def get_run(pk: int, **filters) -> Run:
-    run = Run.objects.select_related("workflow", "version", "schedule", "created_by").filter(pk=pk, **filters).first()
-    if run is None:
-        raise NotFound(f"no run {pk}" if not filters else f"no job {pk}")
-    return run
-
-
-def validated(serializer_class, data, **kwargs):
-    serializer = serializer_class(data=data, **kwargs)
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
-
-
-def idempotency_key(request, data: dict) -> str | None:
-    """The key from the Idempotency-Key header or the body's field; both must agree."""
-    header = request.headers.get("Idempotency-Key")
-    body = data.get("idempotency_key")
-    if header is not None:
-        if not re.fullmatch(IDEMPOTENCY_KEY_PATTERN, header):
-            raise ValidationError({"idempotency_key": ["the Idempotency-Key header must be 1 to 255 printable "
-                                                       "ASCII characters, without spaces at either end"]})
-        if body and body != header:
-            raise ValidationError({"idempotency_key": ["the Idempotency-Key header and the idempotency_key "
-                                                       "field differ; send one of them"]})
-        return header
-    return body or None
-
-
-def body(request) -> dict:
-    """The request body as an object; a JSON array or scalar is a 400, not a crash."""
-    data = request.data
-    if not hasattr(data, "get"):
-        raise ValidationError({"non_field_errors": [f"expected a JSON object, got {type(data).__name__}"]})
-    return data
-
-
-class BrowsableAPI(BrowsableAPIRenderer):
-    """DRF's browsable API without the inline <style> of its code highlighting, which the
-    Content-Security-Policy refuses (this API's docstrings hold no code to highlight)."""
-
-    def get_context(self, *args, **kwargs):
-        context = super().get_context(*args, **kwargs)
-        context["code_style"] = None
-        return context
-
-
-class APIBase(APIView):
-    """Every view of the API. Its authentication, permissions, parsers, renderers, schema and error
-    handling are set here, so the project's REST_FRAMEWORK defaults (made for its own API) change
-    nothing in this one."""
-
-    authentication_classes = [TokenAuthentication, SessionAuthentication]
-    permission_classes = [ViewerReadsOperatorWrites]
-    parser_classes = [JSONParser]  # the API speaks JSON only; forms belong to the web UI
-    renderer_classes = [JSONRenderer, BrowsableAPI]
-    schema = Schema()
-    versioning_class = None
-
-    def get_exception_handler(self):
-        return exception_handler
-
-    def page(self, queryset, serializer_class, pagination_class=KeysetPagination, context=None):
-        paginator = pagination_class()
-        items = paginator.paginate_queryset(queryset, self.request, view=self)
-        data = serializer_class(items, many=True, context=context or {}).data
-        return paginator.get_paginated_response(data)
-
 
 # --- workflows ------------------------------------------------------------------------------------
 
@@ -189,8 +81,6 @@ class WorkflowPauseView(APIBase):
     @extend_schema(tags=["workflows"], summary="Pause a workflow: its schedules stop creating runs",
                    request=None, responses={200: s.WorkflowDetailSerializer, **errors(401, 403, 404)})
     def post(self, request, name):
-        from orchestrator import control
-
         workflow = get_workflow(name)
         control.pause_workflow(workflow)
         audit.record("pause", request=request, target=workflow)
@@ -202,8 +92,6 @@ class WorkflowResumeView(APIBase):
     @extend_schema(tags=["workflows"], summary="Resume a paused workflow",
                    request=None, responses={200: s.WorkflowDetailSerializer, **errors(401, 403, 404)})
     def post(self, request, name):
-        from orchestrator import control
-
         workflow = get_workflow(name)
         control.resume_workflow(workflow)
         audit.record("resume", request=request, target=workflow)
@@ -214,19 +102,16 @@ class WorkflowResumeView(APIBase):
 # --- runs -----------------------------------------------------------------------------------------
 
 
-def filtered_runs(request, workflow: Workflow | None = None):
+def filtered_runs(request, workflow=reads.ANY):
+    """The runs a list's query asks for (``reads.runs``); ``workflow`` the id of the one in the path."""
     filters = validated_query(s.RunFilterSerializer, request.query_params)
-    runs = Run.objects.select_related("workflow", "version", "schedule", "created_by")
-    if workflow is None and "workflow" in filters:
+    if workflow is reads.ANY and "workflow" in filters:
         workflow = filter_workflow(filters["workflow"])
-    if workflow is not None:
-        runs = runs.filter(workflow=workflow)
-    for key, lookup in [("state", "state"), ("trigger", "trigger"), ("created_after", "created_at__gte"),
-                        ("created_before", "created_at__lt"), ("logical_after", "logical_date__gte"),
-                        ("logical_before", "logical_date__lt")]:
-        if key in filters:
-            runs = runs.filter(**{lookup: filters[key]})
-    return runs
+    return reads.runs(
+        workflow=workflow, state=filters.get("state"), trigger=filters.get("trigger"),
+        logical_from=filters.get("logical_after"), logical_before=filters.get("logical_before"),
+        created_from=filters.get("created_after"), created_before=filters.get("created_before"),
+    ).select_related("workflow", "version", "schedule", "created_by")
 
 
 def run_detail(run: Run) -> dict:
@@ -246,14 +131,15 @@ class WorkflowRunsView(APIBase):
                    parameters=[s.RunFilterSerializer, CURSOR, LIMIT],
                    responses={200: paginated_schema(s.RunSerializer), **errors(400, 401, 403, 404)})
     def get(self, request, name):
-        return self.page(filtered_runs(request, get_workflow(name)), s.RunSerializer)
+        return self.page(filtered_runs(request, get_workflow(name).pk), s.RunSerializer)
 
     @extend_schema(
         tags=["runs"], summary="Trigger a run",
         description="Params are checked against the workflow's declared params. With an idempotency key "
                     "(field or Idempotency-Key header) a retry returns the run it created (200).",
         request=s.TriggerSerializer, parameters=[IDEMPOTENCY_HEADER],
-        responses={201: s.RunDetailSerializer, 200: s.RunDetailSerializer, **errors(400, 401, 403, 404, 409)},
+        responses={201: s.RunDetailSerializer, 200: s.RunDetailSerializer,
+                   **errors(400, 401, 403, 404, 409, bad_input=IDEMPOTENCY_400)},
     )
     def post(self, request, name):
         workflow = get_workflow(name)
@@ -282,8 +168,6 @@ class RunCancelView(APIBase):
     @extend_schema(tags=["runs"], summary="Cancel a run: its unfinished task runs are cancelled",
                    request=s.CancelSerializer, responses={200: s.CancelResultSerializer, **errors(400, 401, 403, 404)})
     def post(self, request, pk):
-        from orchestrator import control
-
         run = get_run(pk)
         data = validated(s.CancelSerializer, body(request))
         cancelled = control.cancel_run(run, reason=data["reason"], by=request.user)
@@ -295,8 +179,6 @@ class RunRetryView(APIBase):
     @extend_schema(tags=["runs"], summary="Retry every dead, failed or upstream-failed task run of a run",
                    request=None, responses={200: s.RunRetriedSerializer, **errors(401, 403, 404)})
     def post(self, request, pk):
-        from orchestrator import control
-
         run = get_run(pk)
         retried = control.retry_run(run)
         audit.record("retry", request=request, target=run, changed=retried)
@@ -331,8 +213,6 @@ class TaskRunRetryView(APIBase):
     @extend_schema(tags=["runs"], summary="Retry a dead or failed task run: it gets a fresh set of attempts",
                    request=None, responses={200: s.TaskRunActionSerializer, **errors(401, 403, 404)})
     def post(self, request, pk):
-        from orchestrator import control
-
         task_run = get_task_run(pk)
         changed = [pk] if control.retry_task_runs([pk]) else []
         audit.record("retry", request=request, target=task_run, changed=len(changed))
@@ -343,8 +223,6 @@ class TaskRunClearView(APIBase):
     @extend_schema(tags=["runs"], summary="Clear a finished task run (and what is downstream of it): it runs again",
                    request=s.ClearSerializer, responses={200: s.TaskRunActionSerializer, **errors(400, 401, 403, 404)})
     def post(self, request, pk):
-        from orchestrator import control
-
         task_run = get_task_run(pk)
         data = validated(s.ClearSerializer, body(request))
         changed = control.clear_task_runs([pk], downstream=data["downstream"])
@@ -356,8 +234,6 @@ class TaskRunMarkView(APIBase):
     @extend_schema(tags=["runs"], summary="Mark a task run succeeded or failed; its downstream follows its rules",
                    request=s.MarkSerializer, responses={200: s.TaskRunActionSerializer, **errors(400, 401, 403, 404)})
     def post(self, request, pk):
-        from orchestrator import control
-
         task_run = get_task_run(pk)
         data = validated(s.MarkSerializer, body(request))
         changed = control.mark_task_runs([pk], data["state"], by=request.user)
@@ -371,8 +247,6 @@ class AttemptLogView(APIBase):
                    parameters=[s.LogQuerySerializer],
                    responses={200: s.LogPageSerializer, **errors(400, 401, 403, 404)})
     def get(self, request, pk, number):
-        from orchestrator import logs
-
         query = validated_query(s.LogQuerySerializer, request.query_params)
         attempt = Attempt.objects.filter(task_run_id=pk, number=number).first()
         if attempt is None:
@@ -406,11 +280,9 @@ class JobListView(APIBase):
                     "not before `run_after`; an unregistered ref is a 400. Jobs run at least once: make them "
                     "idempotent.",
         request=s.JobRequestSerializer, parameters=[IDEMPOTENCY_HEADER],
-        responses={201: s.JobSerializer, 200: s.JobSerializer, **errors(400, 401, 403, 409)},
+        responses={201: s.JobSerializer, 200: s.JobSerializer, **errors(400, 401, 403, 409, bad_input=IDEMPOTENCY_400)},
     )
     def post(self, request):
-        from orchestrator import jobs
-
         data = validated(s.JobRequestSerializer, body(request))
         key = idempotency_key(request, data)
         # JobError (a RunError naming its field) and IdempotencyConflict become 400 and 409 in
@@ -446,11 +318,8 @@ class DeadLetterListView(APIBase):
                    responses={200: paginated_schema(s.DeadTaskRunSerializer), **errors(400, 401, 403, 404)})
     def get(self, request):
         filters = validated_query(s.DeadLetterFilterSerializer, request.query_params)
-        dead = TaskRun.objects.filter(state=TaskState.DEAD).select_related("run__workflow")
-        if "workflow" in filters:
-            dead = dead.filter(run__workflow=filter_workflow(filters["workflow"]))
-        if "queue" in filters:
-            dead = dead.filter(queue=filters["queue"])
+        workflow = filter_workflow(filters["workflow"]) if "workflow" in filters else reads.ANY
+        dead = reads.dead_letters(workflow=workflow, queue=filters.get("queue")).select_related("run__workflow")
         return self.page(dead, s.DeadTaskRunSerializer, DeadLetterPagination)
 
 
@@ -458,8 +327,6 @@ class DeadLetterRetryView(APIBase):
     @extend_schema(tags=["dead-letter queue"], summary="Retry task runs: each gets a fresh attempt",
                    request=s.TaskRunIdsSerializer, responses={200: s.RetriedSerializer, **errors(400, 401, 403)})
     def post(self, request):
-        from orchestrator import control
-
         ids = sorted(set(validated(s.TaskRunIdsSerializer, body(request))["ids"]))
         retried = control.retry_task_runs(ids)
         audit.record_each("retry", "taskrun", ids, request=request, changed=retried)
@@ -470,8 +337,6 @@ class DeadLetterDiscardView(APIBase):
     @extend_schema(tags=["dead-letter queue"], summary="Discard task runs: they fail and leave the queue",
                    request=s.TaskRunIdsSerializer, responses={200: s.DiscardedSerializer, **errors(400, 401, 403)})
     def post(self, request):
-        from orchestrator import control
-
         ids = sorted(set(validated(s.TaskRunIdsSerializer, body(request))["ids"]))
         discarded = control.discard_task_runs(ids)
         audit.record_each("discard", "taskrun", ids, request=request, changed=discarded)
@@ -500,9 +365,6 @@ class BackfillListView(APIBase):
         responses={201: s.BackfillSerializer, 200: s.BackfillPlanSerializer, **errors(400, 401, 403)},
     )
     def post(self, request):
-        from orchestrator import backfill as backfills
-        from orchestrator.params import clean_params
-
         data = validated(s.BackfillRequestSerializer, body(request))
         workflow = Workflow.objects.select_related("current_version").filter(name=data["workflow"]).first()
         if workflow is None:
@@ -557,8 +419,6 @@ class AuditListView(APIBase):
                    parameters=[s.AuditFilterSerializer, CURSOR, LIMIT],
                    responses={200: paginated_schema(s.AuditEventSerializer), **errors(400, 401, 403)})
     def get(self, request):
-        from orchestrator.models import AuditEvent
-
         filters = validated_query(s.AuditFilterSerializer, request.query_params)
         events = AuditEvent.objects.all()
         for key, lookup in [("action", "action"), ("actor", "actor_name"), ("source", "source"),

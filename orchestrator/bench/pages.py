@@ -115,7 +115,7 @@ def explain(sql_and_params) -> str:
 
 
 def run(out=sys.stdout, runs: int = 1_000_000, repeat: int = 15) -> dict[str, dict[str, float]]:
-    from orchestrator.web.views import filter_runs
+    from orchestrator.web.runs import filter_runs
 
     out.write(f"pages: {runs:,} runs\n")
     workflow = fill(runs, out)

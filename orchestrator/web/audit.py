@@ -8,9 +8,9 @@ import json
 from django import forms
 from django.core.exceptions import PermissionDenied
 
-from orchestrator import access
+from orchestrator import access, reads
 from orchestrator.models import AuditEvent
-from orchestrator.web.views import keyset_page, page, viewer_required
+from orchestrator.web.kit import id_cursor, page, page_links, valid_filters, viewer_required
 
 
 class AuditFilterForm(forms.Form):
@@ -44,20 +44,10 @@ def audit_log(request):
     if not access.is_operator(request.user):
         raise PermissionDenied("The audit log is for operators.")
     form = AuditFilterForm(request.GET or None)
-    data = form.cleaned_data if form.is_valid() else {}
-    if form.is_bound and not form.is_valid():
-        data = {key: value for key, value in form.cleaned_data.items() if key not in form.errors}
-    rows, has_older, has_newer = keyset_page(filter_events(data), data.get("before"), data.get("after"))
-    for event in rows:
+    data = valid_filters(form)
+    events = reads.BY_ID.page(filter_events(data), id_cursor(data))
+    for event in events.rows:
         event.detail_text = ", ".join(f"{key}={json.dumps(value, ensure_ascii=False)}"
                                       for key, value in (event.detail or {}).items())
-    params = request.GET.copy()
-    for key in ("before", "after"):
-        params.pop(key, None)
-    base = params.urlencode()
-    return page(request, "orchestrator/web/audit.html", {
-        "form": form, "events": rows, "has_older": has_older, "has_newer": has_newer,
-        "older_qs": f"{base}&before={rows[-1].pk}".lstrip("&") if rows and has_older else "",
-        "newer_qs": f"{base}&after={rows[0].pk}".lstrip("&") if rows and has_newer else "",
-        "first_qs": base,
-    })
+    return page(request, "orchestrator/web/audit.html",
+                {"form": form, "events": events.rows, **page_links(request, events)})

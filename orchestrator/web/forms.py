@@ -10,6 +10,7 @@ from datetime import UTC
 from django import forms
 from django.utils import timezone
 
+from orchestrator import reads
 from orchestrator.limits import MAX_ID
 from orchestrator.models import Backfill, RunState, TaskState, Trigger, Workflow
 
@@ -48,7 +49,8 @@ class DeadLetterFilterForm(forms.Form):
     error = forms.CharField(required=False, max_length=200, label="error contains")
     since = forms.DateField(required=False, label="died from")
     until = forms.DateField(required=False, label="to (inclusive)")
-    before = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID)
+    # Keyset pagination in the order of death, as the API's: "older.<microseconds>.<id>".
+    cursor = forms.CharField(required=False, max_length=60)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -56,6 +58,16 @@ class DeadLetterFilterForm(forms.Form):
         self.fields["workflow"].choices = [("", "all workflows"), (JOBS, "jobs (no workflow)")] + [
             (name, name) for name in names
         ]
+
+    def clean_cursor(self):
+        text = self.cleaned_data["cursor"]
+        if not text:
+            return None
+        cursor = reads.DEAD_LETTER_ORDER.parse(text)
+        if cursor is None:
+            raise forms.ValidationError(f"expected a cursor like {reads.DEAD_LETTER_ORDER.example!r} "
+                                        "(from the page's older link)")
+        return cursor
 
 
 class BulkTaskRunForm(forms.Form):

@@ -11,7 +11,7 @@ from django.db.models import Count, Max, Prefetch
 from django.http import Http404
 
 from orchestrator.models import ConsumerRun, Dataset, DatasetEvent, Workflow
-from orchestrator.web.views import page, viewer_required
+from orchestrator.web.kit import page, viewer_required
 
 EVENTS_SHOWN = 50
 

@@ -46,6 +46,11 @@ def layers(upstream: dict[str, list[str]]) -> list[list[str]]:
     return ordered
 
 
+def upstream_of(spec: dict) -> dict[str, list[str]]:
+    """{task: its parents} of a graph version's spec, what the drawings take."""
+    return {name: list(task.get("upstream", [])) for name, task in spec.get("tasks", {}).items()}
+
+
 def task_order(upstream: dict[str, list[str]]) -> list[str]:
     return [name for layer in layers(upstream) for name in layer]
 

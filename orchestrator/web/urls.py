@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path, register_converter
 
-from orchestrator.web import audit, lineage, views
+from orchestrator.web import audit, dashboard, dead_letter, lineage, preferences, runs, task_runs, workflows
 
 
 class StoredName:
@@ -23,28 +23,28 @@ register_converter(StoredName, "stored_name")
 app_name = "web"
 
 urlpatterns = [
-    path("", views.dashboard, name="dashboard"),
+    path("", dashboard.dashboard, name="dashboard"),
     path("login/", auth_views.LoginView.as_view(template_name="orchestrator/login.html", redirect_authenticated_user=True,
                                                 next_page="orchestrator:web:dashboard"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(next_page="orchestrator:web:login"), name="logout"),
-    path("workflows/", views.workflow_list, name="workflows"),
+    path("workflows/", workflows.workflow_list, name="workflows"),
     # The actions come first, so "a/b/trigger/" is the trigger of "a/b" (see StoredName).
-    path("workflows/<stored_name:name>/trigger/", views.workflow_trigger, name="workflow_trigger"),
-    path("workflows/<stored_name:name>/pause/", views.workflow_pause, name="workflow_pause"),
-    path("workflows/<stored_name:name>/resume/", views.workflow_resume, name="workflow_resume"),
-    path("workflows/<stored_name:name>/", views.workflow_detail, name="workflow"),
-    path("runs/", views.run_list, name="runs"),
-    path("runs/<int:run_id>/", views.run_detail, name="run"),
-    path("runs/<int:run_id>/cancel/", views.run_cancel, name="run_cancel"),
-    path("runs/<int:run_id>/retry/", views.run_retry, name="run_retry"),
-    path("task-runs/<int:task_run_id>/", views.task_run_detail, name="task_run"),
-    path("task-runs/<int:task_run_id>/instances/", views.mapped_instances, name="mapped_instances"),
-    path("task-runs/<int:task_run_id>/<str:action>/", views.task_run_action, name="task_run_action"),
-    path("attempts/<int:attempt_id>/log/", views.attempt_log, name="attempt_log"),
-    path("attempts/<int:attempt_id>/log/download/", views.attempt_log_download, name="attempt_log_download"),
-    path("dead-letter/", views.dead_letter, name="dead_letter"),
+    path("workflows/<stored_name:name>/trigger/", workflows.workflow_trigger, name="workflow_trigger"),
+    path("workflows/<stored_name:name>/pause/", workflows.workflow_pause, name="workflow_pause"),
+    path("workflows/<stored_name:name>/resume/", workflows.workflow_resume, name="workflow_resume"),
+    path("workflows/<stored_name:name>/", workflows.workflow_detail, name="workflow"),
+    path("runs/", runs.run_list, name="runs"),
+    path("runs/<int:run_id>/", runs.run_detail, name="run"),
+    path("runs/<int:run_id>/cancel/", runs.run_cancel, name="run_cancel"),
+    path("runs/<int:run_id>/retry/", runs.run_retry, name="run_retry"),
+    path("task-runs/<int:task_run_id>/", task_runs.task_run_detail, name="task_run"),
+    path("task-runs/<int:task_run_id>/instances/", task_runs.mapped_instances, name="mapped_instances"),
+    path("task-runs/<int:task_run_id>/<str:action>/", task_runs.task_run_action, name="task_run_action"),
+    path("attempts/<int:attempt_id>/log/", task_runs.attempt_log, name="attempt_log"),
+    path("attempts/<int:attempt_id>/log/download/", task_runs.attempt_log_download, name="attempt_log_download"),
+    path("dead-letter/", dead_letter.dead_letter, name="dead_letter"),
     path("audit/", audit.audit_log, name="audit"),
     path("datasets/", lineage.dataset_list, name="datasets"),
     path("datasets/<stored_name:name>/", lineage.dataset_detail, name="dataset"),
-    path("preferences/clock/", views.clock_choice, name="clock"),
+    path("preferences/clock/", preferences.clock_choice, name="clock"),
 ]

@@ -1,0 +1,240 @@
+"""What the pages, the API and ``/metrics`` read: runs matching filters, the dead-letter queue,
+queue depths, and keyset pages of any of them. Every face asks these functions, so one question
+gets one answer, through one index, wherever it is asked.
+
+| question | read | index |
+|---|---|---|
+| runs of a workflow, by state, trigger, logical date, creation time | ``runs()`` | ``run_of_workflow`` (workflow, -id), else ``run_by_state``, ``run_by_trigger`` or the primary key, newest first |
+| dead task runs, by workflow, queue, error, time of death | ``dead_letters()`` | ``taskrun_dead`` (finished_at) where state = dead, the last to die first |
+| how many are dead | ``dead_letter_count()`` | ``taskrun_dead`` |
+| queue depths: queued, due, running, per queue | ``queue_depths()`` | the queued, due and running partial indexes |
+
+A workflow is named by id, resolved from its name once (``workflow_id``): the planner then sees
+one ``workflow_id`` and walks that workflow's index instead of joining a million rows.
+
+**Queue depth** is the work a worker could start now and has not: task runs ``queued`` (admitted
+under a limit) and ``scheduled`` whose ``due_at`` has come, the very condition of the workers'
+claim (``due.py``). A task run scheduled for later (a retry's backoff, a delayed job, a sensor's
+next check) is not in the queue yet: it waits for its time, not for a worker, and counting it
+would make a queue of delayed jobs look like workers falling behind. A scheduled row without a
+``due_at`` is never claimed, so it is not counted either (no writer leaves one).
+
+**Keyset pages** (``Keyset``): newest first by id, or by a time column and id; a page is one
+indexed query of at most ``size + 1`` rows, with no COUNT and no OFFSET, so the millionth row
+costs what the first does. A cursor names the row a page starts after: ``older.<id>`` or
+``newer.<id>``, and ``older.<microseconds since 1970>.<id>`` for a list ordered by time.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.db import connection
+from django.db.models import Q, QuerySet
+
+from orchestrator.limits import PAGE_SIZE
+from orchestrator.models import Run, TaskRun, Workflow
+from orchestrator.states import TaskState
+
+ANY = object()  # a filter left out
+NO_WORKFLOW = object()  # the runs (and dead task runs) of one-off jobs, which have no workflow
+
+
+def workflow_id(name: str) -> int | None:
+    """The id of the workflow named ``name``, or None (PostgreSQL text cannot hold NUL, so no
+    workflow has such a name, and asking would be a DataError)."""
+    if "\x00" in name:
+        return None
+    return Workflow.objects.filter(name=name).values_list("id", flat=True).first()
+
+
+# --- runs ----------------------------------------------------------------------------------------
+
+
+def runs(*, workflow=ANY, state: str | None = None, trigger: str | None = None,
+         logical_from: datetime | None = None, logical_before: datetime | None = None,
+         created_from: datetime | None = None, created_before: datetime | None = None) -> QuerySet[Run]:
+    """The runs matching every filter given, not yet ordered or paged (page them with
+    ``RUN_ORDER``). ``workflow`` is a workflow's id, ``NO_WORKFLOW`` for jobs, or None for a
+    workflow that does not exist (no runs); times are instants, ``_from`` inclusive and ``_before``
+    exclusive."""
+    rows = _of_workflow(Run.objects.all(), "workflow", workflow)
+    for lookup, value in (("state", state), ("trigger", trigger), ("logical_date__gte", logical_from),
+                          ("logical_date__lt", logical_before), ("created_at__gte", created_from),
+                          ("created_at__lt", created_before)):
+        if value:
+            rows = rows.filter(**{lookup: value})
+    return rows
+
+
+def _of_workflow(rows: QuerySet, field: str, workflow) -> QuerySet:
+    if workflow is ANY:
+        return rows
+    if workflow is NO_WORKFLOW:
+        return rows.filter(**{f"{field}__isnull": True})
+    if workflow is None:
+        return rows.none()
+    return rows.filter(**{f"{field}_id": workflow})
+
+
+# --- the dead-letter queue -----------------------------------------------------------------------
+
+# Through the taskrun_dead partial index, which holds exactly the dead rows.
+DEAD_LETTER_COUNT_SQL = f"SELECT count(*) FROM orchestrator_taskrun WHERE state = '{TaskState.DEAD}'"
+
+
+def dead_letters(*, workflow=ANY, queue: str | None = None, error: str | None = None,
+                 died_from: datetime | None = None, died_before: datetime | None = None) -> QuerySet[TaskRun]:
+    """The dead task runs matching every filter given (``workflow`` as in ``runs``; ``error`` a
+    part of the error, any case), not yet ordered or paged: page them with ``DEAD_LETTER_ORDER``."""
+    # The run's workflow_id (a task run has none of its own), not a join on the workflow's name.
+    rows = _of_workflow(TaskRun.objects.filter(state=TaskState.DEAD), "run__workflow", workflow)
+    for lookup, value in (("queue", queue), ("error__icontains", error), ("finished_at__gte", died_from),
+                          ("finished_at__lt", died_before)):
+        if value:
+            rows = rows.filter(**{lookup: value})
+    return rows
+
+
+def dead_letter_count() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(DEAD_LETTER_COUNT_SQL)
+        return cursor.fetchone()[0]
+
+
+# --- queue depths --------------------------------------------------------------------------------
+
+# UNION ALL keeps each branch on its own partial index (taskrun_queued, taskrun_due_by_queue,
+# taskrun_running); "due" is the claim's own condition (see the module's docstring).
+QUEUE_DEPTH_SQL = f"""
+    SELECT queue, '{TaskState.QUEUED}', count(*) FROM orchestrator_taskrun
+     WHERE state = '{TaskState.QUEUED}' GROUP BY queue
+    UNION ALL
+    SELECT queue, 'due', count(*) FROM orchestrator_taskrun
+     WHERE state = '{TaskState.SCHEDULED}' AND due_at <= %(now)s GROUP BY queue
+    UNION ALL
+    SELECT queue, '{TaskState.RUNNING}', count(*) FROM orchestrator_taskrun
+     WHERE state = '{TaskState.RUNNING}' GROUP BY queue
+"""
+
+
+@dataclass
+class Depth:
+    """One queue's work: ``queued`` and ``due`` wait for a worker (their sum is the queue's depth),
+    ``running`` has one."""
+
+    queued: int = 0
+    due: int = 0
+    running: int = 0
+
+    @property
+    def waiting(self) -> int:
+        return self.queued + self.due
+
+
+def queue_depths(now: datetime) -> dict[str, Depth]:
+    """{queue: Depth} of every queue that has work queued, due or running at ``now``."""
+    depths: dict[str, Depth] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(QUEUE_DEPTH_SQL, {"now": now})
+        for queue, kind, count in cursor.fetchall():
+            setattr(depths.setdefault(queue, Depth()), kind, count)
+    return depths
+
+
+# --- keyset pages --------------------------------------------------------------------------------
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ID = "[0-9]{1,18}"  # 18 digits: every value fits a bigint
+_MICROSECONDS = "[0-9]{1,17}"  # 17 digits: every value is a date before the year 5000
+
+
+@dataclass(frozen=True)
+class Cursor:
+    older: bool  # the rows after the key in the list's order (older), or the rows before it
+    key: tuple
+
+
+@dataclass
+class Page:
+    rows: list
+    older: Cursor | None  # where the next page (older rows) starts, when there is one
+    newer: Cursor | None  # where the previous page (newer rows) starts, when there is one
+
+
+@dataclass(frozen=True)
+class Keyset:
+    """A list's order, newest first: by ``time_field`` then id, or by id alone."""
+
+    time_field: str | None = None
+
+    @property
+    def pattern(self) -> str:
+        return rf"^(older|newer)\.{_MICROSECONDS}\.{_ID}$" if self.time_field else rf"^(older|newer)\.{_ID}$"
+
+    @property
+    def example(self) -> str:
+        return "older.1767225600000000.42" if self.time_field else "older.42"
+
+    def parse(self, text: str) -> Cursor | None:
+        """The cursor ``text`` spells, or None when it is not one (say so to whoever sent it)."""
+        if not re.fullmatch(self.pattern, text):
+            return None
+        direction, *numbers = text.split(".")
+        if self.time_field:
+            return Cursor(direction == "older", (_EPOCH + timedelta(microseconds=int(numbers[0])), int(numbers[1])))
+        return Cursor(direction == "older", (int(numbers[0]),))
+
+    def text(self, cursor: Cursor) -> str:
+        direction = "older" if cursor.older else "newer"
+        if self.time_field:
+            at, pk = cursor.key
+            return f"{direction}.{(at - _EPOCH) // timedelta(microseconds=1)}.{pk}"
+        return f"{direction}.{cursor.key[0]}"
+
+    def key(self, row) -> tuple:
+        if self.time_field:
+            # A dead task run always has its finished_at; a row without one (edited by hand) gets a
+            # cursor rather than a crash.
+            return getattr(row, self.time_field) or _EPOCH, row.pk
+        return (row.pk,)
+
+    def _past(self, cursor: Cursor) -> Q:
+        """The rows past the cursor's key, in its direction (a row comparison, spelled out for the ORM)."""
+        op = "lt" if cursor.older else "gt"
+        if self.time_field:
+            at, pk = cursor.key
+            # (time < at) OR (time = at AND id < pk), spelled so that "time <= at" bounds the index
+            # scan where the page starts; spelled as the OR alone, every page would walk the index
+            # from its newest row to the cursor (page 7 of the dead-letter queue read 353 rows).
+            return Q(**{f"{self.time_field}__{op}e": at}) & (Q(**{f"{self.time_field}__{op}": at}) |
+                                                             Q(**{f"pk__{op}": pk}))
+        return Q(**{f"pk__{op}": cursor.key[0]})
+
+    def _order(self, newest_first: bool) -> list[str]:
+        sign = "-" if newest_first else ""
+        return [f"{sign}{self.time_field}", f"{sign}id"] if self.time_field else [f"{sign}id"]
+
+    def page(self, queryset: QuerySet, cursor: Cursor | None = None, size: int = PAGE_SIZE) -> Page:
+        """The ``size`` rows past ``cursor`` (the newest without one), newest first. One row more than
+        the page tells whether another page follows; the cursor's own side has rows when the page
+        has any (the cursor's row is there)."""
+        if cursor is not None:
+            queryset = queryset.filter(self._past(cursor))
+        newest_first = cursor is None or cursor.older
+        rows = list(queryset.order_by(*self._order(newest_first))[: size + 1])
+        more = len(rows) > size
+        rows = rows[:size]
+        if not newest_first:
+            rows.reverse()
+        has_older = bool(rows) and (more if newest_first else True)
+        has_newer = bool(rows) and (cursor is not None if newest_first else more)
+        return Page(rows, Cursor(True, self.key(rows[-1])) if has_older else None,
+                    Cursor(False, self.key(rows[0])) if has_newer else None)
+
+
+BY_ID = Keyset()
+RUN_ORDER = BY_ID
+DEAD_LETTER_ORDER = Keyset("finished_at")  # the last to die first, on the taskrun_dead index

@@ -1,0 +1,154 @@
+"""The runs pages: the list of runs (filtered, keyset-paged) and a run's page (its graph, its task
+runs with every attempt on a timeline, mapped tasks counted), with cancel and retry."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from django.contrib import messages
+from django.db.models import Prefetch
+from django.shortcuts import get_object_or_404
+from django.urls import reverse
+
+from orchestrator import audit, clock, control, reads
+from orchestrator.models import Attempt, Run, TaskRun, TaskState
+from orchestrator.web import mapped, svg, zones
+from orchestrator.web.forms import RunFilterForm
+from orchestrator.web.kit import (
+    POLL,
+    back,
+    day_bounds,
+    id_cursor,
+    operator_action,
+    page,
+    page_links,
+    seconds,
+    valid_filters,
+    viewer_required,
+    workflow_filter,
+)
+from orchestrator.web.timeline import Axis
+
+RETRYABLE = (TaskState.DEAD, TaskState.FAILED, TaskState.UPSTREAM_FAILED)
+
+
+def filter_runs(data: dict, zone=UTC):
+    """The runs matching the list's filters, without pagination; dates are days in ``zone``."""
+    since, until = day_bounds(data.get("since"), data.get("until"), zone)
+    return reads.runs(workflow=workflow_filter(data.get("workflow")), state=data.get("state"),
+                      trigger=data.get("trigger"), logical_from=since, logical_before=until)
+
+
+@viewer_required
+def run_list(request):
+    form = RunFilterForm(request.GET or None)
+    data = valid_filters(form)
+    runs = reads.RUN_ORDER.page(filter_runs(data, zones.for_request(request).zone)
+                                .select_related("workflow", "created_by"), id_cursor(data))
+    now = clock.now()
+    for run in runs.rows:
+        run.seconds = seconds(run.started_at, run.finished_at, now)
+    return page(request, "orchestrator/web/runs.html", {"form": form, "runs": runs.rows, **page_links(request, runs)})
+
+
+def task_runs_in_order(run: Run) -> tuple[list[TaskRun], dict[str, list[str]]]:
+    """The run's task runs (a mapped task as its own row) with their attempts, in the graph's
+    order, and the graph: the run's version's, or the task runs' own for a run without one."""
+    attempts = Prefetch("attempt_set", queryset=Attempt.objects.order_by("number"))
+    task_runs = list(run.task_runs.filter(map_index=-1).prefetch_related(attempts))
+    spec = run.version.spec if run.version_id else {"tasks": {tr.task: {"upstream": tr.upstream} for tr in task_runs}}
+    upstream = svg.upstream_of(spec)
+    for tr in task_runs:
+        upstream.setdefault(tr.task, list(tr.upstream))
+    order = {name: index for index, name in enumerate(svg.task_order(upstream))}
+    task_runs.sort(key=lambda tr: (order.get(tr.task, len(order)), tr.task))
+    return task_runs, upstream
+
+
+def axis_of(task_runs: list[TaskRun], summaries: dict[str, mapped.Summary], now: datetime) -> Axis:
+    """The timeline's axis: every attempt, and every mapped task's instances."""
+    intervals = [(a.started_at, a.finished_at) for tr in task_runs for a in tr.attempt_set.all()]
+    intervals += [(s.first_start, s.last_end) for s in summaries.values() if s.first_start]
+    return Axis.over(intervals, now)
+
+
+def place_attempts(task_runs: list[TaskRun], axis: Axis, now: datetime) -> None:
+    for tr in task_runs:
+        tr.seconds = seconds(tr.started_at, tr.finished_at, now)
+        tr.bars = [{"attempt": attempt, **axis.bar(attempt.started_at,
+                                                   seconds(attempt.started_at, attempt.finished_at, now) or 0.0)}
+                   for attempt in tr.attempt_set.all()]
+
+
+def place_instances(task_runs: list[TaskRun], summaries: dict[str, mapped.Summary], run_id: int, axis: Axis,
+                    now: datetime) -> None:
+    """Mapped tasks on the run page: their counts, the first instances under their row, and one
+    timeline bar from the first instance's start to the last one's end."""
+    shown = mapped.first_instances(run_id, sorted(summaries))
+    for tr in task_runs:
+        tr.mapped = summaries.get(tr.task)
+        if tr.mapped is None:
+            continue
+        tr.instances = shown.get(tr.task, [])
+        for instance in tr.instances:
+            instance.seconds = seconds(instance.started_at, instance.finished_at, now)
+        if tr.mapped.first_start and axis.start:
+            end = tr.mapped.last_end if tr.state != TaskState.MAPPED else None
+            tr.seconds = seconds(tr.mapped.first_start, end, now)
+            tr.span_bar = axis.bar(tr.mapped.first_start, tr.seconds or 0.0)
+
+
+def run_context(run: Run, now: datetime) -> dict:
+    task_runs, upstream = task_runs_in_order(run)
+    # A mapped task's instances are counted (mapped.summaries), not loaded.
+    summaries = {task: summary for (_run, task), summary in mapped.summaries([run.pk]).items()}
+    axis = axis_of(task_runs, summaries, now)
+    place_attempts(task_runs, axis, now)
+    place_instances(task_runs, summaries, run.pk, axis, now)
+    counts: dict[str, int] = {}
+    for tr in task_runs:
+        counts[tr.state] = counts.get(tr.state, 0) + 1
+    return {
+        "run": run,
+        "task_runs": task_runs,
+        "counts": sorted(counts.items()),
+        "graph": svg.graph(upstream, {tr.task: tr.state for tr in task_runs},
+                           {tr.task: reverse("orchestrator:web:task_run", args=[tr.pk]) for tr in task_runs},
+                           {task: (summary.short, summary.words) for task, summary in summaries.items()}),
+        "span_start": axis.start,
+        "span": axis.length if axis.start else None,
+        "seconds": seconds(run.started_at or axis.start, run.finished_at, now),
+        "retryable": any(tr.state in RETRYABLE for tr in task_runs),
+        "poll": POLL if run.is_active else None,
+    }
+
+
+@viewer_required
+def run_detail(request, run_id):
+    run = get_object_or_404(Run.objects.select_related("workflow", "version", "created_by", "schedule"), pk=run_id)
+    return page(request, "orchestrator/web/run.html", run_context(run, clock.now()), partial="live")
+
+
+@operator_action
+def run_cancel(request, run_id):
+    run = get_object_or_404(Run, pk=run_id)
+    cancelled = control.cancel_run(run, reason=f"cancelled in the web UI by {request.user.get_username()}",
+                                   by=request.user)
+    audit.record("cancel", request=request, target=run, changed=cancelled)
+    if cancelled:
+        messages.success(request, f"Cancelled run #{run.pk}.")
+    else:
+        messages.warning(request, f"Run #{run.pk} had already ended; nothing was cancelled.")
+    return back(request, reverse("orchestrator:web:run", args=[run.pk]))
+
+
+@operator_action
+def run_retry(request, run_id):
+    run = get_object_or_404(Run, pk=run_id)
+    count = control.retry_run(run)
+    audit.record("retry", request=request, target=run, changed=count)
+    if count:
+        messages.success(request, f"Retrying {count} task run{'s' if count != 1 else ''} of run #{run.pk}.")
+    else:
+        messages.warning(request, f"Run #{run.pk} has no dead, failed or upstream-failed task to retry.")
+    return back(request, reverse("orchestrator:web:run", args=[run.pk]))

@@ -1,0 +1,244 @@
+"""The workflow pages: the list with each workflow's latest runs and next fire times, and a
+workflow's page (its grid, the graph of a picked run, its run history, schedules, fire times that
+did not run, its data, and the trigger form), with trigger, pause and resume."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.contrib import messages
+from django.db import connection
+from django.http import HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.urls import reverse
+
+from orchestrator import audit, clock, control, cron
+from orchestrator.limits import MAX_ID
+from orchestrator.models import Run, RunState, TaskRun, Trigger, Workflow
+from orchestrator.params import ParamError
+from orchestrator.runs import RunError, trigger_workflow
+from orchestrator.web import grid, lineage, mapped, svg
+from orchestrator.web.errors import query_int
+from orchestrator.web.forms import param_fields, submitted_params
+from orchestrator.web.kit import back, is_htmx, operator_action, page, seconds, viewer_required
+from orchestrator.web.task_runs import task_actions
+
+CHART_RUNS = 40
+NOT_RUN_SHOWN = 10
+STRIP_RUNS = 14
+
+# The newest runs of each workflow in one query: a LATERAL join that walks the (workflow, -id)
+# index of each workflow for a few rows instead of ranking the whole table.
+LAST_RUNS_SQL = """
+    SELECT w.id, r.id, r.state FROM unnest(%s::bigint[]) AS w(id) CROSS JOIN LATERAL (
+        SELECT id, state FROM orchestrator_run WHERE workflow_id = w.id ORDER BY id DESC LIMIT %s) r
+"""
+
+
+def last_run_states(workflow_ids: list[int], per_workflow: int = STRIP_RUNS) -> dict[int, list[tuple[int, str]]]:
+    """{workflow id: [(run id, state), ...]}, oldest left, newest right."""
+    strips: dict[int, list[tuple[int, str]]] = {wid: [] for wid in workflow_ids}
+    if not workflow_ids:
+        return strips
+    with connection.cursor() as cursor:
+        cursor.execute(LAST_RUNS_SQL, [workflow_ids, per_workflow])
+        for workflow_id, run_id, state in cursor.fetchall():
+            strips[workflow_id].append((run_id, state))
+    for runs in strips.values():
+        runs.reverse()
+    return strips
+
+
+def describe(expr: str) -> str:
+    try:
+        return cron.describe(expr)
+    except cron.CronError as exc:
+        return f"invalid: {exc}"
+
+
+def next_fires(wf: Workflow, now: datetime, count: int = 3) -> list[datetime]:
+    """The next fire times of the workflow's active schedules: the scheduler's own next_fire_at
+    first (it knows catch-up and jitter), then what cron says."""
+    active = [s for s in wf.schedules.all() if not s.paused]
+    upcoming = {s.next_fire_at for s in active if s.next_fire_at}
+    for schedule in active:
+        try:
+            upcoming.update(at for at, _local in cron.preview(schedule.cron, schedule.timezone, now, count=count))
+        except cron.CronError:
+            pass
+    return sorted(upcoming)[:count]
+
+
+def workflows_context(now: datetime) -> dict:
+    workflows = list(Workflow.objects.select_related("current_version").prefetch_related("schedules")
+                     .order_by("-present", "name"))
+    strips = last_run_states([wf.pk for wf in workflows])
+    for wf in workflows:
+        wf.strip = strips[wf.pk]
+        wf.schedule_list = [(s, describe(s.cron)) for s in wf.schedules.all()]
+        wf.task_count = len(wf.spec.get("tasks", {}))
+        wf.next_fires = next_fires(wf, now)
+    return {"workflows": workflows}
+
+
+@viewer_required
+def workflow_list(request):
+    return page(request, "orchestrator/web/workflows.html", workflows_context(clock.now()))
+
+
+def selected_graph(wf: Workflow, selected: Run | None, upstream: dict[str, list[str]]):
+    """The graph of the picked run: its own version's tasks, each in its state and linking to its
+    task run, a mapped task with its counts."""
+    if selected is None:
+        return svg.graph(upstream, {}, {}, {})
+    if selected.version_id and selected.version_id != wf.current_version_id:
+        upstream = svg.upstream_of(selected.version.spec)
+    states, links = {}, {}
+    for tr in TaskRun.objects.filter(run=selected, map_index=-1).only("id", "task", "state"):
+        states[tr.task] = tr.state
+        links[tr.task] = reverse("orchestrator:web:task_run", args=[tr.pk])
+    notes = {task: (summary.short, summary.words)
+             for (_run, task), summary in mapped.summaries([selected.pk] if selected.dynamic else []).items()}
+    return svg.graph(upstream, states, links, notes)
+
+
+def history(wf: Workflow, now: datetime) -> dict:
+    """The chart of the last finished runs (skipped and missed fire times aside) and their success rate."""
+    finished = list(Run.objects.filter(workflow=wf, finished_at__isnull=False)
+                    .exclude(state__in=[RunState.SKIPPED, RunState.MISSED])
+                    .order_by("-id").only("id", "state", "started_at", "created_at", "finished_at")[:CHART_RUNS])
+    finished.reverse()
+    bars = [svg.Bar(r.pk, r.state, seconds(r.started_at or r.created_at, r.finished_at, now) or 0.0,
+                    reverse("orchestrator:web:run", args=[r.pk])) for r in finished]
+    succeeded = sum(1 for r in finished if r.state == RunState.SUCCEEDED)
+    return {
+        "chart": svg.history_chart(bars),
+        "success_rate": (100.0 * succeeded / len(finished)) if finished else None,
+        "finished_count": len(finished),
+    }
+
+
+def not_run(wf: Workflow, now: datetime) -> dict:
+    """Fire times of the last day that did not run (catchup, overlap, deadline, bad params): each is
+    a skipped or missed run with its reason; a long gap is one summary row."""
+    rows = Run.objects.filter(workflow=wf, trigger=Trigger.SCHEDULE, state__in=[RunState.SKIPPED, RunState.MISSED],
+                              finished_at__gte=now - timedelta(hours=24))
+    return {
+        "not_run": list(rows.order_by("-logical_date").only("id", "state", "logical_date", "reason")[:NOT_RUN_SHOWN]),
+        "not_run_count": rows.count(),
+    }
+
+
+def schedules(wf: Workflow, now: datetime) -> list[tuple]:
+    """Each schedule with its description and next fire times, in the viewer's time and as the
+    local wall-clock time in the schedule's own zone."""
+    found = []
+    for schedule in wf.schedules.all():
+        try:
+            upcoming = [(at, local.strftime("%a %H:%M %Z"))
+                        for at, local in cron.preview(schedule.cron, schedule.timezone, now, count=5)]
+        except cron.CronError as exc:
+            upcoming, schedule.error = [], str(exc)
+        found.append((schedule, describe(schedule.cron), upcoming))
+    return found
+
+
+def workflow_context(wf: Workflow, now: datetime, *, run: int | None = None, grid_size: int = grid.RUNS,
+                     grid_before: int | None = None, submitted: dict | None = None, errors: dict | None = None,
+                     form_error: str = "") -> dict:
+    """The workflow page: ``run`` is the run picked for the graph (the newest one shown when
+    absent), ``submitted``, ``errors`` and ``form_error`` what the trigger form shows again."""
+    upstream = svg.upstream_of(wf.spec)
+    cells = grid.grid_context(wf, upstream, now, grid_size, grid_before)
+    runs = cells["runs"]
+    selected = Run.objects.filter(workflow=wf, pk=run).select_related("version").first() if run else None
+    if selected is None and runs:
+        selected = runs[-1]
+    return {
+        "wf": wf,
+        "data": lineage.of_workflow(wf),
+        "spec": wf.spec,
+        **cells,
+        "selected": selected,
+        "graph": selected_graph(wf, selected, upstream),
+        **history(wf, now),
+        "schedules": schedules(wf, now),
+        **not_run(wf, now),
+        "fields": param_fields(wf.spec, submitted, errors),
+        "unknown_errors": {k: v for k, v in (errors or {}).items() if k not in wf.spec.get("params", {})},
+        "form_error": form_error,
+        "poll": "3s" if any(r.is_active for r in runs) else None,
+    }
+
+
+def _page_context(request, wf: Workflow, **form) -> dict:
+    context = workflow_context(
+        wf, clock.now(), grid_size=query_int(request, "runs", grid.RUNS, 1, grid.SIZES[-1]),
+        grid_before=query_int(request, "before", None, 1, MAX_ID), run=query_int(request, "run", None, 1, MAX_ID),
+        **form,
+    )
+    # The live part polls the workflow's GET view, also when this page answers a POST (a trigger
+    # with bad params) whose own URL takes no GET.
+    context["live_url"] = reverse("orchestrator:web:workflow", args=[wf.name]) + (
+        f"?{request.GET.urlencode()}" if request.GET else "")
+    return context
+
+
+def grid_panel(request, wf: Workflow) -> TaskRun | None:
+    """The task run picked in the grid (``?run=<id>&task=<name>``), with the actions that apply."""
+    run_id = query_int(request, "run", None, 1, MAX_ID)
+    task = request.GET.get("task")
+    if not run_id or not task:
+        return None
+    tr = (TaskRun.objects.select_related("run").filter(run__workflow=wf, run_id=run_id, task=task, map_index=-1)
+          .first())
+    if tr is not None:
+        tr.seconds = seconds(tr.started_at, tr.finished_at, clock.now())
+        tr.actions = task_actions(tr)
+    return tr
+
+
+@viewer_required
+def workflow_detail(request, name):
+    wf = get_object_or_404(Workflow.objects.select_related("current_version"), name=name)
+    if is_htmx(request) and request.GET.get("panel"):
+        # A grid cell was picked: only the panel under the grid.
+        return page(request, "orchestrator/web/workflow.html#task_panel", {"wf": wf, "panel": grid_panel(request, wf)})
+    context = _page_context(request, wf)
+    context["panel"] = grid_panel(request, wf)
+    return page(request, "orchestrator/web/workflow.html", context, partial="live")
+
+
+@operator_action
+def workflow_trigger(request, name):
+    wf = get_object_or_404(Workflow.objects.select_related("current_version"), name=name)
+    values = submitted_params(wf.spec.get("params", {}), request.POST)
+    try:
+        run, _created = trigger_workflow(wf, values, trigger="manual", created_by=request.user)
+    except ParamError as exc:
+        return page(request, "orchestrator/web/workflow.html",
+                    _page_context(request, wf, submitted=values, errors=exc.errors), status=400)
+    except RunError as exc:
+        return page(request, "orchestrator/web/workflow.html",
+                    _page_context(request, wf, submitted=values, form_error=str(exc)), status=400)
+    audit.record("trigger", request=request, target=run, workflow=wf.name, params=values)
+    messages.success(request, f"Triggered run #{run.pk} of {wf.name}.")
+    return HttpResponseRedirect(reverse("orchestrator:web:run", args=[run.pk]))
+
+
+@operator_action
+def workflow_pause(request, name):
+    wf = get_object_or_404(Workflow, name=name)
+    control.pause_workflow(wf)
+    audit.record("pause", request=request, target=wf)
+    messages.success(request, f"Paused {wf.name}: its schedules fire no new runs until resumed.")
+    return back(request, reverse("orchestrator:web:workflow", args=[wf.name]))
+
+
+@operator_action
+def workflow_resume(request, name):
+    wf = get_object_or_404(Workflow, name=name)
+    control.resume_workflow(wf)
+    audit.record("resume", request=request, target=wf)
+    messages.success(request, f"Resumed {wf.name}.")
+    return back(request, reverse("orchestrator:web:workflow", args=[wf.name]))
