@@ -194,7 +194,7 @@ def _count_done() -> int:
 def bench_pg(out, seconds: float = 1.5) -> None:
     with connection.cursor() as cursor:
         cursor.execute(PG_SETUP)
-    # The workers commit asynchronously (see worker.ASYNC_COMMIT); the ceiling is shown both ways.
+    # The workers commit asynchronously (see worker.batch.ASYNC_COMMIT); the ceiling is shown both ways.
     for batch, commit in ((1, "on"), (100, "on"), (1, "off"), (100, "off")):
         with connection.cursor() as cursor:
             cursor.execute("TRUNCATE bench_queue")
