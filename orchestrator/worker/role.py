@@ -93,9 +93,11 @@ class Worker(Role):
         self.loop = loop
         if self.id is None:
             self.register()
-        if not self.pool.slots:
+        forking = not self.pool.slots  # a start again after an outage keeps its children
+        if forking:
             reload.snapshot()  # what the children inherit, to tell later what changed on disk
-            self.pool.start(loop)
+        self.pool.start(loop)
+        if forking:
             log.info("worker %s started: queues %s, concurrency %d (%d child process(es) forked ahead)%s", self.name,
                      ",".join(self.queues), self.concurrency, self.pool.min_children,
                      f", max {self.pool.max_tasks_per_child} tasks per child" if self.pool.max_tasks_per_child else "",
