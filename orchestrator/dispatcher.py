@@ -2,7 +2,7 @@
 ``scheduled`` to ``queued`` as far as the limits allow, in dispatch order (``orchestrator.due``:
 live work before backfills, tenants in turn, priority), and wakes the workers of each queue. Due
 work that no limit applies to is not its business: the workers claim it themselves, in the same
-order (``worker.CLAIM``), one hop and one write fewer. With no limit at all it does nothing.
+order (``worker.batch.CLAIM``), one hop and one write fewer. With no limit at all it does nothing.
 
 ``tick()`` is one short transaction; ``serve()`` loops on it, woken by NOTIFY on
 ``orchestrator_dispatch`` (sent when work becomes due now), by the earliest future ``due_at``,
@@ -104,7 +104,7 @@ def _full(cursor, limits: dict[str, int], default: int | None, busy_sql: str) ->
 
 def tick(now: datetime | None = None, batch: int = 1000, limits: Limits | None = None) -> int:
     """Queue the due task runs under a limit that the limits allow; returns how many were queued.
-    Work no limit applies to is the workers' to claim (``worker.CLAIM``). ``limits`` (as
+    Work no limit applies to is the workers' to claim (``worker.batch.CLAIM``). ``limits`` (as
     returned by ``load_limits``) saves reading them on every tick."""
     now = now or clock.now()
     limits = limits or load_limits()

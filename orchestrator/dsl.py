@@ -30,276 +30,37 @@ from __future__ import annotations
 import inspect
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from orchestrator import limits, registry
-from orchestrator.states import Catchup, Overlap, TriggerRule
+from orchestrator import registry
+from orchestrator.definition import (
+    CALLBACK_EVENTS,
+    CATCHUP_POLICIES,
+    OVERLAP_POLICIES,
+    PARAM_TYPE_NAMES,
+    PARAM_TYPES,
+    TRIGGER_MODES,
+    TRIGGER_RULES,
+    DefinitionError,
+    On,
+    Param,
+    Schedule,
+    Task,
+    callback_ref,
+    callback_refs,
+    register_callbacks,
+)
+from orchestrator.taskcontext import TaskContext
 
-TRIGGER_RULES = tuple(TriggerRule.values)
-CATCHUP_POLICIES = tuple(Catchup.values)
-OVERLAP_POLICIES = tuple(Overlap.values)
-PARAM_TYPES = {str: "str", int: "int", float: "float", bool: "bool", list: "list", dict: "dict", datetime: "datetime"}
-PARAM_TYPE_NAMES = ("str", "int", "float", "bool", "date", "datetime", "list", "dict")
-TRIGGER_MODES = ("any", "all")
-CALLBACK_EVENTS = ("on_failure", "on_success", "on_retry")
-
-_REQUIRED = object()
+# The parts of a definition are importable from here too: workflow modules need only this module.
+__all__ = ["CALLBACK_EVENTS", "CATCHUP_POLICIES", "OVERLAP_POLICIES", "PARAM_TYPES", "PARAM_TYPE_NAMES", "TRIGGER_MODES",
+           "TRIGGER_RULES", "DefinitionError", "On", "Param", "Schedule", "Task", "TaskContext", "Workflow",
+           "callback_ref", "collect"]
 
 # While sync imports a module, every Workflow created in that thread lands in this thread's list
 # (see collect()): an import sync gave up on, still running in its own thread, adds to no other's.
 _collecting = threading.local()
-
-
-class DefinitionError(Exception):
-    """A problem in a workflow definition, naming the workflow, the field and the value."""
-
-    def __init__(self, workflow: str, field: str, value: Any, message: str):
-        self.workflow, self.field, self.value, self.message = workflow, field, value, message
-        # Values come from user code: quoted bounded, and a failing __repr__ cannot break the report.
-        super().__init__(f"workflow {limits.safe_repr(workflow)}: {field}={limits.safe_repr(value)}: {message}")
-
-
-@dataclass
-class TaskContext:
-    """What a task function receives as its only argument."""
-
-    run_id: int
-    task: str
-    logical_date: datetime
-    params: dict
-    attempt: int
-    upstream: dict = field(default_factory=dict)  # parent task name -> its JSON result
-    workflow: str = ""
-    task_run_id: int = 0
-    # A mapped task's instance: its position in the parent's list and the item itself.
-    map_index: int | None = None
-    item: Any = None
-    # The dataset events that started this run (data-triggered runs), oldest first: each a dict
-    # with dataset, logical_date, metadata, workflow, run_id and task of the producer.
-    events: list = field(default_factory=list)
-    # Metadata for the events this task produces: ``ctx.metadata["sales_daily"] = {"rows": 10}``.
-    metadata: dict = field(default_factory=dict)
-
-
-class Param:
-    """A declared run parameter: its type, default, choices and description."""
-
-    def __init__(self, type: type | str = str, default: Any = _REQUIRED, *, description: str = "",
-                 choices: Iterable | None = None):
-        self.type = PARAM_TYPES.get(type, type) if not isinstance(type, str) else type
-        self.default = default
-        self.description = description
-        self.choices = list(choices) if choices is not None else None
-
-    @property
-    def required(self) -> bool:
-        return self.default is _REQUIRED
-
-    def to_spec(self) -> dict:
-        spec = {"type": self.type, "required": self.required, "description": self.description}
-        if not self.required:
-            spec["default"] = self.default
-        if self.choices is not None:
-            spec["choices"] = self.choices
-        return spec
-
-
-class Schedule:
-    """A cron schedule declared next to its workflow."""
-
-    def __init__(self, cron: str, *, timezone: str = "UTC", name: str | None = None, catchup: str = Catchup.LATEST,
-                 max_catchup: int | None = None, overlap: str = Overlap.ALLOW, start_deadline: float | None = None,
-                 jitter: int = 0, params: dict | None = None):
-        self.cron = cron
-        self.timezone = timezone
-        self.name = name
-        self.catchup = catchup
-        self.max_catchup = max_catchup
-        self.overlap = overlap
-        self.start_deadline = start_deadline
-        self.jitter = jitter
-        self.params = params or {}
-
-    def to_spec(self) -> dict:
-        return {
-            "name": self.name, "cron": self.cron, "timezone": self.timezone, "catchup": self.catchup,
-            "max_catchup": self.max_catchup, "overlap": self.overlap, "start_deadline": self.start_deadline,
-            "jitter": self.jitter, "params": self.params,
-        }
-
-
-class Task:
-    """A node of the graph. ``a >> b`` makes b run after a; lists fan out and fan in."""
-
-    def __init__(self, workflow: Workflow, name: str, *, fn: Callable | None = None, command: str | None = None,
-                 retries: int = 0, retry_delay: float = 10.0, retry_backoff: float = 2.0,
-                 retry_max_delay: float = 3600.0, timeout: float | None = None, queue: str = "default",
-                 priority: int = 0, trigger_rule: str = TriggerRule.ALL_SUCCESS, upstream: Iterable[str] = (),
-                 env: dict | None = None, branch: bool = False, produces: Iterable[str] = (),
-                 on_failure: Callable | Iterable[Callable] | None = None,
-                 on_success: Callable | Iterable[Callable] | None = None,
-                 on_retry: Callable | Iterable[Callable] | None = None, sensor: dict | None = None):
-        self.workflow = workflow
-        self.name = name
-        self.fn = fn
-        self.command = command
-        self.retries = retries
-        self.retry_delay = retry_delay
-        self.retry_backoff = retry_backoff
-        self.retry_max_delay = retry_max_delay
-        self.timeout = timeout
-        self.queue = queue
-        self.priority = priority
-        self.trigger_rule = trigger_rule
-        self.upstream_names = list(upstream)
-        self.env = env or {}
-        self.branch = branch
-        self.produces = [produces] if isinstance(produces, str) else list(produces)
-        self.callbacks = {"on_failure": on_failure, "on_success": on_success, "on_retry": on_retry}
-        _register_callbacks(self.callbacks)
-        self.sensor = sensor  # {"every": seconds, "timeout": seconds or None}
-        self.map_over: Task | None = None
-        self.max_parallel: int | None = None
-        if fn is not None:
-            self.__doc__ = fn.__doc__
-            self.__wrapped__ = fn
-
-    def __call__(self, *args, **kwargs):
-        # The decorated name stays callable as the plain function, e.g. in unit tests.
-        return self.fn(*args, **kwargs)
-
-    def __repr__(self):
-        return f"<Task {self.workflow.name}.{self.name}>"
-
-    def __rshift__(self, other):
-        for child in _as_tasks(other):
-            self.workflow._edge(self, child)
-        return other
-
-    def __rrshift__(self, other):
-        # [a, b] >> c
-        for parent in _as_tasks(other):
-            self.workflow._edge(parent, self)
-        return self
-
-    def __lshift__(self, other):
-        for parent in _as_tasks(other):
-            self.workflow._edge(parent, self)
-        return other
-
-    def map(self, over: Task, *, max_parallel: int | None = None) -> Task:
-        """Run this task once per item of ``over``'s result (a list), when ``over`` succeeds:
-        each instance gets ``ctx.item`` and ``ctx.map_index``; its children get the list of the
-        instances' results, in order. ``max_parallel`` caps how many instances run at once."""
-        if not isinstance(over, Task):
-            self.workflow._error(f"tasks.{self.name}.map", over, "map(over=...) takes a task of the same workflow")
-            return self
-        if self.map_over is not None:
-            self.workflow._error(f"tasks.{self.name}.map", over.name, "a task can be mapped only once")
-            return self
-        self.map_over = over
-        self.max_parallel = max_parallel
-        self.workflow._edge(over, self)
-        return self
-
-    @property
-    def ref(self) -> str:
-        return f"{self.fn.__module__}:{self.fn.__qualname__}" if self.fn else ""
-
-    def to_spec(self, upstream: list[str], children: Iterable[str] = (), mapped_by: Iterable[str] = ()) -> dict:
-        spec = {
-            "kind": "python" if self.fn is not None else "shell",
-            "max_attempts": self.retries + 1 if isinstance(self.retries, int) else 1,
-            "retry_delay": self.retry_delay,
-            "retry_backoff": self.retry_backoff,
-            "retry_max_delay": self.retry_max_delay,
-            "timeout": self.timeout,
-            "queue": self.queue,
-            "priority": self.priority,
-            "trigger_rule": self.trigger_rule,
-            "upstream": sorted(upstream),
-        }
-        if self.fn is not None:
-            spec["ref"] = self.ref
-        else:
-            spec["command"] = self.command
-            spec["env"] = self.env
-        # The options below are written only when used, so a graph that uses none of them keeps
-        # the hash (and version) it had before they existed.
-        if self.map_over is not None:
-            spec["map_over"] = self.map_over.name
-            if self.max_parallel is not None:
-                spec["max_parallel"] = self.max_parallel
-        if mapped_by:
-            # The worker checks this task's result can be mapped (a list, within the item limit).
-            spec["mapped_by"] = sorted(mapped_by)
-        if self.branch:
-            spec["branch"] = True
-            spec["children"] = sorted(children)
-        if self.sensor is not None:
-            spec["sensor"] = dict(self.sensor)
-        if self.produces:
-            spec["produces"] = sorted(set(self.produces))
-        callbacks = callback_refs(self.callbacks)
-        if callbacks:
-            spec["callbacks"] = callbacks
-        return spec
-
-
-class On:
-    """A data trigger: ``On("sales_daily")`` starts a run for each new event of the dataset;
-    ``On("a", "b")`` for each event of either; ``On("a", "b", mode="all")`` once each of them
-    has a new event since the last run this trigger started."""
-
-    def __init__(self, *datasets: str, mode: str = "any"):
-        self.datasets = list(datasets)
-        self.mode = mode
-
-    def __repr__(self):
-        return f"On({', '.join(map(repr, self.datasets))}, mode={self.mode!r})"
-
-    def to_spec(self) -> dict:
-        return {"datasets": sorted(set(self.datasets), key=str), "mode": self.mode}
-
-
-def _callables(value) -> list:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, list | tuple) else [value]
-
-
-def callback_ref(fn) -> str:
-    """A callback's "module:qualname" (what a job names), or "" when it has none."""
-    if not inspect.isfunction(fn):  # a plain function (not a task, a builtin or a bound method)
-        return ""
-    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
-    return f"{module}:{qualname}" if module and qualname else ""
-
-
-def _register_callbacks(callbacks: dict) -> None:
-    # A callback runs as a job on a worker, which runs registered functions only.
-    for value in callbacks.values():
-        for fn in _callables(value):
-            ref = callback_ref(fn)
-            if ref:
-                registry.register(fn, ref)
-
-
-def callback_refs(callbacks: dict) -> dict[str, list[str]]:
-    return {event: [callback_ref(fn) for fn in _callables(value)]
-            for event, value in sorted(callbacks.items()) if _callables(value)}
-
-
-def _as_tasks(value) -> list[Task]:
-    if isinstance(value, Task):
-        return [value]
-    if isinstance(value, list | tuple | set):
-        items = list(value)
-        if all(isinstance(item, Task) for item in items):
-            return items
-    raise TypeError(f"a dependency must be a task or a list of tasks, got {value!r}")
 
 
 class Workflow:
@@ -326,7 +87,7 @@ class Workflow:
         self.triggers = [triggers] if isinstance(triggers, On) else list(triggers)
         # on_failure/on_success: the run ended so; on_retry: any of its tasks will be retried.
         self.callbacks = {"on_failure": on_failure, "on_success": on_success, "on_retry": on_retry}
-        _register_callbacks(self.callbacks)
+        register_callbacks(self.callbacks)
         self.deadline = deadline  # seconds after the logical date; a later run is recorded as late
         self.run_timeout = run_timeout  # seconds after a run starts; it is then cancelled
         self.tasks: dict[str, Task] = {}
@@ -451,6 +212,8 @@ class Workflow:
     def test(self, params: dict | None = None, logical_date: datetime | None = None, **options):
         """Run the whole workflow in this process and return each task's state and result
         (see ``orchestrator.localrun``): for a project's own unit tests."""
+        # Imported here, not at the top: a local run needs Django's models, and workflow modules
+        # import this module before the app registry is ready (or without Django at all).
         from orchestrator.localrun import run_workflow
 
         return run_workflow(self, params=params, logical_date=logical_date, **options)

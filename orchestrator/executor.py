@@ -26,8 +26,9 @@ from django.db import close_old_connections, connections
 
 from orchestrator import logformat, logs, registry, reload
 from orchestrator.conf import app_settings
-from orchestrator.dsl import TaskContext
+from orchestrator.definition import Task as DslTask
 from orchestrator.states import AttemptOutcome
+from orchestrator.taskcontext import TaskContext
 
 PR_SET_PDEATHSIG = 1
 READY = "ready"  # a fresh child's first message to the worker
@@ -156,8 +157,6 @@ def call_python(message: dict, ctx: TaskContext | None = None, declared: dict | 
     made from the message when not given). A django.tasks task gets its TaskContext (when it
     takes one) and its ``task_started`` signal; ``attempt["django"]`` then holds its result, for
     ``task_finished``."""
-    from orchestrator.dsl import Task as DslTask
-
     spec = message["spec"]
     obj = resolve(message, declared, functions)
     lead = []

@@ -28,9 +28,14 @@ from django.db import connection, transaction
 
 from orchestrator import clock as clocks
 from orchestrator import executor, resolver, taskcontext
-from orchestrator.graph_checks import MODULE_LEVEL
+from orchestrator.callbacks import RUN_EVENTS
+from orchestrator.definition import callables, callback_ref
+from orchestrator.models import Run, Trigger
+from orchestrator.params import ParamError, clean_params
 from orchestrator.resolver import Ending
+from orchestrator.runs import create_run
 from orchestrator.states import AttemptOutcome, TaskState
+from orchestrator.validation import MODULE_LEVEL, validate
 
 # --- SQL ---------------------------------------------------------------------------------------
 
@@ -113,9 +118,6 @@ class LocalRunError(Exception):
 
 def run_workflow(wf, params: dict | None = None, logical_date: datetime | None = None, *,
                  keep: bool = False, max_attempts_total: int = 100_000) -> LocalRun:
-    from orchestrator.params import ParamError, clean_params
-    from orchestrator.sync import validate
-
     # Functions defined inside a test are fine here: this process holds them.
     errors = [error for error in validate(wf) if MODULE_LEVEL not in error.message]
     if errors:
@@ -141,15 +143,12 @@ class _Runner:
         self.functions = {task.ref: task for task in wf.tasks.values() if task.fn is not None}
         for callbacks in [wf.callbacks, *(task.callbacks for task in wf.tasks.values())]:
             for value in callbacks.values():
-                self.functions.update({executor_ref(fn): fn for fn in _callables(value) if executor_ref(fn)})
+                self.functions.update({callback_ref(fn): fn for fn in callables(value) if callback_ref(fn)})
         self.budget = max_attempts_total
         self.logs: dict[int, list[str]] = {}
         self.callbacks: list[dict] = []
 
     def run(self) -> LocalRun:
-        from orchestrator.models import Run, Trigger
-        from orchestrator.runs import create_run
-
         run, _ = create_run(None, trigger=Trigger.TEST, tasks=self.spec["tasks"], params=self.params,
                             logical_date=self.logical_date, now=self.clock.now())
         self.run_id = run.pk
@@ -211,10 +210,8 @@ class _Runner:
     def run_callbacks(self, state: str) -> None:
         """The workflow's own on_success/on_failure: its run has no workflow row to read them
         from, so they are called here, in this process, like the jobs would call them."""
-        from orchestrator.callbacks import RUN_EVENTS
-
         event = RUN_EVENTS.get(state)
-        for fn in _callables(self.wf.callbacks.get(event)) if event else ():
+        for fn in callables(self.wf.callbacks.get(event)) if event else ():
             context = {"event": event, "workflow": self.wf.name, "run_id": self.run_id,
                        "logical_date": self.logical_date.isoformat(), "task": None, "task_run_id": None,
                        "map_index": None, "attempt": None, "state": state, "error": ""}
@@ -223,7 +220,7 @@ class _Runner:
                 fn(context)
             except Exception as exc:  # noqa: BLE001 - reported in the outcome, like a failed job
                 outcome, error = "failed", f"{type(exc).__name__}: {exc}"
-            self.callbacks.append({"ref": executor_ref(fn), "event": event, "task": None,
+            self.callbacks.append({"ref": callback_ref(fn), "event": event, "task": None,
                                    "outcome": outcome, "error": error})
 
     def outcomes(self) -> dict[str, TaskOutcome]:
@@ -245,14 +242,3 @@ class _Runner:
 def _json(value):
     return json.loads(value) if isinstance(value, str) else value
 
-
-def _callables(value) -> list:
-    from orchestrator.dsl import _callables as as_list
-
-    return as_list(value)
-
-
-def executor_ref(fn) -> str:
-    from orchestrator.dsl import callback_ref
-
-    return callback_ref(fn)

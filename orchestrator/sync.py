@@ -1,6 +1,6 @@
 """Discovery and sync: import every workflow module (each installed app's ``workflows`` module or
-package, and the modules the settings name), validate each workflow, store it, and record a new
-graph version only when the graph changed.
+package, and the modules the settings name), validate each workflow (``orchestrator.validation``),
+store it, and record a new graph version only when the graph changed.
 
 A module that fails to import is reported and does not stop the others; a workflow that was
 valid before and is broken now keeps its last good version and is marked broken.
@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
-import math
 import pkgutil
 import sys
 import threading
@@ -19,15 +18,14 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import networkx
 from django.apps import apps
 from django.db import DataError, connections, transaction
 from django.utils.module_loading import module_has_submodule
 
-from orchestrator import clock, cron, dsl, graph_checks, limits, reload
+from orchestrator import clock, cron, dsl, limits, reload
 from orchestrator.conf import app_settings
 from orchestrator.models import Schedule, Workflow, WorkflowVersion
-from orchestrator.params import ParamError, clean_param, clean_params
+from orchestrator.validation import dataset_cycles, schedule_name, validate
 
 
 @dataclass
@@ -43,213 +41,6 @@ class SyncReport:
     @property
     def ok(self) -> bool:
         return not self.broken and not self.import_errors
-
-
-def _is_number(value, *, minimum=0.0, allow_none=False, integer=False) -> bool:
-    if value is None:
-        return allow_none
-    if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
-        return False
-    return minimum <= value <= limits.MAX_INT and not (isinstance(value, float) and not math.isfinite(value))
-
-
-def validate(wf: dsl.Workflow) -> list[dsl.DefinitionError]:
-    """Every problem of a workflow definition, each naming the workflow, the field and the value.
-
-    Nothing is written before this passed: a value the database cannot hold (too long, a NUL
-    character, what JSON cannot hold) is one of these problems, not an error of the database."""
-    errors = list(wf.errors)
-
-    def error(field_name, value, message):
-        errors.append(dsl.DefinitionError(wf.name, field_name, value, message))
-
-    _check_workflow(wf, error)
-    for name, task in wf.tasks.items():
-        _check_task(wf, name, task, error)
-    _check_cycle(wf, error)
-    _check_params(wf, error)
-    seen_names: set[str] = set()
-    for index, schedule in enumerate(wf.schedules):
-        _check_schedule(wf, index, schedule, seen_names, error)
-    errors.extend(graph_checks.validate(wf))
-    if not errors:
-        _check_storable(wf, error)
-    return errors
-
-
-def _check_workflow(wf: dsl.Workflow, error) -> None:
-    """The workflow's own fields: its name (which must fit in a URL), texts and options."""
-    problem = limits.text_problem(wf.name, limits.WORKFLOW_NAME, allow_empty=False)
-    if problem:
-        error("name", wf.name, f"{problem}; a name is stored and appears in URLs")
-    elif not limits.routable(wf.name):
-        error("name", wf.name, f"cannot appear in a URL: {limits.NAME_RULE}")
-    if not wf.tasks:
-        error("tasks", [], "a workflow needs at least one task")
-    problem = limits.text_problem(wf.description, 10**9)
-    if problem:
-        error("description", wf.description, problem)
-    for index, tag in enumerate(wf.tags):
-        problem = limits.text_problem(tag, limits.WORKFLOW_NAME)
-        if problem:
-            error(f"tags[{index}]", tag, problem)
-    problem = limits.text_problem(wf.owner, limits.OWNER)
-    if problem:
-        error("owner", wf.owner, problem)
-    if not isinstance(wf.tenant, str) or not wf.tenant.strip():
-        error("tenant", wf.tenant, "must be a non-empty string")
-    elif problem := limits.text_problem(wf.tenant, limits.TENANT):
-        error("tenant", wf.tenant, problem)
-    if not _is_number(wf.max_active_runs, minimum=1, allow_none=True, integer=True):
-        error("max_active_runs", wf.max_active_runs, "must be a whole number of at least 1, or None")
-    for url in wf.webhooks:
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            error("webhooks", url, "must be an http:// or https:// URL")
-        elif problem := limits.text_problem(url, limits.URL):
-            error("webhooks", url, problem)
-
-
-def _check_task(wf: dsl.Workflow, name, task: dsl.Task, error) -> None:
-    where = f"tasks.{name}"
-    if not isinstance(name, str) or not limits.NAME_RE.match(name):
-        error(f"{where}.name", name, "use letters, digits, '_', '-' or '.'")
-    if task.fn is not None and "<locals>" in task.fn.__qualname__:
-        error(f"{where}.fn", task.fn.__qualname__, f"a task function must be {graph_checks.MODULE_LEVEL}")
-    if task.fn is None and (not isinstance(task.command, str) or not task.command.strip()):
-        error(f"{where}.command", task.command, "a shell task needs a non-empty command")
-    elif task.fn is None and (problem := limits.text_error(task.command, "the command")):
-        error(f"{where}.command", task.command, problem)
-    _check_task_retries(where, task, error)
-    if not isinstance(task.queue, str) or not limits.QUEUE_RE.match(task.queue):
-        error(f"{where}.queue", task.queue, "use letters, digits, '_', '-' or '.'")
-    if limits.int_problem(task.priority, limits.PRIORITY_MIN, limits.PRIORITY_MAX):
-        error(f"{where}.priority", task.priority,
-              f"must be a whole number from {limits.PRIORITY_MIN} to {limits.PRIORITY_MAX}")
-    if task.trigger_rule not in dsl.TRIGGER_RULES:
-        error(f"{where}.trigger_rule", task.trigger_rule, f"must be one of {', '.join(dsl.TRIGGER_RULES)}")
-    for parent in task.upstream_names:
-        if parent not in wf.tasks:
-            error(f"{where}.upstream", parent, "depends on an unknown task")
-
-
-def _check_task_retries(where: str, task: dsl.Task, error) -> None:
-    if not _is_number(task.retries, integer=True):
-        error(f"{where}.retries", task.retries, "must be a whole number, 0 or more")
-    if not _is_number(task.retry_delay):
-        error(f"{where}.retry_delay", task.retry_delay, "must be a number of seconds, 0 or more")
-    if not _is_number(task.retry_backoff, minimum=1):
-        error(f"{where}.retry_backoff", task.retry_backoff, "must be a number, 1 or more")
-    if not _is_number(task.retry_max_delay):
-        error(f"{where}.retry_max_delay", task.retry_max_delay, "must be a number of seconds, 0 or more")
-    if task.timeout is not None and not (_is_number(task.timeout) and task.timeout > 0):
-        error(f"{where}.timeout", task.timeout, "must be a positive number of seconds, or None")
-
-
-def _check_cycle(wf: dsl.Workflow, error) -> None:
-    graph = networkx.DiGraph()
-    graph.add_nodes_from(wf.tasks)
-    graph.add_edges_from((parent, child) for child, parents in wf.upstream_of().items()
-                         for parent in parents if parent in wf.tasks)
-    try:
-        cycle = networkx.find_cycle(graph)
-    except networkx.NetworkXNoCycle:
-        return
-    path = [edge[0] for edge in cycle] + [cycle[0][0]]
-    error("tasks", " -> ".join(path), f"the graph has a cycle: {' -> '.join(path)}")
-
-
-def _check_params(wf: dsl.Workflow, error) -> None:
-    for key, param in wf.params.items():
-        where = f"params.{key}"
-        if problem := limits.text_problem(key, limits.WORKFLOW_NAME, allow_empty=False):
-            error("params", key, f"a param name {problem}")
-            continue
-        if param.type not in dsl.PARAM_TYPE_NAMES:
-            error(f"{where}.type", param.type, f"must be one of {', '.join(dsl.PARAM_TYPE_NAMES)}")
-            continue
-        if not param.required and param.default is not None:
-            try:
-                clean_param(param.to_spec(), param.default)
-            except ValueError as exc:
-                error(f"{where}.default", param.default, str(exc))
-
-
-def _check_schedule(wf: dsl.Workflow, index: int, schedule: dsl.Schedule, seen_names: set, error) -> None:
-    where = f"schedules[{index}]"
-    if not isinstance(schedule, dsl.Schedule):
-        error(where, schedule, "a schedule is Schedule(cron, ...)")
-        return
-    _check_schedule_timing(where, schedule, error)
-    if schedule.catchup not in dsl.CATCHUP_POLICIES:
-        error(f"{where}.catchup", schedule.catchup, f"must be one of {', '.join(dsl.CATCHUP_POLICIES)}")
-    if schedule.overlap not in dsl.OVERLAP_POLICIES:
-        error(f"{where}.overlap", schedule.overlap, f"must be one of {', '.join(dsl.OVERLAP_POLICIES)}")
-    name = schedule_name(wf, index)
-    if problem := limits.text_problem(name, limits.SCHEDULE_NAME, allow_empty=False):
-        error(f"{where}.name", name, problem)
-        name = None
-    elif name in seen_names:
-        error(f"{where}.name", name, "two schedules of this workflow have this name")
-    seen_names.add(name)
-    _check_schedule_params(wf, where, name, schedule, error)
-
-
-def _check_schedule_timing(where: str, schedule: dsl.Schedule, error) -> None:
-    if problem := limits.text_problem(schedule.cron, limits.CRON, allow_empty=False):
-        error(f"{where}.cron", schedule.cron, problem)
-    elif problem := limits.text_problem(schedule.timezone, limits.TIMEZONE, allow_empty=False):
-        error(f"{where}.timezone", schedule.timezone, problem)
-    else:
-        try:
-            cron.validate(schedule.cron, schedule.timezone)
-        except cron.CronError as exc:
-            bad = "timezone" if "timezone" in str(exc) else "cron"
-            error(f"{where}.{bad}", getattr(schedule, bad), str(exc))
-    if not _is_number(schedule.jitter, integer=True):
-        error(f"{where}.jitter", schedule.jitter, "must be a whole number of seconds, 0 or more")
-    if schedule.start_deadline is not None and not (_is_number(schedule.start_deadline) and schedule.start_deadline > 0):
-        error(f"{where}.start_deadline", schedule.start_deadline, "must be a positive number of seconds, or None")
-    if not _is_number(schedule.max_catchup, minimum=1, allow_none=True, integer=True):
-        error(f"{where}.max_catchup", schedule.max_catchup, "must be a whole number of at least 1, or None")
-
-
-def _check_schedule_params(wf: dsl.Workflow, where: str, name, schedule: dsl.Schedule, error) -> None:
-    """A schedule's params must make a run: every fire time would otherwise be a skipped run."""
-    if not isinstance(schedule.params, dict):
-        error(f"{where}.params", schedule.params, "must be a dict of param values")
-        return
-    if problem := limits.json_problem(schedule.params):
-        error(f"{where}.params", schedule.params, problem)
-        return
-    declared = {key: param.to_spec() for key, param in wf.params.items() if param.type in dsl.PARAM_TYPE_NAMES}
-    if len(declared) < len(wf.params):
-        return  # a param of unknown type is reported already; its values cannot be checked
-    try:
-        clean_params(declared, schedule.params)
-    except ParamError as exc:
-        label = f"schedule {limits.safe_repr(name)}" if name is not None else "this schedule"
-        for key, message in exc.errors.items():
-            value = schedule.params.get(key)
-            if message == "this param is required":
-                message = f"{label} gives no value for the required param {limits.safe_repr(key)}"
-            else:
-                message = f"{message} (in the params of {label})"
-            error(f"{where}.params.{key}", value, message)
-
-
-def _check_storable(wf: dsl.Workflow, error) -> None:
-    """What the checks above do not name but the database would refuse: the stored graph as JSON."""
-    try:
-        problem = limits.json_problem(wf.to_spec())
-    except Exception as exc:  # noqa: BLE001 - user values (a failing __eq__, __iter__) end up here
-        problem = f"the definition cannot be written down: {type(exc).__name__}: {exc}"
-    if problem:
-        error("definition", wf.name, problem)
-
-
-def schedule_name(wf: dsl.Workflow, index: int) -> str:
-    schedule = wf.schedules[index]
-    return schedule.name or ("default" if index == 0 else f"schedule-{index + 1}")
 
 
 def graph_hash(spec: dict) -> str:
@@ -428,7 +219,7 @@ def _key(name) -> str:
 def _check_all(found: dict[str, list[dsl.Workflow]]) -> list[tuple[str, dsl.Workflow, str, str | None]]:
     """(report key, workflow, module, errors or None) of each workflow found, written nowhere yet."""
     named = [wf for workflows in found.values() for wf in workflows if isinstance(wf.name, str)]
-    loops = graph_checks.dataset_cycles(named)
+    loops = dataset_cycles(named)
     checked, seen = [], set()
     for module_name, workflows in found.items():
         for wf in workflows:

@@ -2,12 +2,39 @@
 its parents' results, a mapped instance's item, and a data-triggered run's dataset events.
 
 Filled into the claim messages in the claiming transaction, a few set-based reads per batch
-(never one per task run), by the worker and by the local runner (``wf.test``) alike.
+(never one per task run), by the worker and by the local runner (``wf.test``) alike; a task
+function receives it as its ``TaskContext``.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass
+class TaskContext:
+    """What a task function receives as its only argument."""
+
+    run_id: int
+    task: str
+    logical_date: datetime
+    params: dict
+    attempt: int
+    upstream: dict = field(default_factory=dict)  # parent task name -> its JSON result
+    workflow: str = ""
+    task_run_id: int = 0
+    # A mapped task's instance: its position in the parent's list and the item itself.
+    map_index: int | None = None
+    item: Any = None
+    # The dataset events that started this run (data-triggered runs), oldest first: each a dict
+    # with dataset, logical_date, metadata, workflow, run_id and task of the producer.
+    events: list = field(default_factory=list)
+    # Metadata for the events this task produces: ``ctx.metadata["sales_daily"] = {"rows": 10}``.
+    metadata: dict = field(default_factory=dict)
+
 
 # --- SQL ---------------------------------------------------------------------------------------
 

@@ -6,10 +6,14 @@
 
 Reads `orchestrator/` (migrations, tests and templates aside) with `ast`, nothing is imported. An
 import is an edge from one module to another module of the package, whether it sits at the top of
-the file or inside a function (a function-level import is still a dependency; it is listed with a
-"lazy" mark). A module's floor is 0 when it imports no other product module, else one more than the
-highest floor it imports; the modules of an import loop share a floor. An import "runs back up"
-when it goes from a module to one on the same or a higher floor, which only an import loop allows.
+the file or inside a function (a function-level import is still a dependency, listed with a "lazy"
+mark, and it makes a loop like any other). A module's floor is 0 when it imports no other product
+module, else one more than the highest floor it imports; the modules of an import loop share a
+floor. An import "runs back up" when it goes from a module to one on the same or a higher floor,
+which only an import loop allows.
+
+The command exits with status 1 when there is an import loop (``tests/test_import_map.py`` runs
+the same check in the suite).
 """
 
 import argparse
@@ -96,16 +100,21 @@ def floors(graph):
     return {node: floor_of_component[mapping[node]] for node in graph}
 
 
-def report(graph, show_floors=False, show_edges=False, out=sys.stdout):
+def loops(graph) -> list[list[str]]:
+    """Each import loop: the modules that reach one another through imports, sorted."""
+    return sorted(sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1)
+
+
+def report(graph, show_floors=False, show_edges=False, out=sys.stdout) -> list[list[str]]:
     floor = floors(graph)
-    loops = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
+    found = loops(graph)
     back_up = sorted((a, b) for a, b in graph.edges if floor[b] >= floor[a])
     lazy = sum(1 for *_, data in graph.edges(data=True) if data["lazy"])
     print(f"files: {graph.number_of_nodes()}", file=out)
     print(f"imports between product modules: {graph.number_of_edges()} ({lazy} inside functions)", file=out)
     print(f"floors: {max(floor.values()) + 1}", file=out)
-    print(f"import loops: {len(loops)}", file=out)
-    for loop in sorted(loops):
+    print(f"import loops: {len(found)}", file=out)
+    for loop in found:
         print(f"  {' <-> '.join(loop)}", file=out)
     print(f"imports that run back up: {len(back_up)}", file=out)
     for a, b in back_up:
@@ -118,6 +127,7 @@ def report(graph, show_floors=False, show_edges=False, out=sys.stdout):
     if show_edges:
         for a, b, data in sorted(graph.edges(data=True)):
             print(f"  {a} -> {b}{' (lazy)' if data['lazy'] else ''}", file=out)
+    return found
 
 
 def main(argv=None):
@@ -126,8 +136,9 @@ def main(argv=None):
     parser.add_argument("--edges", action="store_true", help="list every import between product modules")
     parser.add_argument("--root", default=str(Path(__file__).resolve().parent.parent / PACKAGE))
     args = parser.parse_args(argv)
-    report(build(Path(args.root)), show_floors=args.floors, show_edges=args.edges)
+    found = report(build(Path(args.root)), show_floors=args.floors, show_edges=args.edges)
+    return 1 if found else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

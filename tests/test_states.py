@@ -20,7 +20,7 @@ def test_no_statement_of_the_product_names_a_state_or_a_transition_the_table_doe
     # The check read the statements that matter (and so would have seen a bad one).
     read = {where for where, _ in state_check.module_statements()}
     assert {"orchestrator.resolver.END_TASK_RUNS", "orchestrator.dispatcher.MARK_QUEUED",
-            "orchestrator.worker.CLAIM", "orchestrator.control.CANCEL_TASK_RUNS"} <= read
+            "orchestrator.worker.batch.CLAIM", "orchestrator.control.CANCEL_TASK_RUNS"} <= read
 
 
 def test_the_check_reads_each_transition_a_statement_makes():

@@ -209,19 +209,10 @@ def children(pid: int) -> list[str]:
     return states
 
 
-def test_a_generation_from_a_late_notify_is_ignored_and_one_read_from_the_database_counts():
-    worker = WorkerLoop(["default"], concurrency=1)
-    worker.saw_generation(5, read=True)
-    worker.saw_generation(4)  # a NOTIFY of an older sync, delivered after the heartbeat read 5
-    assert worker.code_generation == 5
-    worker.saw_generation(3, read=True)  # the row itself says otherwise (recreated): it counts
-    assert worker.code_generation == 3
-
-
 def test_max_tasks_per_child_comes_from_the_setting_and_must_not_be_negative(settings):
     settings.ORCHESTRATOR_WORKER_MAX_TASKS_PER_CHILD = 7
-    assert WorkerLoop(["default"]).max_tasks_per_child == 7
-    assert WorkerLoop(["default"], max_tasks_per_child=0).max_tasks_per_child == 0
+    assert WorkerLoop(["default"]).pool.max_tasks_per_child == 7
+    assert WorkerLoop(["default"], max_tasks_per_child=0).pool.max_tasks_per_child == 0
     with pytest.raises(ValueError, match="--max-tasks-per-child must be 0"):
         WorkerLoop(["default"], max_tasks_per_child=-1)
 
@@ -283,9 +274,9 @@ def test_by_default_every_child_is_forked_ahead_and_none_idles_out(processes, co
     wait_for(lambda: len(children(worker.pid)) == 3, 10, message="three children forked ahead")
     assert result(run_job(code, "value"))["value"] == "one"
     loop = WorkerLoop(["default"], concurrency=3)
-    assert loop.min_children == 3
-    loop.slots = [Slot(pid=0, conn=None, ready=True, idle_since=0.0) for _ in range(3)]
-    assert loop.next_shrink() is None  # never below the minimum: nothing to shrink
+    assert loop.pool.min_children == 3
+    loop.pool.slots = [Slot(pid=0, conn=None, ready=True, idle_since=0.0) for _ in range(3)]
+    assert loop.pool.next_shrink() is None  # never below the minimum: nothing to shrink
 
 
 def test_the_pool_grows_to_the_concurrency_when_work_waits_and_shrinks_back_after_idling(processes, code, tmp_path):
@@ -305,10 +296,3 @@ def test_the_pool_grows_to_the_concurrency_when_work_waits_and_shrinks_back_afte
     wait_for(lambda: len(states := children(worker.pid)) == 1 and "Z" not in states, 15,
              message="the pool to shrink back to one child")
     assert result(run_job(code, "value"))["value"] == "one"
-
-
-def test_a_child_gets_a_task_only_once_it_said_it_is_ready():
-    worker = WorkerLoop(["default"], concurrency=2)
-    starting, ready = Slot(pid=1, conn=None), Slot(pid=2, conn=None, ready=True)
-    worker.slots = [starting, ready]
-    assert worker.idle_slots() == [ready]

@@ -1,7 +1,9 @@
 """``manage.py bench``: the product's speed figures, in a database of their own.
 
+- ``sections``: which sections run, in order (``run``);
 - ``core``: the database, the worker and dispatcher processes, and the execution-path sections
-  (PostgreSQL's own ceiling, jobs end to end, start delay, DAG wall time); ``run`` picks sections;
+  (PostgreSQL's own ceiling, jobs end to end, start delay, DAG wall time);
+- ``load``: start delay under a steady arrival rate, cost with a backlog and with a history;
 - ``jobs``: the jobs the benchmark's workers run;
 - ``scheduler``, ``pages``, ``cron``: the scheduler's insert and failover, page speed with a big
   history, cron over long ranges.
@@ -10,6 +12,7 @@
   end, and the run page's time for that run.
 """
 
-from orchestrator.bench.core import BENCH_DB, SECTIONS, Output, child_env, prepare_database, run
+from orchestrator.bench.core import BENCH_DB, Output, child_env, prepare_database
+from orchestrator.bench.sections import SECTIONS, run
 
 __all__ = ["BENCH_DB", "SECTIONS", "Output", "child_env", "prepare_database", "run"]

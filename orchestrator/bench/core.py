@@ -1,8 +1,6 @@
-"""``manage.py bench``: throughput and latency figures of the execution path, with real worker and
-dispatcher processes, in a dedicated database ``orchestrator_bench`` on the current server
-(dropped, created and migrated at the start; the product's own data is never touched).
-
-Sections (``--only pg,jobs,latency,steady,backlog,history,dag,scheduler,pages,cron,map,footprint``):
+"""The benchmark's ground: its database ``orchestrator_bench`` on the current server (dropped,
+created and migrated at the start; the product's own data is never touched), the worker and
+dispatcher processes it starts, what the sections print to, and the execution-path sections:
 
 - jobs: no-op single-task jobs completed per second end to end (enqueue, dispatch, execute,
   record) with one and with two worker processes. Jobs are enqueued while the workers run, in
@@ -10,13 +8,12 @@ Sections (``--only pg,jobs,latency,steady,backlog,history,dag,scheduler,pages,cr
   first enqueue to the last recorded success.
 - latency: enqueue-to-start delay (the job's own first instruction) at a light steady load, one
   job per ``create_run`` transaction every 20 ms.
-- steady, backlog, history: start delay under a steady arrival rate with a per-stage breakdown,
-  and cost with a due backlog, a delayed backlog and a finished history (see ``bench.load``).
 - dag: trigger-to-success wall time of a DAG of 1 + 200 parallel + 1 join tasks, and of a
   100-task chain.
-- footprint: the memory (PSS) of the whole ``./dev run`` stack once idle (see ``bench.footprint``).
 - pg: PostgreSQL's own ceiling on the same server: a bare SKIP LOCKED claim-and-complete loop,
   one job per transaction and 100 per transaction, so each figure above reads as a ratio to it.
+
+Which sections run, in what order: ``bench.sections``.
 """
 
 from __future__ import annotations
@@ -41,8 +38,6 @@ from orchestrator.database_url import format_database_url
 BENCH_DB = os.environ.get("ORCHESTRATOR_BENCH_DATABASE", "orchestrator_bench")
 ROOT = Path(__file__).resolve().parent.parent.parent
 JOBS_MODULE = "orchestrator.bench.jobs"
-SECTIONS = ("pg", "jobs", "latency", "steady", "backlog", "history", "dag", "scheduler", "pages", "cron", "map",
-            "footprint")
 
 
 # --- the database ----------------------------------------------------------------------------------
@@ -194,7 +189,7 @@ def _count_done() -> int:
 def bench_pg(out, seconds: float = 1.5) -> None:
     with connection.cursor() as cursor:
         cursor.execute(PG_SETUP)
-    # The workers commit asynchronously (see worker.ASYNC_COMMIT); the ceiling is shown both ways.
+    # The workers commit asynchronously (see worker.batch.ASYNC_COMMIT); the ceiling is shown both ways.
     for batch, commit in ((1, "on"), (100, "on"), (1, "off"), (100, "off")):
         with connection.cursor() as cursor:
             cursor.execute("TRUNCATE bench_queue")
@@ -318,64 +313,3 @@ class Output:
 
     def flush(self) -> None:
         pass
-
-
-def _external(out, module: str) -> None:
-    import importlib
-
-    try:
-        runner = importlib.import_module(module).run
-    except (ImportError, AttributeError):
-        out("  not available")
-        return
-    runner(out)
-
-
-def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int = 16, rates=(500, 2000),
-        seconds: float = 5.0, backlog=(0, 100_000, 1_000_000), delayed: int = 1_000_000,
-        history: int = 1_000_000) -> None:
-    only = list(only or SECTIONS)
-    unknown = [name for name in only if name not in SECTIONS]
-    if unknown:
-        raise ValueError(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
-    out = out if isinstance(out, Output) else Output(out)
-    out(f"benchmark database {BENCH_DB!r} (dropped and created), {os.cpu_count()} CPU(s)")
-    prepare_database()
-    if "pg" in only:
-        out("PostgreSQL's own ceiling:")
-        bench_pg(out)
-    if "jobs" in only:
-        out("Jobs end to end:")
-        bench_jobs(out, jobs, concurrency)
-    if "latency" in only:
-        out("Start delay at light load:")
-        bench_latency(out)
-    if "steady" in only or "backlog" in only or "history" in only:
-        from orchestrator.bench import load
-    if "steady" in only:
-        out("Start delay under a steady arrival rate (per stage: enqueue -> claimed -> child started):")
-        load.run_steady(out, rates, seconds)
-    if "backlog" in only:
-        out("With a backlog waiting (2 workers x 16):")
-        load.run_backlog(out, backlog, delayed, max(seconds, 8.0))
-    if "history" in only:
-        out("With finished history in the tables (2 workers x 16):")
-        load.run_history(out, history, max(seconds, 8.0))
-    if "dag" in only:
-        out("DAG wall time:")
-        bench_dag(out)
-    if "scheduler" in only:
-        out("Scheduler:")
-        _external(out, "orchestrator.bench.scheduler")
-    if "pages" in only:
-        out("Pages:")
-        _external(out, "orchestrator.bench.pages")
-    if "cron" in only:
-        out("Cron over long ranges:")
-        _external(out, "orchestrator.bench.cron")
-    if "map" in only:
-        out("Mapping:")
-        _external(out, "orchestrator.bench.mapping")
-    if "footprint" in only:
-        out("Idle footprint:")
-        _external(out, "orchestrator.bench.footprint")

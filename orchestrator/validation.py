@@ -1,0 +1,378 @@
+"""Every check of a workflow definition, in one place: sync runs them before it writes anything,
+and ``wf.test()`` before a local run. A new task option means ``orchestrator.definition`` (the
+option and its spec) and a check here.
+
+Each problem names the workflow, the field and the value (a ``DefinitionError``); problems are
+collected, not raised, so each is reported. ``validate`` checks one workflow (the graph's cycle
+included); ``dataset_cycles`` checks all of them together (a workflow that would start itself
+again through other workflows' data). Nothing is written before this passed: a value the database
+cannot hold (too long, a NUL character, what JSON cannot hold) is one of these problems, not an
+error of the database.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+
+import networkx
+
+from orchestrator import cron, limits
+from orchestrator.definition import (
+    CATCHUP_POLICIES,
+    OVERLAP_POLICIES,
+    PARAM_TYPE_NAMES,
+    TRIGGER_MODES,
+    TRIGGER_RULES,
+    DefinitionError,
+    On,
+    Schedule,
+    callables,
+    callback_ref,
+)
+from orchestrator.params import ParamError, clean_param, clean_params
+
+MODULE_LEVEL = "defined at module level"
+DATASET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,199}$")
+
+
+def validate(wf) -> list[DefinitionError]:
+    """Every problem of a workflow definition (an ``orchestrator.dsl.Workflow``)."""
+    errors = list(wf.errors)
+
+    def error(field_name, value, message):
+        errors.append(DefinitionError(wf.name, field_name, value, message))
+
+    _check_workflow(wf, error)
+    children = wf.children_of()
+    produced = set()
+    for name, task in wf.tasks.items():
+        produced.update(_check_task(wf, name, task, children[name], error))
+    _check_cycle(wf, error)
+    _check_params(wf, error)
+    seen_names: set[str] = set()
+    for index, schedule in enumerate(wf.schedules):
+        _check_schedule(wf, index, schedule, seen_names, error)
+    _check_triggers(wf, produced, error)
+    if not errors:
+        _check_storable(wf, error)
+    return errors
+
+
+def schedule_name(wf, index: int) -> str:
+    """The name of the workflow's schedule at ``index``: its own, else "default" for the first."""
+    schedule = wf.schedules[index]
+    return schedule.name or ("default" if index == 0 else f"schedule-{index + 1}")
+
+
+def _is_number(value, *, minimum=0.0, allow_none=False, integer=False) -> bool:
+    if value is None:
+        return allow_none
+    if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
+        return False
+    return minimum <= value <= limits.MAX_INT and not (isinstance(value, float) and not math.isfinite(value))
+
+
+def _positive(value, allow_none=True) -> bool:
+    if value is None:
+        return allow_none
+    return not isinstance(value, bool) and isinstance(value, int | float) and value > 0
+
+
+# --- the workflow ----------------------------------------------------------------------------------
+
+def _check_workflow(wf, error) -> None:
+    """The workflow's own fields: its name (which must fit in a URL), texts and options."""
+    problem = limits.text_problem(wf.name, limits.WORKFLOW_NAME, allow_empty=False)
+    if problem:
+        error("name", wf.name, f"{problem}; a name is stored and appears in URLs")
+    elif not limits.routable(wf.name):
+        error("name", wf.name, f"cannot appear in a URL: {limits.NAME_RULE}")
+    if not wf.tasks:
+        error("tasks", [], "a workflow needs at least one task")
+    problem = limits.text_problem(wf.description, 10**9)
+    if problem:
+        error("description", wf.description, problem)
+    for index, tag in enumerate(wf.tags):
+        problem = limits.text_problem(tag, limits.WORKFLOW_NAME)
+        if problem:
+            error(f"tags[{index}]", tag, problem)
+    problem = limits.text_problem(wf.owner, limits.OWNER)
+    if problem:
+        error("owner", wf.owner, problem)
+    if not isinstance(wf.tenant, str) or not wf.tenant.strip():
+        error("tenant", wf.tenant, "must be a non-empty string")
+    elif problem := limits.text_problem(wf.tenant, limits.TENANT):
+        error("tenant", wf.tenant, problem)
+    _check_run_options(wf, error)
+
+
+def _check_run_options(wf, error) -> None:
+    """What applies to each run: how many at once, webhooks, deadline, timeout, callbacks."""
+    if not _is_number(wf.max_active_runs, minimum=1, allow_none=True, integer=True):
+        error("max_active_runs", wf.max_active_runs, "must be a whole number of at least 1, or None")
+    for url in wf.webhooks:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            error("webhooks", url, "must be an http:// or https:// URL")
+        elif problem := limits.text_problem(url, limits.URL):
+            error("webhooks", url, problem)
+    if not _positive(wf.deadline):
+        error("deadline", wf.deadline, "must be a positive number of seconds after the logical date, or None")
+    if not _positive(wf.run_timeout):
+        error("run_timeout", wf.run_timeout, "must be a positive number of seconds, or None")
+    _check_callbacks("", wf.callbacks, error)
+
+
+def _check_callbacks(where: str, callbacks: dict, error) -> None:
+    for event, value in callbacks.items():
+        for fn in callables(value):
+            if not inspect.isfunction(fn) or not callback_ref(fn):
+                error(f"{where}{event}", fn, "a callback must be a plain function (it is called as a job)")
+            elif "<locals>" in getattr(fn, "__qualname__", "<locals>") or fn.__name__ == "<lambda>":
+                error(f"{where}{event}", getattr(fn, "__qualname__", fn), f"a callback must be a function {MODULE_LEVEL}")
+
+
+# --- the tasks and the graph -----------------------------------------------------------------------
+
+def _check_task(wf, name, task, children: set, error) -> list[str]:
+    """Everything a task declares; returns the datasets it produces."""
+    where = f"tasks.{name}"
+    if not isinstance(name, str) or not limits.NAME_RE.match(name):
+        error(f"{where}.name", name, "use letters, digits, '_', '-' or '.'")
+    if task.fn is not None and "<locals>" in task.fn.__qualname__:
+        error(f"{where}.fn", task.fn.__qualname__, f"a task function must be {MODULE_LEVEL}")
+    if task.fn is None and (not isinstance(task.command, str) or not task.command.strip()):
+        error(f"{where}.command", task.command, "a shell task needs a non-empty command")
+    elif task.fn is None and (problem := limits.text_error(task.command, "the command")):
+        error(f"{where}.command", task.command, problem)
+    _check_task_retries(where, task, error)
+    _check_task_placement(wf, where, task, error)
+    _check_callbacks(f"{where}.", task.callbacks, error)
+    produced = _check_datasets(f"{where}.produces", task.produces, error)
+    if not isinstance(task.branch, bool):
+        error(f"{where}.branch", task.branch, "must be True or False")
+    elif task.branch and not children:
+        error(f"{where}.branch", name, "a branch task needs children to choose from")
+    if task.sensor is not None:
+        _check_sensor(where, name, task, error)
+    if task.map_over is not None:
+        _check_mapping(where, name, task, error)
+    return produced
+
+
+def _check_task_retries(where: str, task, error) -> None:
+    if not _is_number(task.retries, integer=True):
+        error(f"{where}.retries", task.retries, "must be a whole number, 0 or more")
+    if not _is_number(task.retry_delay):
+        error(f"{where}.retry_delay", task.retry_delay, "must be a number of seconds, 0 or more")
+    if not _is_number(task.retry_backoff, minimum=1):
+        error(f"{where}.retry_backoff", task.retry_backoff, "must be a number, 1 or more")
+    if not _is_number(task.retry_max_delay):
+        error(f"{where}.retry_max_delay", task.retry_max_delay, "must be a number of seconds, 0 or more")
+    if task.timeout is not None and not (_is_number(task.timeout) and task.timeout > 0):
+        error(f"{where}.timeout", task.timeout, "must be a positive number of seconds, or None")
+
+
+def _check_task_placement(wf, where: str, task, error) -> None:
+    """Where and when the task runs: its queue, priority, trigger rule and parents."""
+    if not isinstance(task.queue, str) or not limits.QUEUE_RE.match(task.queue):
+        error(f"{where}.queue", task.queue, "use letters, digits, '_', '-' or '.'")
+    if limits.int_problem(task.priority, limits.PRIORITY_MIN, limits.PRIORITY_MAX):
+        error(f"{where}.priority", task.priority,
+              f"must be a whole number from {limits.PRIORITY_MIN} to {limits.PRIORITY_MAX}")
+    if task.trigger_rule not in TRIGGER_RULES:
+        error(f"{where}.trigger_rule", task.trigger_rule, f"must be one of {', '.join(TRIGGER_RULES)}")
+    for parent in task.upstream_names:
+        if parent not in wf.tasks:
+            error(f"{where}.upstream", parent, "depends on an unknown task")
+
+
+def _check_sensor(where: str, name: str, task, error) -> None:
+    if task.fn is None:
+        error(f"{where}.sensor", name, "a sensor is a Python function")
+    if not _positive(task.sensor.get("every"), allow_none=False):
+        error(f"{where}.every", task.sensor.get("every"), "must be a positive number of seconds")
+    if not _positive(task.sensor.get("timeout")):
+        error(f"{where}.timeout", task.sensor.get("timeout"), "must be a positive number of seconds, or None")
+    if task.branch:
+        error(f"{where}.branch", name, "a sensor cannot also be a branch")
+
+
+def _check_mapping(where: str, name: str, task, error) -> None:
+    if task.branch:
+        error(f"{where}.map", name, "a branch task cannot be mapped")
+    if task.map_over.branch:
+        error(f"{where}.map", task.map_over.name, "cannot map over a branch task (its result names children)")
+    if task.max_parallel is not None and not (
+            isinstance(task.max_parallel, int) and not isinstance(task.max_parallel, bool)
+            and task.max_parallel >= 1):
+        error(f"{where}.max_parallel", task.max_parallel, "must be a whole number of at least 1, or None")
+
+
+def _check_cycle(wf, error) -> None:
+    """A task that depends on itself, through any number of others."""
+    graph = networkx.DiGraph()
+    graph.add_nodes_from(wf.tasks)
+    graph.add_edges_from((parent, child) for child, parents in wf.upstream_of().items()
+                         for parent in parents if parent in wf.tasks)
+    try:
+        cycle = networkx.find_cycle(graph)
+    except networkx.NetworkXNoCycle:
+        return
+    path = [edge[0] for edge in cycle] + [cycle[0][0]]
+    error("tasks", " -> ".join(path), f"the graph has a cycle: {' -> '.join(path)}")
+
+
+def dataset_cycles(workflows: list) -> dict[str, str]:
+    """Workflows that would start themselves again through other workflows' data (a loop
+    workflow -> dataset -> workflow -> ...): {workflow name: message}."""
+    graph = networkx.DiGraph()
+    for wf in workflows:
+        for task in wf.tasks.values():
+            for dataset in task.produces if isinstance(task.produces, list | tuple) else ():
+                if isinstance(dataset, str):
+                    graph.add_edge(("workflow", wf.name), ("dataset", dataset))
+        for on in wf.triggers:
+            datasets = getattr(on, "datasets", [])
+            for dataset in datasets if isinstance(datasets, list | tuple) else ():
+                if isinstance(dataset, str):
+                    graph.add_edge(("dataset", dataset), ("workflow", wf.name))
+    found: dict[str, str] = {}
+    # A loop lies inside one strongly connected component; one cycle per component is enough to
+    # explain it (listing every cycle can grow exponentially).
+    for component in networkx.strongly_connected_components(graph):
+        names = sorted(name for kind, name in component if kind == "workflow")
+        if len(names) < 2:
+            continue  # a workflow consuming its own data is reported by validate()
+        cycle = [edge[0] for edge in networkx.find_cycle(graph.subgraph(component))]
+        start = cycle.index(min(node for node in cycle if node[0] == "workflow"))
+        path = " -> ".join(name for _, name in cycle[start:] + cycle[:start] + [cycle[start]])
+        for name in names:
+            found[name] = str(DefinitionError(name, "triggers", path, f"data triggers form a loop: {path}"))
+    return found
+
+
+# --- params, schedules, data ------------------------------------------------------------------------
+
+def _check_params(wf, error) -> None:
+    for key, param in wf.params.items():
+        where = f"params.{key}"
+        if problem := limits.text_problem(key, limits.WORKFLOW_NAME, allow_empty=False):
+            error("params", key, f"a param name {problem}")
+            continue
+        if param.type not in PARAM_TYPE_NAMES:
+            error(f"{where}.type", param.type, f"must be one of {', '.join(PARAM_TYPE_NAMES)}")
+            continue
+        if not param.required and param.default is not None:
+            try:
+                clean_param(param.to_spec(), param.default)
+            except ValueError as exc:
+                error(f"{where}.default", param.default, str(exc))
+
+
+def _check_schedule(wf, index: int, schedule, seen_names: set, error) -> None:
+    where = f"schedules[{index}]"
+    if not isinstance(schedule, Schedule):
+        error(where, schedule, "a schedule is Schedule(cron, ...)")
+        return
+    _check_schedule_timing(where, schedule, error)
+    if schedule.catchup not in CATCHUP_POLICIES:
+        error(f"{where}.catchup", schedule.catchup, f"must be one of {', '.join(CATCHUP_POLICIES)}")
+    if schedule.overlap not in OVERLAP_POLICIES:
+        error(f"{where}.overlap", schedule.overlap, f"must be one of {', '.join(OVERLAP_POLICIES)}")
+    name = schedule_name(wf, index)
+    if problem := limits.text_problem(name, limits.SCHEDULE_NAME, allow_empty=False):
+        error(f"{where}.name", name, problem)
+        name = None
+    elif name in seen_names:
+        error(f"{where}.name", name, "two schedules of this workflow have this name")
+    seen_names.add(name)
+    _check_schedule_params(wf, where, name, schedule, error)
+
+
+def _check_schedule_timing(where: str, schedule, error) -> None:
+    if problem := limits.text_problem(schedule.cron, limits.CRON, allow_empty=False):
+        error(f"{where}.cron", schedule.cron, problem)
+    elif problem := limits.text_problem(schedule.timezone, limits.TIMEZONE, allow_empty=False):
+        error(f"{where}.timezone", schedule.timezone, problem)
+    else:
+        try:
+            cron.validate(schedule.cron, schedule.timezone)
+        except cron.CronError as exc:
+            bad = "timezone" if "timezone" in str(exc) else "cron"
+            error(f"{where}.{bad}", getattr(schedule, bad), str(exc))
+    if not _is_number(schedule.jitter, integer=True):
+        error(f"{where}.jitter", schedule.jitter, "must be a whole number of seconds, 0 or more")
+    if schedule.start_deadline is not None and not (_is_number(schedule.start_deadline) and schedule.start_deadline > 0):
+        error(f"{where}.start_deadline", schedule.start_deadline, "must be a positive number of seconds, or None")
+    if not _is_number(schedule.max_catchup, minimum=1, allow_none=True, integer=True):
+        error(f"{where}.max_catchup", schedule.max_catchup, "must be a whole number of at least 1, or None")
+
+
+def _check_schedule_params(wf, where: str, name, schedule, error) -> None:
+    """A schedule's params must make a run: every fire time would otherwise be a skipped run."""
+    if not isinstance(schedule.params, dict):
+        error(f"{where}.params", schedule.params, "must be a dict of param values")
+        return
+    if problem := limits.json_problem(schedule.params):
+        error(f"{where}.params", schedule.params, problem)
+        return
+    declared = {key: param.to_spec() for key, param in wf.params.items() if param.type in PARAM_TYPE_NAMES}
+    if len(declared) < len(wf.params):
+        return  # a param of unknown type is reported already; its values cannot be checked
+    try:
+        clean_params(declared, schedule.params)
+    except ParamError as exc:
+        label = f"schedule {limits.safe_repr(name)}" if name is not None else "this schedule"
+        for key, message in exc.errors.items():
+            value = schedule.params.get(key)
+            if message == "this param is required":
+                message = f"{label} gives no value for the required param {limits.safe_repr(key)}"
+            else:
+                message = f"{message} (in the params of {label})"
+            error(f"{where}.params.{key}", value, message)
+
+
+def _check_datasets(field: str, names, error) -> list[str]:
+    if isinstance(names, str) or not isinstance(names, list | tuple):
+        error(field, names, "must be a list of dataset names")
+        return []
+    for name in names:
+        if not isinstance(name, str) or not DATASET_RE.match(name):
+            error(field, name, "a dataset name uses letters, digits and _ . : / @ + -, up to 200 characters")
+    return [name for name in names if isinstance(name, str)]
+
+
+def _check_triggers(wf, produced: set, error) -> None:
+    seen: dict[str, int] = {}
+    for index, on in enumerate(wf.triggers):
+        where = f"triggers[{index}]"
+        if not isinstance(on, On):
+            error(where, on, 'a trigger is On("dataset", ...)')
+            continue
+        if on.mode not in TRIGGER_MODES:
+            error(f"{where}.mode", on.mode, f"must be one of {', '.join(TRIGGER_MODES)}")
+        if not on.datasets:
+            error(f"{where}.datasets", [], "name at least one dataset")
+        for dataset in _check_datasets(f"{where}.datasets", on.datasets, error):
+            if dataset in seen and seen[dataset] != index:
+                error(f"{where}.datasets", dataset, f"already in triggers[{seen[dataset]}]: a dataset can start "
+                                                    "a workflow through one trigger only")
+            seen.setdefault(dataset, index)
+            if dataset in produced:
+                error(f"{where}.datasets", dataset, "this workflow produces it: each run would start the next")
+    if wf.triggers:
+        for key, param in wf.params.items():
+            if param.required:
+                error(f"params.{key}", key, "a workflow started by data triggers needs a default for every param")
+
+
+def _check_storable(wf, error) -> None:
+    """What the checks above do not name but the database would refuse: the stored graph as JSON."""
+    try:
+        problem = limits.json_problem(wf.to_spec())
+    except Exception as exc:  # noqa: BLE001 - user values (a failing __eq__, __iter__) end up here
+        problem = f"the definition cannot be written down: {type(exc).__name__}: {exc}"
+    if problem:
+        error("definition", wf.name, problem)

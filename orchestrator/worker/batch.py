@@ -1,0 +1,261 @@
+"""The worker's batch: one transaction records the outcomes that came back from the children
+(and resolves their runs) and claims as many due task runs as there are idle children that are
+ready; it commits before any child starts user code. One round trip carries the whole batch
+(``db.pipeline``).
+
+Outcomes wait a few milliseconds for their neighbours while other tasks still run
+(``COALESCE_SECONDS``), so a busy worker records and claims many per transaction. The latest
+recorded outcomes are kept, to record again those a database crash lost (``recorded``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+
+from django.db import connection, transaction
+
+from orchestrator import clock, db, due, resolver, taskcontext
+from orchestrator.channels import wake_dispatchers
+from orchestrator.loop import SHORT_TRANSACTION
+from orchestrator.resolver import Ending
+from orchestrator.states import AttemptOutcome, TaskState
+
+log = logging.getLogger(__name__)
+
+# --- SQL ---------------------------------------------------------------------------------------
+
+# The worker's claims and outcomes do not wait for the WAL flush. Safe because execution is at
+# least once anyway: a commit lost in a database crash only means a task run is claimed or
+# recorded again (the claim returns to "queued", the outcome's attempt is reaped and retried);
+# never that work is lost. It takes the disk's fsync latency out of every batch (and no JIT).
+ASYNC_COMMIT = SHORT_TRANSACTION
+
+# While other children still run, a worker's batches are at least this far apart: outcomes and
+# announced work that arrive meanwhile wait for the next one, so a busy worker records and claims
+# many per transaction; one that flushed longer ago (light load) flushes at once.
+COALESCE_SECONDS = 0.003
+
+# The latest recorded outcomes a worker keeps, to record again those a database crash lost: a
+# server's unflushed commits span well under a second (wal_writer_delay), far fewer outcomes than
+# this at any throughput one worker reaches; the byte budget bounds the memory (results are JSON).
+RECENT_OUTCOMES = 1000
+RECENT_OUTCOMES_BYTES = 8 * 1024 * 1024
+
+# Claim up to n task runs of these queues: first the admitted ones (queued by the dispatcher under
+# a limit), highest priority first, then due ones that no limit holds back straight from
+# scheduled, in dispatch order (orchestrator.due: live lane first, tenants in turn, priority).
+# Rows another worker is claiming are skipped. The attempt number is incremented here, so it
+# identifies this claim.
+CLAIM = f"""
+WITH RECURSIVE admitted AS MATERIALIZED (
+    -- One ordered index scan per queue (taskrun_queued), so the cost does not grow with the
+    -- backlog; "queue = ANY (…)" would read and sort every queued row.
+    SELECT x.id FROM unnest(%(queues)s::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT id, priority FROM orchestrator_taskrun
+        WHERE state = '{TaskState.QUEUED}' AND queue = q.name
+        ORDER BY priority DESC, id
+        LIMIT %(n)s
+        FOR UPDATE SKIP LOCKED
+    ) x
+    ORDER BY x.priority DESC, x.id
+    LIMIT %(n)s
+), {due.QUEUE_KEYS}, {due.in_dispatch_order(f"%(direct)s AND {due.UNLIMITED}", "%(candidates)s")},
+direct AS MATERIALIZED (
+    -- Locked in dispatch order and no further than needed (the nested loop runs in place order
+    -- and the limit stops it), so a worker claiming at the same moment takes the next ones
+    -- rather than finding every candidate locked.
+    SELECT l.id FROM (SELECT id, place FROM chosen ORDER BY place) c
+    CROSS JOIN LATERAL (
+        SELECT id FROM orchestrator_taskrun
+        WHERE id = c.id AND (state = '{TaskState.SCHEDULED}') IS TRUE
+        FOR UPDATE SKIP LOCKED
+    ) l
+    LIMIT %(n)s - (SELECT count(*) FROM admitted)
+), t AS (
+    UPDATE orchestrator_taskrun t
+    SET state = '{TaskState.RUNNING}', attempts = t.attempts + 1, worker_id = %(worker)s, started_at = %(now)s,
+        -- Work claimed straight from scheduled was admitted and claimed at once.
+        queued_at = CASE WHEN t.state = '{TaskState.SCHEDULED}' THEN %(now)s ELSE t.queued_at END
+    -- Rows are found by id (an array, so no plan can join the candidates to every task run). They
+    -- are locked in the state they were read in, which the guard repeats.
+    WHERE t.id = ANY (ARRAY(SELECT id FROM admitted UNION ALL SELECT id FROM direct))
+      AND (t.state IN ('{TaskState.QUEUED}', '{TaskState.SCHEDULED}')) IS TRUE
+    RETURNING t.id, t.run_id, t.task, t.attempts, t.spec, t.timeout, cardinality(t.upstream) > 0 AS has_parents
+), a AS (
+    -- The attempt row of each claim, in the same statement (one round trip per batch).
+    INSERT INTO orchestrator_attempt (task_run_id, number, worker_id, outcome, started_at, error, traceback, log_path)
+    SELECT id, attempts, %(worker)s, '{AttemptOutcome.RUNNING}', %(now)s, '', '', '' FROM t
+), r AS (
+    -- The first task start of a run is the run's start; schedule_delay counts from when it was due:
+    -- the fire time of a scheduled run or a job's run_after (its logical date), the creation of any
+    -- other (a manual or backfill run's logical date can be any date in the past or future).
+    -- Run rows are locked in id order, like every other writer does (see resolver.LOCK_RUNS).
+    UPDATE orchestrator_run SET started_at = %(now)s, schedule_delay = EXTRACT(EPOCH FROM %(now)s
+        - CASE WHEN trigger IN ('schedule', 'job') THEN logical_date ELSE created_at END)
+    WHERE id = ANY (ARRAY(SELECT id FROM orchestrator_run WHERE id = ANY (ARRAY(SELECT run_id FROM t))
+                          AND started_at IS NULL ORDER BY id FOR NO KEY UPDATE))
+), upcoming AS (
+    -- When the next task run this worker may claim itself is due, the claimed ones left out (the
+    -- statement's snapshot still sees them scheduled); NULL: none. Wanted after a short claim: to
+    -- wait until then, or to look again soon when it is due already (rows another worker held).
+    {due.earliest(f"%(direct)s AND {due.UNLIMITED}", leaving_out="ARRAY(SELECT id FROM t)")}
+)
+-- One row per claimed task run, each with the next due time; a single row of NULLs and the next
+-- due time when nothing was claimed.
+SELECT t.id, t.run_id, t.task, t.attempts, t.spec, t.timeout, t.has_parents, upcoming.next_due
+FROM upcoming LEFT JOIN t ON true
+"""
+
+# How many candidates each key offers a claim of n: enough that workers claiming at the same
+# moment each find n that the others do not hold.
+CANDIDATES_PER_SLOT = 2
+
+# How many task runs of these queues wait for a worker (queued, or due that no limit holds back),
+# up to a bound: how many children to add when none is free (a poll alone is no evidence of work).
+WAITING = f"""
+WITH RECURSIVE {due.QUEUE_KEYS}
+SELECT (SELECT count(*) FROM (
+            SELECT 1 FROM orchestrator_taskrun
+            WHERE state = '{TaskState.QUEUED}' AND queue = ANY (%(queues)s::text[]) LIMIT %(n)s) q)
+     + (SELECT count(*) FROM (
+            SELECT 1 FROM keys CROSS JOIN LATERAL (
+                SELECT 1 FROM orchestrator_taskrun
+                WHERE state = '{TaskState.SCHEDULED}' AND queue = keys.queue AND lane = keys.lane
+                  AND tenant = keys.tenant AND priority = keys.priority AND due_at <= %(now)s LIMIT %(n)s
+            ) d
+            WHERE %(direct)s AND {due.UNLIMITED} LIMIT %(n)s) s)
+"""
+
+
+def _json(value):
+    return json.loads(value) if isinstance(value, str) else value
+
+
+class Batch:
+    """What one worker records and claims, and what it remembers of it."""
+
+    def __init__(self, queues: list[str], poll: float):
+        self.queues = queues
+        self.poll = poll  # how long the limits read last
+        self.worker_id: int | None = None
+        self.endings: list[Ending] = []  # outcomes not recorded yet
+        self.last_flush = -1e9  # time.monotonic() when the latest batch began
+        # The latest outcomes recorded: a database crash can lose the last commits (written
+        # without waiting for the WAL flush), and these are then recorded again (worker.reconnect).
+        self.recorded: deque[tuple[Ending, int]] = deque()
+        self.recorded_bytes = 0
+        self.limits: due.Limits | None = None
+        self.limits_checked = -1e9
+        # When the next task run this worker may claim itself is due (as the latest claim found it).
+        self.claimed_next_due = None
+        self.completed = 0
+
+    def add(self, ending: Ending) -> None:
+        self.endings.append(ending)
+
+    def forget(self, task_run_id: int) -> None:
+        """Drop the outcomes of a task run no longer this worker's (cancelled or reaped)."""
+        self.endings = [e for e in self.endings if e.task_run_id != task_run_id]
+
+    def coalescing(self, now: float) -> bool:
+        """Whether the latest batch began less than COALESCE_SECONDS ago."""
+        return now - self.last_flush < COALESCE_SECONDS
+
+    def flush(self, claim: int = 0) -> list[dict]:
+        """Record the outcomes gathered so far and claim up to ``claim`` task runs, in one
+        transaction that commits before anything claimed starts."""
+        endings, self.endings = self.endings, []
+        self.last_flush = time.monotonic()
+        now = clock.now()
+        try:
+            # One round trip sends the whole batch (db.pipeline): the outcomes' statements and the
+            # claim; what the answers call for (children to release, callbacks) follows.
+            with transaction.atomic(), db.pipeline(), db.cursor() as cursor:
+                db.execute(cursor, ASYNC_COMMIT)
+                sent = resolver.send_endings(endings, worker_id=self.worker_id, now=now) if endings else None
+                claiming = self.send_claim(claim, now) if claim else None
+                if sent is not None:
+                    resolver.receive_endings(sent)
+                    if self.limited():
+                        # Finished work frees concurrency-limit room: let the dispatchers look again.
+                        wake_dispatchers()
+                claimed = self.receive_claim(claiming) if claiming is not None else []
+        except BaseException:
+            # The database is away (a restart, a failover): keep the outcomes for the next try
+            # after the loop reconnected, or the task runs would stay "running" under a live
+            # worker that no reaper rescues.
+            self.endings = endings + self.endings
+            raise
+        self.completed += len(endings)
+        self.remember(endings)
+        for ending in endings:
+            if ending.outcome not in (AttemptOutcome.SUCCEEDED, AttemptOutcome.RESCHEDULED):
+                log.warning("task run %s attempt %s %s: %s", ending.task_run_id, ending.number, ending.outcome,
+                            ending.error.splitlines()[0] if ending.error else "",
+                            extra={"action": "attempt_" + ending.outcome, "task_run_id": ending.task_run_id})
+        return claimed
+
+    def remember(self, endings: list[Ending]) -> None:
+        for ending in endings:
+            size = len(ending.result or "") + len(ending.metadata or "") + len(ending.error) + len(ending.traceback) + 200
+            self.recorded.append((ending, size))
+            self.recorded_bytes += size
+        while self.recorded and (len(self.recorded) > RECENT_OUTCOMES or self.recorded_bytes > RECENT_OUTCOMES_BYTES):
+            self.recorded_bytes -= self.recorded.popleft()[1]
+
+    def current_limits(self) -> due.Limits:
+        """The concurrency limits, read at most once per poll interval (so a limit edited in the admin
+        applies within one, as it does for the dispatchers)."""
+        if self.limits is None or time.monotonic() - self.limits_checked > self.poll:
+            self.limits = due.load_limits()
+            self.limits_checked = time.monotonic()
+        return self.limits
+
+    def limited(self) -> bool:
+        """Whether any concurrency limit exists."""
+        return not self.current_limits().none
+
+    def limit_params(self) -> dict:
+        """The claim's parameters for the limits: work under a limit is left to the dispatchers,
+        all of it when a default limit makes every queue or tenant limited."""
+        limits = self.current_limits()
+        return {**limits.params(), "direct": not limits.every}
+
+    def claim(self, n: int, now) -> list[dict]:
+        """Claim up to ``n`` task runs (in the caller's transaction): their messages."""
+        return self.receive_claim(self.send_claim(n, now))
+
+    def send_claim(self, n: int, now):
+        cursor = db.cursor()
+        db.execute(cursor, CLAIM, {"queues": self.queues, "n": n, "candidates": n * CANDIDATES_PER_SLOT,
+                                   "worker": self.worker_id, "now": now, **self.limit_params()})
+        return cursor
+
+    def receive_claim(self, cursor) -> list[dict]:
+        """The claimed task runs' messages; the next due time goes to ``claimed_next_due``."""
+        with cursor:
+            rows = cursor.fetchall()
+        self.claimed_next_due = rows[0][-1] if rows else None
+        messages = []
+        for task_run_id, run_id, task, number, spec, timeout, has_parents, _ in rows:
+            if task_run_id is None:
+                continue
+            spec = _json(spec)
+            messages.append({
+                "id": task_run_id, "run_id": run_id, "task": task, "number": number, "spec": spec,
+                "timeout": timeout or spec.get("timeout"), "has_parents": has_parents,
+            })
+        if any(m["spec"].get("call") != "job" for m in messages):
+            with connection.cursor() as context:
+                taskcontext.fill(context, messages)
+        return messages
+
+    def waiting(self, n: int) -> int:
+        """How many task runs of these queues wait for a worker, counted up to ``n``."""
+        with connection.cursor() as cursor:
+            cursor.execute(WAITING, {"queues": self.queues, "n": n, "now": clock.now(), **self.limit_params()})
+            return cursor.fetchone()[0]

@@ -1,0 +1,103 @@
+"""SIGTERM drains a worker: it claims nothing more, lets running tasks finish within the grace
+period, then kills the rest and hands them back (due again at once, without counting the
+interrupted attempt). A second SIGTERM ends the grace period at once."""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import connection, transaction
+
+from orchestrator import clock
+from orchestrator.channels import wake_due
+from orchestrator.states import AttemptOutcome, TaskState, WorkerState
+from orchestrator.worker import heartbeat
+from orchestrator.worker.batch import Batch
+from orchestrator.worker.pool import Pool
+
+log = logging.getLogger(__name__)
+
+# --- SQL ---------------------------------------------------------------------------------------
+
+# How long after the grace period a draining worker keeps trying to record outcomes and hand back
+# its interrupted task runs while the database is away, before it leaves them to the reaper.
+DRAIN_GIVE_UP_SECONDS = 10.0
+
+# Interrupted by a shutdown (or never started, see worker.reconnect): due again now, and the interrupted
+# attempt does not count against the task's allowance (max_attempts grows by one; attempt numbers
+# stay unique and the history keeps the interrupted attempt).
+HAND_BACK = f"""
+UPDATE orchestrator_taskrun t SET state = '{TaskState.SCHEDULED}', due_at = %(now)s, max_attempts = t.max_attempts + 1
+FROM unnest(%(ids)s::bigint[], %(numbers)s::int[]) AS u(id, number)
+WHERE t.id = u.id AND (t.state = '{TaskState.RUNNING}' AND t.attempts = u.number AND t.worker_id = %(worker)s) IS TRUE
+RETURNING t.id, t.attempts
+"""
+HAND_BACK_ATTEMPTS = f"""
+UPDATE orchestrator_attempt a SET outcome = '{AttemptOutcome.LOST}', finished_at = %(now)s, error = %(error)s
+FROM unnest(%(ids)s::bigint[], %(numbers)s::int[]) AS u(id, number)
+WHERE a.task_run_id = u.id AND a.number = u.number AND (a.outcome = '{AttemptOutcome.RUNNING}') IS TRUE
+"""
+
+
+def hand_back(messages: list[dict], error: str, *, worker_id: int, queues: list[str]) -> None:
+    """Make these task runs of this worker due again now, their attempts ended lost with ``error``."""
+    params = {"ids": [m["id"] for m in messages], "numbers": [m["number"] for m in messages],
+              "worker": worker_id, "now": clock.now(), "error": error}
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(HAND_BACK, params)
+        returned = cursor.fetchall()
+        if returned:
+            cursor.execute(HAND_BACK_ATTEMPTS, params)
+            wake_due(queues)
+    log.info("handed back %d unfinished task run(s)", len(returned), extra={"action": "worker_hand_back"})
+
+
+class Drain:
+    """The drain of one worker, from the first SIGTERM until nothing is left (``done``)."""
+
+    def __init__(self, grace: float, pool: Pool, batch: Batch):
+        self.grace = grace
+        self.pool, self.batch = pool, batch
+        self.deadline: float | None = None  # the end of the grace period (time.monotonic())
+        self.marked = False  # the worker's row says "draining"
+        self.interrupted: list[dict] = []  # killed at the end of the grace period, not yet handed back
+        self.done = False
+
+    @property
+    def active(self) -> bool:
+        return self.deadline is not None
+
+    def begin(self, now: float) -> None:
+        self.deadline = now + self.grace
+        log.info("draining: %d running task(s), grace %.0fs", self.pool.busy_count(), self.grace,
+                 extra={"action": "worker_drain"})
+
+    def step(self, now: float, stop_requests: int) -> bool:
+        """Record outcomes as they come; at the end of the grace period (or on a second signal)
+        kill what still runs and hand it back. Done as soon as nothing is left."""
+        if now > self.deadline + DRAIN_GIVE_UP_SECONDS and (self.batch.endings or self.interrupted):
+            # The database has been away since the grace period ended: leave the rest to the
+            # reaper (this worker's heartbeat stops, its attempts end lost and are retried).
+            log.error("could not record %d outcome(s) and hand back %d task run(s): the database is "
+                      "unavailable; the reaper will rescue them", len(self.batch.endings), len(self.interrupted),
+                      extra={"action": "worker_gave_up"})
+            self.done = True
+            return False
+        if not self.marked:
+            heartbeat.set_state(self.batch.worker_id, WorkerState.DRAINING)
+            self.marked = True
+        if stop_requests > 1 or now >= self.deadline:
+            # The grace period is over: kill what still runs; it is handed back below.
+            self.interrupted += self.pool.interrupt()
+        did = False
+        if self.batch.endings:
+            self.batch.flush()
+            did = True
+        if self.interrupted:
+            hand_back(self.interrupted, "interrupted: the worker shut down before the task finished; it runs "
+                                        "again without counting this attempt",
+                      worker_id=self.batch.worker_id, queues=self.batch.queues)
+            self.interrupted = []
+            did = True
+        self.done = not self.pool.busy_count() and not self.batch.endings and not self.interrupted
+        return did

@@ -1,0 +1,339 @@
+"""The worker's child processes: a slot per child, forked ahead, given one task at a time, and
+replaced, retired or killed. No database: how much work waits is the caller's to tell
+(``grow``), and how children are made and ended is a ``Children`` (forked processes for real,
+fakes in tests).
+
+The pool is elastic: it starts with ``min_children`` children, forks more (up to
+``concurrency``) when work waits and no child is free, and lets a child above the minimum that
+idled ``idle_seconds`` exit, so an idle worker holds little memory.
+
+Children are recycled, never while they run a task: after a sync (a new code generation, see
+``orchestrator.reload``) every idle child is replaced at once and every busy one when its task
+ends, and a child that ran ``max_tasks_per_child`` tasks is replaced once its outcome is in. A
+recycled child is told to exit (and killed if it has not within ``RETIRE_SECONDS``); a fresh
+fork runs the code now on disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Pipe
+
+from django.db import connections
+
+from orchestrator import executor, reload
+
+log = logging.getLogger(__name__)
+
+# How long a recycled (or, at shutdown, an idle) child has to exit once told to, before it is
+# killed: an idle child exits at once, unless it is still importing the job modules again.
+RETIRE_SECONDS = 5.0
+
+
+@dataclass
+class Slot:
+    pid: int
+    conn: object
+    message: dict | None = None
+    deadline: float | None = None
+    started: float = 0.0
+    extra: dict = field(default_factory=dict)
+    generation: int = 0  # the code generation the child was forked in
+    tasks: int = 0  # tasks it completed
+    ready: bool = False  # it said it is ready (set up, code read): only then is it given a task
+    idle_since: float = 0.0
+
+
+class ForkedChildren:
+    """Children as forked processes, each running ``executor.child_main`` in its own process group."""
+
+    def fork(self) -> tuple[int, object]:
+        # Django's connection is closed before forking: a child must not share its socket (its
+        # exit would otherwise end the parent's session). The LISTEN connection stays referenced
+        # by the loop in the child, which never closes it and leaves with os._exit().
+        connections.close_all()
+        parent_conn, child_conn = Pipe(duplex=True)
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            parent_conn.close()
+            executor.child_main(child_conn, parent)
+        child_conn.close()
+        return pid, parent_conn
+
+    def kill(self, pid: int) -> None:
+        """SIGKILL the child's process group and reap it."""
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
+    def exited(self, pid: int) -> bool:
+        """Whether the child has exited (and is reaped now: no zombie)."""
+        try:
+            return os.waitpid(pid, os.WNOHANG)[0] != 0
+        except ChildProcessError:
+            return True
+
+    def how_it_ended(self, pid: int) -> str:
+        """How a child that broke its pipe ended (reaped now, if it has)."""
+        status = None
+        try:
+            _, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        if status and os.WIFSIGNALED(status):
+            return f"signal {os.WTERMSIG(status)}"
+        return f"exit code {os.WEXITSTATUS(status)}" if status else "an unknown cause"
+
+
+class Pool:
+    """The slots of one worker's children. ``on_reply(message, reply)`` hears a task's outcome
+    from its child, ``on_died(message, how)`` that a child died while running one."""
+
+    def __init__(self, *, concurrency: int, min_children: int, idle_seconds: float, max_tasks_per_child: int,
+                 on_reply: Callable[[dict, tuple], None], on_died: Callable[[dict, str], None],
+                 children: ForkedChildren | None = None):
+        self.concurrency = concurrency
+        self.min_children = min(min_children or concurrency, concurrency)
+        self.idle_seconds = idle_seconds
+        self.max_tasks_per_child = max_tasks_per_child
+        self.on_reply, self.on_died = on_reply, on_died
+        self.children = children or ForkedChildren()
+        self.generation = 0  # the code generation new children are forked in
+        self.slots: list[Slot] = []
+        self.retiring: list[tuple[int, float]] = []  # (pid, kill after): recycled children told to exit
+        self.loop = None  # what watches the children's pipes (orchestrator.loop.Loop)
+
+    # --- what the pool holds -------------------------------------------------------------------
+
+    def idle_slots(self) -> list[Slot]:
+        """The children ready for a task (a child still starting gets none: the claim would wait)."""
+        return [slot for slot in self.slots if slot.ready and slot.message is None]
+
+    def busy(self) -> list[Slot]:
+        return [slot for slot in self.slots if slot.message is not None]
+
+    def busy_count(self) -> int:
+        return sum(1 for slot in self.slots if slot.message is not None)
+
+    def deadlines(self, shrinking: bool = True) -> list[float]:
+        """When the pool has something to do by itself (time.monotonic()): a task's timeout, a
+        retired child's kill time and, when ``shrinking``, the next shrink."""
+        deadlines = [slot.deadline for slot in self.slots if slot.deadline is not None]
+        deadlines += [kill_after for _, kill_after in self.retiring]
+        shrink = self.next_shrink() if shrinking else None
+        if shrink is not None:
+            deadlines.append(shrink)
+        return deadlines
+
+    # --- children ------------------------------------------------------------------------------
+
+    def start(self, loop) -> None:
+        """Fork the minimum, unless children are there already (a start again after an outage)."""
+        self.loop = loop
+        if not self.slots:
+            self.slots = [self.fork() for _ in range(self.min_children)]
+
+    def fork(self) -> Slot:
+        pid, conn = self.children.fork()
+        slot = Slot(pid=pid, conn=conn, generation=self.generation)
+        self.loop.watch(conn, lambda _conn, slot=slot: self.readable(slot))
+        return slot
+
+    def kill(self, slot: Slot) -> None:
+        self.loop.unwatch(slot.conn)
+        self.children.kill(slot.pid)
+        slot.conn.close()
+
+    def replace(self, slot: Slot) -> None:
+        self.kill(slot)
+        self.slots[self.slots.index(slot)] = self.fork()
+
+    def start_task(self, slot: Slot, message: dict) -> None:
+        slot.message = message
+        slot.started = time.monotonic()
+        timeout = message.get("timeout")
+        slot.deadline = slot.started + timeout if timeout else None
+        try:
+            slot.conn.send(message)
+        except OSError:
+            self.child_died(slot)
+
+    def readable(self, slot: Slot) -> None:
+        """The child wrote: that it is ready (its first message), or the outcome of its task."""
+        try:
+            reply = slot.conn.recv()
+        except (EOFError, OSError):
+            self.child_died(slot)
+            return
+        if not slot.ready:  # its first message: set up and ready for a task
+            slot.ready = True
+            slot.idle_since = time.monotonic()
+            return
+        message = slot.message
+        slot.message = None
+        slot.deadline = None
+        slot.tasks += 1
+        slot.idle_since = time.monotonic()
+        self.on_reply(message, reply)
+
+    def child_died(self, slot: Slot) -> None:
+        message = slot.message
+        how = self.children.how_it_ended(slot.pid)
+        if message is not None:
+            self.on_died(message, how)
+        slot.message = None
+        self.replace(slot)
+
+    def overdue(self, now: float) -> list[dict]:
+        """Kill and replace the children whose task outlived its timeout: those tasks' messages."""
+        messages = []
+        for slot in list(self.slots):
+            if slot.deadline is not None and now >= slot.deadline:
+                messages.append(slot.message)
+                self.replace(slot)
+        return messages
+
+    def abandon(self, slot: Slot) -> None:
+        """Kill the child's task (no longer this worker's) and replace the child."""
+        slot.message = None
+        slot.deadline = None
+        self.replace(slot)
+
+    def interrupt(self) -> list[dict]:
+        """Kill every child that runs a task, without replacing it: those tasks' messages."""
+        messages = []
+        for slot in self.busy():
+            messages.append(slot.message)
+            slot.message = None
+            slot.deadline = None
+            self.kill(slot)
+            self.slots.remove(slot)
+        return messages
+
+    def close(self) -> None:
+        """On the way out: idle children exit (or are killed after RETIRE_SECONDS), busy ones are
+        killed."""
+        for slot in self.slots:
+            if slot.message is None:
+                try:
+                    slot.conn.send(None)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + RETIRE_SECONDS
+        for slot in self.slots:
+            if slot.message is not None:
+                self.kill(slot)
+            else:
+                self.wait_exit(slot.pid, deadline)
+                slot.conn.close()
+        for pid, _ in self.retiring:
+            self.wait_exit(pid, deadline)
+        self.retiring = []
+
+    def wait_exit(self, pid: int, deadline: float) -> None:
+        """Wait for a child told to exit, until ``deadline``; then kill it."""
+        while not self.children.exited(pid):
+            if time.monotonic() >= deadline:
+                self.children.kill(pid)
+                return
+            time.sleep(0.01)
+
+    # --- recycling -----------------------------------------------------------------------------
+
+    def saw_generation(self, generation: int, *, read: bool = False) -> None:
+        """A code generation from a NOTIFY (only a newer one counts: they may arrive late) or read
+        from the database (``read``: whatever differs counts)."""
+        if generation == self.generation or (not read and generation < self.generation):
+            return
+        self.generation = generation
+        log.info("code generation %d: replacing %d idle child process(es) now and %d busy one(s) when their "
+                 "task ends", generation, len(self.slots) - self.busy_count(), self.busy_count(),
+                 extra={"action": "worker_code_generation", "generation": generation})
+        pinned = reload.needing_restart()
+        if pinned:
+            log.warning("changed on disk since this worker started, not picked up until it restarts: %s",
+                        ", ".join(pinned[:20]) + (", ..." if len(pinned) > 20 else ""),
+                        extra={"action": "worker_restart_needed"})
+
+    def due_for_replacement(self, slot: Slot) -> bool:
+        return slot.generation != self.generation or \
+            bool(self.max_tasks_per_child and slot.tasks >= self.max_tasks_per_child)
+
+    def recycle(self, now: float) -> None:
+        """Replace the idle children forked in an older code generation or that ran their share of
+        tasks; a busy child is left alone until its outcome is in. At most one fork per child."""
+        for slot in list(self.slots):
+            if slot.message is None and self.due_for_replacement(slot):
+                self.retire(slot, now)
+        if self.retiring:
+            self.reap_retired(now)
+
+    def retire(self, slot: Slot, now: float, replace: bool = True) -> None:
+        self.loop.unwatch(slot.conn)
+        try:
+            slot.conn.send(None)  # "exit": the child leaves its loop (and closes its connections)
+        except OSError:
+            pass
+        slot.conn.close()
+        self.retiring.append((slot.pid, now + RETIRE_SECONDS))
+        if replace:
+            self.slots[self.slots.index(slot)] = self.fork()
+        else:
+            self.slots.remove(slot)
+
+    def reap_retired(self, now: float) -> None:
+        """Forget the retired children that exited; kill those past their time."""
+        still = []
+        for pid, kill_after in self.retiring:
+            if self.children.exited(pid):
+                continue
+            if now >= kill_after:
+                self.children.kill(pid)
+                continue
+            still.append((pid, kill_after))
+        self.retiring = still
+
+    # --- the elastic pool ----------------------------------------------------------------------
+
+    def room_to_grow(self) -> int:
+        """How many task runs waiting would make the pool fork more children: none (0) when it is
+        full or a ready child is free, else the room left plus the children still starting."""
+        free = [slot for slot in self.slots if slot.message is None]
+        room = self.concurrency - len(self.slots)
+        if room <= 0 or any(slot.ready for slot in free):
+            return 0
+        return room + len(free)
+
+    def grow(self, waiting: int) -> None:
+        """Fork a child for each waiting task run that no child still starting will take, up to the
+        concurrency."""
+        starting = sum(1 for slot in self.slots if slot.message is None)
+        for _ in range(min(waiting - starting, self.concurrency - len(self.slots))):
+            self.slots.append(self.fork())
+
+    def shrink(self, now: float) -> None:
+        """Let the children above the minimum that idled long enough exit, the longest idle first."""
+        surplus = len(self.slots) - self.min_children
+        if surplus > 0:
+            free = [slot for slot in self.slots if slot.message is None]
+            expired = [slot for slot in free if slot.ready and now - slot.idle_since >= self.idle_seconds]
+            for slot in sorted(expired, key=lambda slot: slot.idle_since)[:surplus]:
+                self.retire(slot, now, replace=False)
+
+    def next_shrink(self) -> float | None:
+        """When the longest-idle child above the minimum may exit."""
+        if len(self.slots) <= self.min_children:
+            return None
+        idle = [slot.idle_since for slot in self.slots if slot.ready and slot.message is None]
+        return min(idle) + self.idle_seconds if idle else None

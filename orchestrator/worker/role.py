@@ -1,0 +1,284 @@
+"""The worker role on the shared loop (``orchestrator.loop``): each tick takes named steps that
+the other modules of this package carry out.
+
+One loop, one thread. Each turn of the loop is at most one transaction (``batch``) that records
+the outcomes that came back from the children (and resolves their runs) and claims as many due
+task runs as there are idle children that are ready (forked and waiting); it commits before any
+child starts user code. Children (``pool``) are forked ahead and reused; a child whose task
+outlives its timeout, or whose task run was cancelled or reaped (``heartbeat``: ownership), is
+killed (SIGKILL on its process group) and replaced. After a database outage the worker
+reconciles what it runs with what the database says (``reconnect``); SIGTERM drains (``drain``).
+
+Jobs run at least once: a worker can finish a task and die before recording it, and the reaper
+then gives the task run another attempt. Task code must be idempotent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+
+from orchestrator import clock, logs, reload
+from orchestrator.channels import CANCEL_CHANNEL, CODE_CHANNEL, DUE_CHANNEL, queue_channel
+from orchestrator.conf import app_settings
+from orchestrator.loop import DATABASE_ERRORS, Loop, Role, first_line
+from orchestrator.resolver import Ending
+from orchestrator.states import AttemptOutcome, WorkerState
+from orchestrator.worker import heartbeat, reconnect
+from orchestrator.worker.batch import COALESCE_SECONDS, Batch
+from orchestrator.worker.drain import Drain
+from orchestrator.worker.pool import Pool, Slot
+
+log = logging.getLogger(__name__)
+
+# A claim that came back short while due work remained (rows another worker held): look again after this.
+RECHECK_SECONDS = 0.005
+
+
+class Worker(Role):
+    """The worker role. Each tick takes named steps: end the tasks past their timeout, start or
+    finish a drain, recycle children, record outcomes and claim work in one transaction, resize
+    the pool, and send the heartbeat when it is due."""
+
+    role = "worker"
+
+    def __init__(self, queues: list[str], concurrency: int = 4, grace: float = 30.0, poll: float | None = None,
+                 name: str | None = None, max_tasks_per_child: int | None = None, min_children: int | None = None):
+        if not queues:
+            raise ValueError("a worker needs at least one queue (--queues default,batch)")
+        if concurrency < 1:
+            raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
+        if max_tasks_per_child is None:
+            max_tasks_per_child = app_settings.WORKER_MAX_TASKS_PER_CHILD
+        if max_tasks_per_child < 0:
+            raise ValueError(f"--max-tasks-per-child must be 0 (never) or more, got {max_tasks_per_child}")
+        if min_children is None:
+            min_children = app_settings.WORKER_MIN_CHILDREN
+        if min_children < 0:
+            raise ValueError(f"--min-children must be 0 (all: a fixed pool) or more, got {min_children}")
+        self.queues = queues
+        # Queue channels: work of these queues became due (claimed here when no limit applies to it)
+        # or was admitted under a limit; the due channel: work became due in queues not looked up.
+        self.channels = [*(queue_channel(q) for q in queues), DUE_CHANNEL, CANCEL_CHANNEL, CODE_CHANNEL]
+        self.concurrency = concurrency
+        self.poll = poll if poll is not None else app_settings.POLL_SECONDS
+        self.heartbeat_every = app_settings.HEARTBEAT_SECONDS
+        self.host = socket.gethostname()
+        # Unique per process even with --name: a restarted worker must not collide with its
+        # previous row (kept as history).
+        self.name = f"{name or self.host}:{os.getpid()}:{os.urandom(3).hex()}"
+        self.id: int | None = None
+        self.loop: Loop | None = None
+        self.pool = Pool(concurrency=concurrency, min_children=min_children,
+                         idle_seconds=app_settings.WORKER_CHILD_IDLE_SECONDS, max_tasks_per_child=max_tasks_per_child,
+                         on_reply=self.child_replied, on_died=self.child_died)
+        self.batch = Batch(queues, self.poll)
+        self.drain = Drain(grace, self.pool, self.batch)
+        self.want_claim = True
+        self.last_claim = 0.0
+        # When due work this worker may claim itself is next due (time.monotonic(); inf: none known):
+        # a delayed job, a retry, or work held by another worker's claim a moment ago.
+        self.next_due = float("inf")
+        self.next_heartbeat = 0.0
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def serve(self, max_seconds: float | None = None) -> None:
+        Loop(self, poll=self.poll, max_seconds=max_seconds).run()
+
+    def start(self, loop: Loop) -> None:
+        self.loop = loop
+        if self.id is None:
+            self.register()
+        forking = not self.pool.slots  # a start again after an outage keeps its children
+        if forking:
+            reload.snapshot()  # what the children inherit, to tell later what changed on disk
+        self.pool.start(loop)
+        if forking:
+            log.info("worker %s started: queues %s, concurrency %d (%d child process(es) forked ahead)%s", self.name,
+                     ",".join(self.queues), self.concurrency, self.pool.min_children,
+                     f", max {self.pool.max_tasks_per_child} tasks per child" if self.pool.max_tasks_per_child else "",
+                     extra={"action": "worker_start"})
+        self.next_heartbeat = time.monotonic() + self.heartbeat_every
+
+    def register(self) -> None:
+        self.id, self.pool.generation = heartbeat.register(self.name, self.host, self.queues, self.concurrency)
+        self.batch.worker_id = self.id
+
+    def stop(self) -> None:
+        """On the way out: idle children exit, busy ones (only after a failed hand-back) are
+        killed, and the worker's row says it stopped."""
+        if self.loop is None:
+            return
+        self.pool.close()
+        if self.id is not None:
+            try:
+                heartbeat.set_state(self.id, WorkerState.STOPPED, stopped=True)
+            except DATABASE_ERRORS as exc:
+                # The row keeps its old heartbeat: the reaper marks it lost and rescues its attempts.
+                log.warning("could not mark worker %s stopped (%s)", self.name, first_line(exc),
+                            extra={"action": "worker_db_error"})
+        log.info("worker %s stopped after %d task runs", self.name, self.batch.completed,
+                 extra={"action": "worker_stop"})
+
+    def finished(self, stop_requests: int) -> bool:
+        return self.drain.done
+
+    # --- the tick: named steps -----------------------------------------------------------------
+
+    def tick(self) -> bool:
+        now = time.monotonic()
+        self.end_overdue_tasks(now)
+        if self.loop.stop_requests and not self.drain.active:
+            self.drain.begin(now)
+        if self.drain.active:
+            if self.pool.retiring:
+                self.pool.reap_retired(now)
+            return self.drain.step(now, self.loop.stop_requests)
+        self.pool.recycle(now)
+        did = self.record_and_claim(now)
+        self.resize_pool(now)
+        self.heartbeat_if_due(now)
+        return did
+
+    def next_wait(self) -> float:
+        """Until the heartbeat, the poll, a task's deadline, the end of the grace period, or the
+        end of the short hold that batches outcomes, whichever is first."""
+        now = time.monotonic()
+        timeout = self.next_heartbeat - now
+        if self.drain.active:
+            timeout = min(timeout, self.drain.deadline - now)
+        else:
+            timeout = min(timeout, self.last_claim + self.poll - now, self.next_due - now)
+        deadlines = self.pool.deadlines(shrinking=not self.drain.active)
+        if deadlines:
+            timeout = min(timeout, min(deadlines) - now)
+        if (self.batch.endings or (self.want_claim and self.pool.idle_slots())) and not self.drain.active:
+            timeout = min(timeout, self.batch.last_flush + COALESCE_SECONDS - now) if self.holding(now) else 0.0
+        return max(0.0, timeout)
+
+    def end_overdue_tasks(self, now: float) -> None:
+        for message in self.pool.overdue(now):
+            self.batch.add(Ending(
+                message["id"], message["number"], AttemptOutcome.TIMED_OUT,
+                error=f"timed out after {message['timeout']:g}s: the task's process was killed",
+                log_path=self._existing_log(message), run_id=message["run_id"],
+            ))
+
+    def holding(self, now: float) -> bool:
+        """Whether the next batch waits: the latest one began less than COALESCE_SECONDS ago and
+        other children still run (their outcomes will join it). With none running, nothing would."""
+        return self.pool.busy_count() > 0 and not self.drain.active and self.batch.coalescing(now)
+
+    def record_and_claim(self, now: float) -> bool:
+        """Record the outcomes gathered so far and refill the idle children, in one transaction.
+        Outcomes wait a few milliseconds for their neighbours while other tasks still run, so one
+        transaction records many of them (and refills all the freed children)."""
+        if now - self.last_claim >= self.poll or now >= self.next_due:
+            self.want_claim = True
+            self.next_due = float("inf")
+        idle = self.pool.idle_slots()
+        claim = len(idle) if self.want_claim else 0
+        if not (self.batch.endings or claim) or self.holding(now):
+            return False
+        claimed = self.batch.flush(claim)
+        if claim:
+            self.last_claim = now
+            self.want_claim = len(claimed) == claim  # a full batch: there may be more
+            if not self.want_claim and self.batch.claimed_next_due is not None:
+                # Short: wait until the next due work of these queues; due already means rows that
+                # another worker held a moment ago (look again soon, not in a busy loop).
+                wait = (self.batch.claimed_next_due - clock.now()).total_seconds()
+                self.next_due = now + max(wait, RECHECK_SECONDS)
+            for slot, message in zip(idle, claimed, strict=False):
+                self.pool.start_task(slot, message)
+        return True
+
+    def resize_pool(self, now: float) -> None:
+        """Grow when work waits and no child is free; shrink to the minimum after idling."""
+        room = self.pool.room_to_grow() if self.want_claim else 0
+        if room:
+            waiting = self.batch.waiting(room)
+            self.pool.grow(waiting)
+            if not waiting:
+                self.want_claim = False  # nothing to claim until a NOTIFY or the next poll
+            return
+        self.pool.shrink(now)
+
+    def heartbeat_if_due(self, now: float) -> None:
+        if now >= self.next_heartbeat:
+            self.heartbeat()
+            self.next_heartbeat = now + self.heartbeat_every
+
+    def claim(self, n: int, now) -> list[dict]:
+        """Claim up to ``n`` task runs (in the caller's transaction): their messages."""
+        return self.batch.claim(n, now)
+
+    def reconnected(self) -> None:
+        """After a database outage: reconcile what this worker runs with what the database says
+        (``worker.reconnect``), then look for work at once (NOTIFYs sent during the outage were
+        lost)."""
+        reconnect.reconcile(self.pool, self.batch, self.drain)
+        self.want_claim = True
+
+    # --- what the children and the notifications tell ------------------------------------------
+
+    def child_replied(self, message: dict, reply: tuple) -> None:
+        # (task_run_id, number, outcome, result, error, traceback, log, metadata, exception class)
+        self.batch.add(Ending(*reply, job=message.get("spec", {}).get("call") == "job", run_id=message["run_id"]))
+
+    def child_died(self, message: dict, how: str) -> None:
+        self.batch.add(Ending(message["id"], message["number"], AttemptOutcome.FAILED, run_id=message["run_id"],
+                              error=f"the task's process ended unexpectedly ({how})"))
+
+    @staticmethod
+    def _existing_log(message: dict) -> str:
+        name = logs.name_for(message["run_id"], message["id"], message["number"])
+        path = logs.local_path(name)
+        return name if path and os.path.exists(path) else ""
+
+    def notified(self, notifies: list) -> None:
+        for note in notifies:
+            if note.channel == CODE_CHANNEL:
+                if note.payload.isdigit():
+                    self.pool.saw_generation(int(note.payload))
+            elif note.channel != CANCEL_CHANNEL:
+                self.want_claim = True
+            elif not note.payload:
+                self.check_ownership()
+            else:
+                self.on_cancelled(note.payload)
+
+    def on_cancelled(self, payload: str) -> None:
+        try:
+            ids = set(json.loads(payload))
+        except ValueError:
+            return
+        for slot in self.pool.busy():
+            if slot.message["id"] in ids:
+                self.abandon(slot, "cancelled")
+
+    def abandon(self, slot: Slot, why: str) -> None:
+        """Kill a task whose attempt is no longer this worker's (cancelled or reaped)."""
+        message = slot.message
+        log.info("killing task run %s attempt %s: %s", message["id"], message["number"], why,
+                 extra={"action": "task_killed"})
+        self.pool.abandon(slot)
+        self.batch.forget(message["id"])
+
+    def heartbeat(self) -> None:
+        self.pool.saw_generation(heartbeat.beat(self.id), read=True)
+        self.check_ownership()
+
+    def check_ownership(self) -> None:
+        """Kill the tasks whose attempts are no longer this worker's (cancelled or reaped)."""
+        busy = self.pool.busy()
+        if not busy:
+            return
+        mine = heartbeat.still_mine(self.id, [slot.message for slot in busy])
+        for slot in busy:
+            if slot.message["id"] not in mine:
+                self.abandon(slot, "its attempt was cancelled or reaped")
