@@ -58,6 +58,14 @@ def test_dev_run_is_the_development_command_whatever_the_database(tmp_path):
     assert up["SECRET_KEY"] != up["WEBHOOK_SECRET"]
     assert settings_of(["up"], tmp_path / "data", DATABASE_URL=url) == up, "the next start keeps them"
 
+    # Every command ./dev runs is development too.
+    shell = subprocess.run([str(ROOT / "dev"), "manage", "shell", "-c", "from django.conf import settings as s; "
+                            "print(s.DEBUG, s.SECRET_KEY == open(s.DATA_DIR / 'secret-key').read().strip())"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120,
+                           env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/"),
+                                "ORCHESTRATOR_DATA_DIR": str(tmp_path / "data"), "DATABASE_URL": url})
+    assert shell.stdout.splitlines()[-1].split() == ["True", "True"], shell.stdout + shell.stderr
+
     # DEBUG set wins; any other command with DATABASE_URL is a production process: nothing is made up.
     assert settings_of(["up"], tmp_path / "prod", DATABASE_URL=url, DEBUG="0")["DEBUG"] is False
     production = settings_of(["deploy_local"], tmp_path / "prod", DATABASE_URL=url)
