@@ -23,6 +23,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.staticfiles.storage import staticfiles_storage
 from django.db import connection
 from django.template import loader
 
@@ -160,8 +161,6 @@ def test_a_static_file_missing_from_the_collected_files_is_a_warning_and_a_404_n
     # The error pages name the stylesheet too, and render.
     assert "/static/orchestrator/app.css" in loader.get_template("500.html").render()
     # A name that is no static file of the project (whitenoise asks for such) is not reported.
-    from django.contrib.staticfiles.storage import staticfiles_storage
-
     caplog.clear()
     assert staticfiles_storage.url("no/such/file.css") == "/static/no/such/file.css"
     assert not caplog.records

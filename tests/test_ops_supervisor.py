@@ -17,6 +17,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from orchestrator.models import Worker
+from orchestrator.supervisor import ForkedRole, die_with_parent
 from tests.conftest import process_env, wait_for
 
 
@@ -136,8 +137,6 @@ def test_a_killed_child_is_reported_as_killed_by_its_signal(processes):
 
 
 def test_a_forked_role_runs_its_command_in_its_own_session_and_reports_how_it_ended(tmp_path):
-    from orchestrator.supervisor import ForkedRole
-
     ended = ForkedRole.start([sys.executable, "manage.py", "shell", "-c", "import sys; sys.exit(3)"], None)
     assert ended.wait(timeout=30) == 3
     output = open(tmp_path / "out.log", "wb")  # noqa: SIM115 - closed below
@@ -176,8 +175,6 @@ def test_a_role_that_cannot_run_as_configured_is_not_restarted_into_the_same_err
 
 
 def test_a_forked_role_that_cannot_run_as_configured_exits_with_the_configuration_error_code():
-    from orchestrator.supervisor import ForkedRole
-
     # Any command, Django's own too: a CommandError is a configuration error.
     refused = ForkedRole.start([sys.executable, "manage.py", "runserver", "not-a-port"], None)
     assert refused.wait(timeout=30) == 78
@@ -226,8 +223,6 @@ def test_the_children_of_a_killed_supervisor_drain_and_end_with_it(processes):
 
 
 def test_a_child_whose_parent_died_before_it_asked_to_die_with_it_stops_at_once():
-    from orchestrator.supervisor import die_with_parent
-
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         # Its parent is not the one it was forked by: the parent died before the request took effect.
