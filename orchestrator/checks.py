@@ -116,8 +116,8 @@ def check_secrets(app_configs=None, **kwargs):
     if not secret and not settings.DEBUG:
         return [Error(
             "ORCHESTRATOR_WEBHOOK_SECRET is not set and DEBUG is off: webhook calls would be unsigned.",
-            hint="Set ORCHESTRATOR_WEBHOOK_SECRET to a long random string of its own "
-                 "(python -c 'import secrets; print(secrets.token_urlsafe(50))'), not the SECRET_KEY.",
+            hint="Set it to a long random string of its own, not the SECRET_KEY: export "
+                 "ORCHESTRATOR_WEBHOOK_SECRET=\"$(python3 -c 'import secrets; print(secrets.token_urlsafe(50))')\"",
             id="orchestrator.E008",
         )]
     try:

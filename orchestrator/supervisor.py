@@ -1,6 +1,6 @@
 """Supervising a set of role processes on one machine: start each, restart one that dies, and on
-SIGTERM or Ctrl-C pass SIGTERM on to each so it drains, then report how each ended. Used by
-``manage.py up`` (development) and ``manage.py deploy_local`` (servers).
+SIGTERM, Ctrl-C or SIGHUP (its terminal closed) pass SIGTERM on to each so it drains, then report
+how each ended. Used by ``manage.py up`` (development) and ``manage.py deploy_local`` (servers).
 
 The restart policy (the README's "Running in production" says the same):
 
@@ -11,7 +11,13 @@ The restart policy (the README's "Running in production" says the same):
 * a child crash-loops when it exits 10 times within 10 minutes; only then, as the last resort,
   the supervisor stops everything (logging which child, how often and how it last ended) and
   exits non-zero, so the machine's own service manager (systemd, a container runtime) sees the
-  failure. A database restart is not a reason: the roles ride it out without exiting.
+  failure. A database restart is not a reason: the roles ride it out without exiting;
+* a child that exits with ``CONFIG_ERROR`` (78: it cannot run as configured, and said why) is not
+  restarted into the same error: the supervisor stops everything at once and exits non-zero.
+
+No child outlives the supervisor, however the supervisor ends: each asks Linux for SIGTERM when
+its parent dies (``PR_SET_PDEATHSIG``), so a SIGKILLed supervisor's roles drain and end as on a
+stop, instead of serving its port for ever.
 
 A child is a new interpreter (``subprocess``), or, for ``Child(fork=True)``, a fork of the
 supervisor (``ForkedRole``): it then shares the memory Django's start-up filled in the supervisor
@@ -34,6 +40,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from django.db import connections
+
+from orchestrator.management.roles import CONFIG_ERROR, run_command
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,9 @@ class Child:
     pids: list[int] = field(default_factory=list)
     stop_sent: bool = False
     fork: bool = False  # run the role in a fork of the supervisor (see ForkedRole)
+    # Exit codes that mean "cannot run as configured": never restarted. gunicorn's own are 3 (a
+    # worker failed to boot) and 4 (the application failed to load).
+    config_error_codes: frozenset[int] = frozenset({CONFIG_ERROR})
 
 
 def role_argv(role: str, *extra: str) -> list[str]:
@@ -69,7 +82,34 @@ def role_argv(role: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "django", role, *extra]
 
 
+# What stops a supervisor: a stop, Ctrl-C, and the hang-up of a closed terminal.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
+
+
+def _prctl():
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: a child may then outlive a killed supervisor
+        return None
+
+
+_PRCTL = _prctl()  # looked up once, before any fork: a preexec function should only call it
+
+
+def die_with_parent(parent: int) -> None:
+    """In a child of ``parent``: have the kernel send this process SIGTERM when its parent ends,
+    however it ends (SIGKILL included), so that a role drains and ends as on a stop. A parent
+    that died before the request took effect would never send it: the child is then already
+    an orphan (another parent), and stops at once."""
+    if _PRCTL is None:
+        return
+    _PRCTL(PR_SET_PDEATHSIG, *(ctypes.c_ulong(arg) for arg in (signal.SIGTERM, 0, 0, 0)))
+    if os.getppid() != parent:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # whatever handler the parent had installed
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 class ForkedRole:
@@ -85,19 +125,18 @@ class ForkedRole:
 
     @classmethod
     def start(cls, argv: list[str], output) -> ForkedRole:
-        from django.db import connections
-
         command = argv[3:] if argv[1:3] == ["-m", "django"] else argv[2:]
         connections.close_all()  # a fork must not share this process's database socket
         sys.stdout.flush()
         sys.stderr.flush()  # or the fork would write what is still buffered here a second time
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:
-            cls._run(command, output)
+            cls._run(command, output, parent)
         return cls(pid, argv)
 
     @staticmethod
-    def _run(command: list[str], output) -> None:
+    def _run(command: list[str], output, parent: int) -> None:
         code = 1
         try:
             os.setsid()  # its own session, as a subprocess of the supervisor's has
@@ -106,22 +145,19 @@ class ForkedRole:
             # collector off, for the same reason, and the role has it on.
             gc.freeze()
             gc.enable()
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            for signum in STOP_SIGNALS:
+                signal.signal(signum, signal.SIG_DFL)
+            die_with_parent(parent)
             if output is not None:
                 os.dup2(output.fileno(), 1)
                 os.dup2(output.fileno(), 2)
                 # Whatever this process had made of sys.stdout, the role's goes to the file.
                 sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
                 sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-            try:  # what ps -o comm and top show: the role, not the supervisor's name
-                ctypes.CDLL(None).prctl(PR_SET_NAME, command[0].encode()[:15], 0, 0, 0)
-            except (OSError, AttributeError):
-                pass
-            from django.core.management import execute_from_command_line
-
+            if _PRCTL is not None:  # what ps -o comm and top show: the role, not the supervisor's name
+                _PRCTL(PR_SET_NAME, command[0].encode()[:15], 0, 0, 0)
             sys.argv = ["manage.py", *command]
-            execute_from_command_line(sys.argv)
+            run_command(sys.argv)
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -158,6 +194,20 @@ class ForkedRole:
             os.kill(self.pid, signum)
 
 
+def write_line(stream, text: str) -> None:
+    """Write a line of a launcher's to its terminal, which may be gone: after a SIGHUP (the terminal
+    closed) every write fails with EIO. The stop must go on regardless, so the output then goes
+    to /dev/null (what is still buffered too, and the interpreter's last flush at exit)."""
+    try:
+        stream.write(text)
+        stream.flush()
+    except OSError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+
+
 def describe_exit(code: int, stop_sent: bool = False) -> str:
     """How a child ended, in words: a signal is named, and a stop we asked for is not a crash."""
     if code == 0:
@@ -183,21 +233,37 @@ class Supervisor:
         self.clock = clock
         self.stopping = False
         self.gave_up: str | None = None  # why everything was stopped, if the supervisor gave up
+        self.config_error = False  # it gave up because a child cannot run as configured
 
-    def run(self, on_started: Callable[[], None] | None = None, ready: Callable[[], bool] | None = None) -> bool:
-        """Start every child and watch them until SIGTERM/SIGINT; returns whether all stopped cleanly.
+    @property
+    def exit_code(self) -> int:
+        """What the launcher exits with after giving up (0 if it did not)."""
+        if self.gave_up is None:
+            return 0
+        return CONFIG_ERROR if self.config_error else 1
 
-        ``on_started`` is called once, when ``ready()`` first answers true (checked between
-        watches, so it must answer at once), or right after the start without ``ready``."""
+    def catch_stop_signals(self) -> None:
+        """From now on SIGTERM, SIGINT and SIGHUP stop the supervisor (and then its children).
+        A launcher calls this before its own preparation, so that a stop during it starts nothing."""
 
         def stop(signum, frame):
             self.stopping = True
 
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, stop)
+
+    def run(self, on_started: Callable[[], None] | None = None, ready: Callable[[], bool] | None = None) -> bool:
+        """Start every child and watch them until SIGTERM/SIGINT/SIGHUP; returns whether all
+        stopped cleanly.
+
+        ``on_started`` is called once, when ``ready()`` first answers true (checked between
+        watches, so it must answer at once), or right after the start without ``ready``."""
+        self.catch_stop_signals()
         announced = on_started is None
         try:
             for child in self.children:
+                if self.stopping:
+                    break
                 self.start(child)
             while not self.stopping:
                 if not announced and (ready is None or ready()):
@@ -229,6 +295,15 @@ class Supervisor:
         while child.exits and now - child.exits[0] > policy.crash_loop_window:
             child.exits.popleft()
         how = describe_exit(code)
+        if code in child.config_error_codes:
+            where = f"in {child.log_path}" if child.log_path else "above"
+            self.gave_up = (f"{child.name} (pid {child.proc.pid}) cannot run as configured: it exited with code {code} "
+                            f"after {now - child.started_at:.1f}s (its reason is {where}); not restarting it into "
+                            f"the same error: stopping everything")
+            self.config_error = True
+            self.say(self.gave_up)
+            self.stopping = True
+            return
         if len(child.exits) >= policy.crash_loop_exits:
             self.gave_up = (f"{child.name} is crash-looping: it ended {len(child.exits)} times within "
                             f"{policy.crash_loop_window:g}s (last: {how}); stopping everything")
@@ -251,8 +326,9 @@ class Supervisor:
             if child.fork and threading.active_count() == 1:
                 child.proc = ForkedRole.start(child.argv, output)
             else:
-                child.proc = subprocess.Popen(child.argv, stdout=output,
-                                              stderr=subprocess.STDOUT if output else None, start_new_session=True)
+                parent = os.getpid()
+                child.proc = subprocess.Popen(child.argv, stdout=output, stderr=subprocess.STDOUT if output else None,
+                                              start_new_session=True, preexec_fn=lambda: die_with_parent(parent))
         finally:
             if output:
                 output.close()
@@ -272,8 +348,8 @@ class Supervisor:
                 child.stop_sent = True
         clean = True
         for child in self.children:
-            if child.proc is None or child.restart_at is not None:
-                continue  # waiting to be restarted: it already ended (and was reported)
+            if child.proc is None or child.restart_at is not None or child.proc.returncode is not None:
+                continue  # never started, or it already ended (and was reported)
             try:
                 code = child.proc.wait(timeout=max(0.1, deadline - (time.monotonic() - began)))
             except subprocess.TimeoutExpired:

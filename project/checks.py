@@ -21,8 +21,8 @@ def check_environment(app_configs=None, **kwargs):
     if not secret_key:
         problems.append(Error(
             "SECRET_KEY is not set and DEBUG is off: refusing to start without a secret key.",
-            hint="Set the SECRET_KEY environment variable to a long random string "
-                 "(python -c 'import secrets; print(secrets.token_urlsafe(50))').",
+            hint="Set it to a long random string, the same for every process: "
+                 "export SECRET_KEY=\"$(python3 -c 'import secrets; print(secrets.token_urlsafe(50))')\"",
             id="orchestrator.E002",
         ))
     return problems
@@ -35,7 +35,8 @@ def check_web_hosts(app_configs=None, **kwargs):
     if not settings.DEBUG and not settings.ALLOWED_HOSTS:
         return [Error(
             "ALLOWED_HOSTS is empty and DEBUG is off: every request would be refused.",
-            hint="Set ALLOWED_HOSTS to a comma-separated list of the host names the web server answers to.",
+            hint="Set it to the host names the web server answers to, comma-separated: "
+                 "export ALLOWED_HOSTS=localhost,127.0.0.1",
             id="orchestrator.E005",
         )]
     return []

@@ -20,11 +20,12 @@ def pgdata() -> Path:
     return data_dir() / "pgdata"
 
 
-def installation_secret_key() -> str:
-    """This installation's random SECRET_KEY: DATA_DIR/secret-key, made on first use, readable by the
-    service user only (0600). Two processes starting at once agree: the key is written to a private
-    temporary file first and linked into place, so the file never exists half written."""
-    path = data_dir() / "secret-key"
+def installation_secret(name: str = "secret-key") -> str:
+    """One of this installation's random secrets (the SECRET_KEY in DATA_DIR/secret-key, the webhook
+    secret in DATA_DIR/webhook-secret): made on first use, readable by the service user only (0600).
+    Two processes starting at once agree: the secret is written to a private temporary file first
+    and linked into place, so the file never exists half written."""
+    path = data_dir() / name
     try:
         key = path.read_text().strip()
     except FileNotFoundError:
@@ -32,7 +33,7 @@ def installation_secret_key() -> str:
     if key:
         return key
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    temporary = path.with_name(f".secret-key-{os.getpid()}-{secrets.token_hex(4)}")
+    temporary = path.with_name(f".{name}-{os.getpid()}-{secrets.token_hex(4)}")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "w") as handle:

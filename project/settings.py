@@ -3,7 +3,9 @@ Django project that installs the ``orchestrator`` app. All from the environment,
 that let a new user set nothing.
 
 Without DATABASE_URL the project runs on the embedded PostgreSQL in the data folder, which also
-means a laptop: DEBUG then defaults to on. Importing this module starts nothing: the entry points
+means a laptop: DEBUG then defaults to on. ``manage.py up`` (``./dev run``) is the development
+command whatever the database: DEBUG defaults to on there too, so that ``DATABASE_URL=... ./dev
+run`` is the same development stack on another server. Importing this module starts nothing: the entry points
 (manage.py, wsgi.py, asgi.py, the test command) start the embedded server first. The app's own
 settings (``ORCHESTRATOR_*``) are read by ``orchestrator.conf`` from the environment directly.
 Misconfiguration is reported by the system checks in ``project/checks.py`` and
@@ -11,6 +13,7 @@ Misconfiguration is reported by the system checks in ``project/checks.py`` and
 """
 
 import os
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -49,7 +52,10 @@ DATABASE_URL = os.environ.get("DATABASE_URL", "").strip()
 EMBEDDED_DATABASE = database.uses_embedded()
 DATABASE_CONFIG_ERROR = ""
 
-DEBUG = env_bool("DEBUG", default=EMBEDDED_DATABASE)
+# The command this process runs: `up` is the development stack (the roles it forks inherit these
+# settings), whatever the database.
+DEVELOPMENT_RUN = sys.argv[1:2] == ["up"]
+DEBUG = env_bool("DEBUG", default=EMBEDDED_DATABASE or DEVELOPMENT_RUN)
 
 if EMBEDDED_DATABASE:
     # Where the server listens; the entry points start it (project/database.py).
@@ -68,13 +74,16 @@ if os.environ.get("TEST_DATABASE_NAME"):
     _database["TEST"] = {"NAME": os.environ["TEST_DATABASE_NAME"]}
 DATABASES = {"default": _database}
 
-# The SECRET_KEY environment variable wins. Without it, an installation whose processes share the
-# data folder (the embedded database, or DEBUG on) uses its own random key, made on first start in
-# DATA_DIR/secret-key (mode 0600) and read from there afterwards. Production with DATABASE_URL
-# (processes on several machines) must set SECRET_KEY: the check orchestrator.E002 says so.
+# The SECRET_KEY and ORCHESTRATOR_WEBHOOK_SECRET environment variables win. Without them, an
+# installation whose processes share the data folder (the embedded database, or DEBUG on) uses its
+# own random secrets, made on first start in DATA_DIR/secret-key and DATA_DIR/webhook-secret (mode
+# 0600) and read from there afterwards. Production with DATABASE_URL (processes on several
+# machines) must set both: the checks orchestrator.E002 and orchestrator.E008 say so.
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
 if not SECRET_KEY and (DEBUG or EMBEDDED_DATABASE):
-    SECRET_KEY = database.installation_secret_key()
+    SECRET_KEY = database.installation_secret("secret-key")
+if not os.environ.get("ORCHESTRATOR_WEBHOOK_SECRET") and (DEBUG or EMBEDDED_DATABASE):
+    ORCHESTRATOR_WEBHOOK_SECRET = database.installation_secret("webhook-secret")
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
@@ -101,6 +110,9 @@ MIDDLEWARE = [
     "orchestrator.health.ProbeMiddleware",  # /healthz, /readyz, /metrics: probes come by IP, over HTTP
     "django.middleware.security.SecurityMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
+    # Under DEBUG, the site's own 404 page instead of Django's list of URL patterns (inside the
+    # CSP middleware: the page gets the header).
+    "project.notfound.NotFoundPageMiddleware",
     # Before the session and user lookups: text PostgreSQL cannot hold never reaches them.
     "orchestrator.web.errors.BadInputMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -186,11 +198,16 @@ STATIC_URL = "static/"
 # The project's own static files (its admin branding); a file here overrides the app's file of the
 # same name, e.g. static/orchestrator/app.css restyles the pages.
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = Path(os.environ.get("STATIC_ROOT") or BASE_DIR / "staticfiles")
+# Where collectstatic writes, and whitenoise serves from with DEBUG off: in the data folder, where
+# `up` and `deploy_local` collect when the files there are outdated (with DEBUG on, the files are
+# served from the apps' folders).
+STATIC_ROOT = Path(os.environ.get("STATIC_ROOT") or DATA_DIR / "static")
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
-        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        # Fingerprinted, compressed names; a file missing from them is a warning and a 404 for
+        # that file, never a server error for the page that names it.
+        "BACKEND": "project.staticfiles.ForgivingManifestStorage"
         if not DEBUG
         else "django.contrib.staticfiles.storage.StaticFilesStorage",
     },

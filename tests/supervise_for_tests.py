@@ -13,7 +13,7 @@ def main() -> int:
     supervisor = Supervisor(children, lambda message: print(f"[supervisor] {message}", flush=True),
                             grace=spec.get("grace", 5.0), policy=RestartPolicy(**spec["policy"]))
     clean = supervisor.run()
-    return 0 if clean else 1
+    return supervisor.exit_code or (0 if clean else 1)
 
 
 if __name__ == "__main__":

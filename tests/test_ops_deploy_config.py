@@ -133,7 +133,7 @@ def test_check_deploy_passes_with_the_documented_production_environment():
     result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60,
                             env={**env, "DJANGO_SETTINGS_MODULE": "project.settings"})
     assert result.stdout.split() == [
-        "False", "True", "True", "whitenoise.storage.CompressedManifestStaticFilesStorage", "True"
+        "False", "True", "True", "project.staticfiles.ForgivingManifestStorage", "True"
     ], result.stderr
 
 

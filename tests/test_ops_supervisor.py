@@ -1,6 +1,8 @@
 """The supervisor of manage.py deploy_local and up: restarts a role that dies with back-off, gives a
-healthy child its budget back, stops everything only when a child crash-loops (and says why),
-reports a child it stopped as stopped, and rejects bad options."""
+healthy child its budget back, stops everything only when a child crash-loops (and says why) or
+cannot run as configured (at once, without restarting it), reports a child it stopped as stopped,
+stops on SIGHUP as on SIGTERM, takes its children with it however it ends (SIGKILL included), and
+rejects bad options."""
 
 import json
 import os
@@ -10,11 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from django.core.management import CommandError, call_command
 
 from orchestrator.models import Worker
-from tests.conftest import wait_for
+from orchestrator.supervisor import ForkedRole, die_with_parent
+from tests.conftest import process_env, wait_for
 
 
 def started_pids(output: str, name: str) -> list[int]:
@@ -133,8 +137,6 @@ def test_a_killed_child_is_reported_as_killed_by_its_signal(processes):
 
 
 def test_a_forked_role_runs_its_command_in_its_own_session_and_reports_how_it_ended(tmp_path):
-    from orchestrator.supervisor import ForkedRole
-
     ended = ForkedRole.start([sys.executable, "manage.py", "shell", "-c", "import sys; sys.exit(3)"], None)
     assert ended.wait(timeout=30) == 3
     output = open(tmp_path / "out.log", "wb")  # noqa: SIM115 - closed below
@@ -150,3 +152,81 @@ def test_a_forked_role_runs_its_command_in_its_own_session_and_reports_how_it_en
     assert sleeping.poll() is None
     sleeping.send_signal(signal.SIGKILL)
     assert sleeping.wait(timeout=10) == -signal.SIGKILL and sleeping.returncode == -signal.SIGKILL
+
+
+def test_a_role_that_cannot_run_as_configured_is_not_restarted_into_the_same_error(processes):
+    # A bad setting: the scheduler's system checks refuse it, and say so once.
+    policy = {"first_delay": 0.05, "max_delay": 0.2, "healthy_seconds": 30, "crash_loop_exits": 5,
+              "crash_loop_window": 60}
+    spec = {"policy": policy, "grace": 5, "children": [
+        ["scheduler", [sys.executable, "manage.py", "scheduler"]],
+        ["steady", python("import time; time.sleep(300)")],
+    ]}
+    supervisor = processes.start_python("-m", "tests.supervise_for_tests", json.dumps(spec), name="supervisor",
+                                        env=process_env(ORCHESTRATOR_POLL_SECONDS="-1"))
+    code = supervisor.wait(timeout=60)
+    output = processes.output(supervisor)
+    assert code == 78, output
+    assert output.count("ORCHESTRATOR_POLL_SECONDS") == 1, output  # the role's reason, once
+    assert output.count("started scheduler") == 1 and "restarting in" not in output, output
+    assert re.search(r"scheduler \(pid \d+\) cannot run as configured: it exited with code 78 after [\d.]+s \(its "
+                     r"reason is above\); not restarting it into the same error: stopping everything", output), output
+    assert re.search(r"steady \(pid \d+\) stopped by the SIGTERM the supervisor sent", output), output
+
+
+def test_a_forked_role_that_cannot_run_as_configured_exits_with_the_configuration_error_code():
+    # Any command, Django's own too: a CommandError is a configuration error.
+    refused = ForkedRole.start([sys.executable, "manage.py", "runserver", "not-a-port"], None)
+    assert refused.wait(timeout=30) == 78
+
+
+def running(pid: int) -> bool:
+    """Whether the process runs (an orphan that ended stays a zombie until init collects it)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+DRAINS = ("import signal, sys, time\n"
+          "def stop(*_):\n    print('draining on SIGTERM', flush=True)\n    sys.exit(0)\n"
+          "signal.signal(signal.SIGTERM, stop)\nprint('ready', flush=True)\ntime.sleep(300)\n")
+
+
+def supervise_draining_children(processes) -> tuple[object, list[int]]:
+    policy = {"first_delay": 0.05, "max_delay": 0.2, "healthy_seconds": 30, "crash_loop_exits": 5,
+              "crash_loop_window": 60}
+    supervisor = supervise(processes, policy, [["one", python(DRAINS)], ["two", python(DRAINS)]])
+    wait_for(lambda: len(re.findall(r"^ready$", processes.output(supervisor), re.M)) == 2, timeout=30, message="the children to start")
+    pids = [int(pid) for pid in re.findall(r"started \w+ pid (\d+)", processes.output(supervisor))]
+    return supervisor, pids
+
+
+def test_sighup_stops_the_children_as_sigterm_does(processes):
+    supervisor, pids = supervise_draining_children(processes)
+    os.kill(supervisor.pid, signal.SIGHUP)  # its terminal closed
+    assert supervisor.wait(timeout=30) == 0, processes.output(supervisor)
+    output = processes.output(supervisor)
+    assert len(re.findall(r"^draining on SIGTERM$", output, re.M)) == 2, output
+    assert re.search(r"one \(pid \d+\) exited cleanly \(code 0\)", output), output
+    assert not [pid for pid in pids if running(pid)]
+
+
+def test_the_children_of_a_killed_supervisor_drain_and_end_with_it(processes):
+    supervisor, pids = supervise_draining_children(processes)
+    os.kill(supervisor.pid, signal.SIGKILL)  # the OOM killer, or a container runtime
+    supervisor.wait(timeout=10)
+    # Each child is told by the kernel (SIGTERM: the same drain as a stop), not by the supervisor.
+    wait_for(lambda: len(re.findall(r"^draining on SIGTERM$", processes.output(supervisor), re.M)) == 2, timeout=10,
+             message="both children to hear of their parent's death")
+    wait_for(lambda: not [pid for pid in pids if running(pid)], timeout=10, message="both children to end")
+
+
+def test_a_child_whose_parent_died_before_it_asked_to_die_with_it_stops_at_once():
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        # Its parent is not the one it was forked by: the parent died before the request took effect.
+        die_with_parent(parent=os.getppid() + 1_000_000)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == -signal.SIGTERM

@@ -7,6 +7,12 @@ to each (so each drains its in-flight work), waits for them, and reports how eac
 Unlike ``up`` it creates no user and prints no password: it is for servers, where
 ``migrate``, ``sync_workflows`` and ``createsuperuser`` are deployment steps of their own
 (``--migrate`` runs the first two first).
+
+Before it starts anything it checks what would make a role fail (see orchestrator.preflight):
+every missing setting is reported in one message, and it exits with code 78 (EX_CONFIG), as
+it does when a role exits on a configuration error later. With DEBUG off it collects the static
+files when they are outdated. Its processes end when it ends, however it ends (SIGHUP and
+SIGKILL included): see orchestrator.supervisor.
 """
 
 from __future__ import annotations
@@ -19,7 +25,12 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from orchestrator.supervisor import Child, Supervisor, role_argv
+from orchestrator import preflight
+from orchestrator.management.roles import require_migrated
+from orchestrator.supervisor import Child, Supervisor, role_argv, write_line
+
+# gunicorn's exit codes for a worker that failed to boot and an application that failed to load.
+GUNICORN_CONFIG_ERRORS = frozenset({3, 4})
 
 
 def wsgi_target() -> str:
@@ -37,7 +48,7 @@ def plan(*, bind: str, web_workers: int, schedulers: int, dispatchers: int, work
             "--graceful-timeout", str(int(grace)), "--access-logfile", "-",
             # No control socket: its default path is per user, shared by every gunicorn on the machine.
             "--no-control-socket",
-        ]))
+        ], config_error_codes=Child.config_error_codes | GUNICORN_CONFIG_ERRORS))
     children += [Child(f"scheduler-{i}", role_argv("scheduler")) for i in range(1, schedulers + 1)]
     children += [Child(f"dispatcher-{i}", role_argv("dispatcher")) for i in range(1, dispatchers + 1)]
     for i, queues in enumerate(workers, start=1):
@@ -50,6 +61,8 @@ def plan(*, bind: str, web_workers: int, schedulers: int, dispatchers: int, work
 class Command(BaseCommand):
     help = ("Run gunicorn, schedulers, dispatchers and workers as separate processes, like docker/compose.yaml, "
             "without Docker. SIGTERM stops them all cleanly.")
+    # Checked in handle(), the deployment checks' errors with the others: one message for all.
+    requires_system_checks = []
 
     def add_arguments(self, parser):
         parser.add_argument("--bind", default=os.environ.get("BIND", "127.0.0.1:8000"),
@@ -79,26 +92,38 @@ class Command(BaseCommand):
         for queues in workers:
             if not [q for q in queues.split(",") if q.strip()]:
                 raise CommandError(f"--worker {queues!r}: name at least one queue, e.g. --worker default,batch")
-        if migrate:
-            call_command("migrate", interactive=False, verbosity=0)
-            call_command("sync_workflows")
-
         children = plan(bind=bind, web_workers=web_workers, schedulers=schedulers, dispatchers=dispatchers,
                         workers=workers, concurrency=concurrency, grace=grace)
         if not children:
             raise CommandError("nothing to run: every role count is 0")
+
+        supervisor = Supervisor(children, self.say, grace=grace)
+        supervisor.catch_stop_signals()  # a stop while preparing: nothing is started
+        for warning in preflight.require_configured("manage.py deploy_local"):
+            self.say(str(warning))
+        address = preflight.bind_address(bind) if web_workers else None
+        if address:
+            preflight.require_free_address(*address, "--bind (or BIND)")
+        if migrate:
+            call_command("migrate", interactive=False, verbosity=0)
+            call_command("sync_workflows")
+        else:
+            try:
+                require_migrated()
+            except CommandError as exc:
+                raise CommandError(f"{exc} Or start deploy_local with --migrate.", returncode=exc.returncode) from None
+        if web_workers:
+            preflight.collect_static_files(self.say)
         if log_dir:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
             for child in children:
                 child.log_path = Path(log_dir) / f"{child.name}.log"
 
-        supervisor = Supervisor(children, self.say, grace=grace)
         clean = supervisor.run()
         if supervisor.gave_up:
-            raise CommandError(supervisor.gave_up)
+            sys.exit(supervisor.exit_code)  # why was said when it happened
         if not clean:
             raise CommandError("some processes did not stop cleanly (see above)")
 
     def say(self, message: str) -> None:
-        self.stderr.write(f"[deploy_local] {message}")
-        self.stderr.flush()
+        write_line(self.stderr, f"[deploy_local] {message}")

@@ -1,10 +1,8 @@
-from django.core.management.base import BaseCommand
-
 from orchestrator.dispatcher import Dispatcher
-from orchestrator.management.roles import require_migrated
+from orchestrator.management.roles import RoleCommand, require_migrated
 
 
-class Command(BaseCommand):
+class Command(RoleCommand):
     help = "Move due task runs to their queues under the concurrency limits."
 
     def handle(self, *args, **options):

@@ -1,10 +1,8 @@
-from django.core.management.base import BaseCommand
-
-from orchestrator.management.roles import require_migrated
+from orchestrator.management.roles import RoleCommand, require_migrated
 from orchestrator.reaper import Reaper, reap_once
 
 
-class Command(BaseCommand):
+class Command(RoleCommand):
     help = "End the attempts of silent workers and of tasks past their timeout (also run by the scheduler leader)."
 
     def add_arguments(self, parser):

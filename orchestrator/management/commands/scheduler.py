@@ -1,13 +1,11 @@
 """manage.py scheduler: turn cron schedules into runs (one leader at a time; run as many as you like)."""
 
-from django.core.management.base import BaseCommand
-
 from orchestrator.dispatcher import Dispatcher
-from orchestrator.management.roles import require_migrated
+from orchestrator.management.roles import RoleCommand, require_migrated
 from orchestrator.scheduler import Scheduler, SchedulerRole
 
 
-class Command(BaseCommand):
+class Command(RoleCommand):
     help = ("Run the scheduler. Any number may run: one holds the lease and creates runs, the others stand by "
             "and take over within the lease time (ORCHESTRATOR_LEASE_SECONDS) if it dies.")
 

@@ -1,10 +1,10 @@
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
-from orchestrator.management.roles import require_migrated
+from orchestrator.management.roles import RoleCommand, require_migrated
 from orchestrator.worker import Worker
 
 
-class Command(BaseCommand):
+class Command(RoleCommand):
     help = "Run queued task runs of the given queues in a pool of child processes."
 
     def add_arguments(self, parser):

@@ -1,8 +1,12 @@
 """The development run command: one process that prepares everything and supervises the rest.
 
-It migrates, syncs the workflows, creates an admin on first start, then starts the web server,
-a scheduler, a dispatcher and a worker as child processes. Ctrl-C stops the children, then the
-embedded PostgreSQL.
+It checks the configuration (every missing setting in one message), migrates, syncs the
+workflows, creates an admin on first start, collects the static files when DEBUG is off and they
+are outdated, then starts the web server, a scheduler with the dispatcher's work, and a worker as
+child processes. Ctrl-C, SIGTERM or SIGHUP (the terminal closed) stops the children, then the
+embedded PostgreSQL. Killed outright (SIGKILL), it takes its children with it (each ends when
+its parent does, see orchestrator.supervisor); the embedded PostgreSQL then keeps running, and
+the next start uses it.
 
 The roles are forks of this process (``ForkedRole``), not new interpreters: they share the memory
 of Django's start-up, which keeps the idle stack small. So this process does its own work
@@ -15,6 +19,7 @@ import importlib
 import os
 import pkgutil
 import secrets
+import signal
 import socket
 import sys
 import time
@@ -27,11 +32,14 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
-from orchestrator.supervisor import Child, Supervisor, role_argv
+from orchestrator import preflight
+from orchestrator.supervisor import Child, Supervisor, die_with_parent, role_argv, write_line
 
 
 class Command(BaseCommand):
     help = "Run the whole product for development: database, web UI, scheduler, dispatcher and a worker."
+    # Checked in handle(), the deployment checks' errors with the others: one message for all.
+    requires_system_checks = []
 
     def add_arguments(self, parser):
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
@@ -39,13 +47,23 @@ class Command(BaseCommand):
 
     def handle(self, *args, port, host, **options):
         started = process_started()
+        supervisor = Supervisor([], self.say, grace=10)
+        supervisor.catch_stop_signals()  # a stop while preparing: nothing is started
+        advice = "For development instead, leave DEBUG unset: ./dev run turns it on, whatever the database."
+        for warning in preflight.require_configured("manage.py up", advice):
+            self.say(str(warning))
+        preflight.require_free_address(host, port, "--port (or PORT)")
         # No collection in this process from here: it would leave holes in pages the roles share,
         # which their allocations would then fill (and copy). Each fork collects again.
         gc.disable()
-        login = self.in_fork(self.prepare)
+        try:
+            login = self.in_fork(self.prepare)
+        except BaseException:
+            self.stop_database()
+            raise
         preload()
 
-        children = [
+        supervisor.children = [
             Child("web", role_argv("runserver", f"{host}:{port}", "--noreload", "--skip-checks"), fork=True),
             # The dispatcher's work (admitting work under a concurrency limit) in the scheduler's process:
             # one process and two database connections fewer for the idle footprint.
@@ -56,24 +74,27 @@ class Command(BaseCommand):
         url = f"http://{host}:{port}/"
 
         def announce():
-            self.stdout.write(self.style.SUCCESS(f"\nReady in {time.time() - started:.1f}s: {url}"))
-            self.stdout.write(f"Admin: {url}admin/   {login}")
-            self.stdout.write("Press Ctrl-C to stop everything (the embedded database included).\n")
-            self.stdout.flush()
+            write_line(self.stdout, self.style.SUCCESS(f"\nReady in {time.time() - started:.1f}s: {url}"))
+            write_line(self.stdout, f"Admin: {url}admin/   {login}")
+            database = " (the embedded database included)" if settings.EMBEDDED_DATABASE else ""
+            write_line(self.stdout, f"Press Ctrl-C to stop everything{database}.\n")
 
-        supervisor = Supervisor(children, self.say, grace=10)
         try:
-            supervisor.run(on_started=announce, ready=lambda: listening(host, port))
+            clean = supervisor.run(on_started=announce, ready=lambda: listening(host, port))
         finally:
             self.stop_database()
         if supervisor.gave_up:
-            raise CommandError(supervisor.gave_up)
+            sys.exit(supervisor.exit_code)  # why was said when it happened
+        if not clean:
+            raise CommandError("some processes did not stop cleanly (see above)")
 
     def prepare(self) -> str:
-        """Migrate, sync the workflows and make sure an admin exists; returns the login line."""
+        """Migrate, sync the workflows, make sure an admin exists and, with DEBUG off, that the
+        static files are collected; returns the login line."""
         from orchestrator.sync import sync_workflows
 
         call_command("migrate", interactive=False, verbosity=0)
+        preflight.collect_static_files(self.say)
         report = sync_workflows()
         synced = len(report.created) + len(report.new_versions) + len(report.unchanged)
         self.stdout.write(f"workflows: {synced} synced, {len(report.broken)} broken")
@@ -89,11 +110,17 @@ class Command(BaseCommand):
         sys.stdout.flush()
         sys.stderr.flush()
         read, write = os.pipe()
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:
             os.close(read)
             code = 1
             try:
+                # Ends with the launcher, as the roles do; a stop of the launcher is its own.
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGHUP, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                die_with_parent(parent)
                 os.write(write, work().encode())
                 code = 0
             except KeyboardInterrupt:
@@ -117,8 +144,7 @@ class Command(BaseCommand):
         return answer
 
     def say(self, message: str) -> None:
-        self.stderr.write(f"[up] {message}")
-        self.stderr.flush()
+        write_line(self.stderr, f"[up] {message}")
 
     def ensure_admin(self) -> str:
         User = get_user_model()
@@ -143,8 +169,8 @@ class Command(BaseCommand):
         from project import database
 
         connections.close_all()
-        embedded.stop(database.pgdata())
-        self.stdout.write("embedded PostgreSQL stopped")
+        if embedded.stop(database.pgdata()):
+            write_line(self.stdout, "embedded PostgreSQL stopped")
 
 
 def preload() -> None:
