@@ -53,7 +53,7 @@ class ScheduleForm(forms.ModelForm):
             try:
                 cron.validate(expr, tz)
             except cron.CronError as exc:
-                # cron.py's messages name the timezone only when it is the timezone that is wrong.
+                # orchestrator.cron's messages name the timezone only when it is the timezone that is wrong.
                 self.add_error("timezone" if "timezone" in str(exc) else "cron", str(exc))
         workflow = data.get("workflow") or (self.instance.workflow if self.instance.workflow_id else None)
         if workflow is not None and "params" in data:

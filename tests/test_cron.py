@@ -1,4 +1,4 @@
-"""Scenarios for orchestrator/cron.py: parsing, aliases, the seconds field, Debian cron's DST rules in both
+"""Scenarios for orchestrator/cron/: parsing, aliases, the seconds field, Debian cron's DST rules in both
 hemispheres, bounds, jitter and descriptions. Pure Python: no Django, no sleeps."""
 
 import calendar
@@ -18,7 +18,7 @@ import pytest
 from croniter import croniter
 
 from orchestrator import cron
-from orchestrator.cron import CronError
+from orchestrator.cron import CronError, offsets
 
 HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
@@ -77,7 +77,7 @@ def repeat(request):
 
 
 def hourly_transitions(zone: str, year: int, month: int) -> list[datetime]:
-    """Offset changes in a month found hour by hour, then to the second (independent of cron.py)."""
+    """Offset changes in a month found hour by hour, then to the second (independent of orchestrator.cron)."""
     tz = ZoneInfo(zone)
     t = datetime(year, month, 1, tzinfo=UTC)
     end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC)
@@ -104,7 +104,7 @@ def test_offset_changes_close_together_are_all_found(zone, year, month):
     # Offsets are probed once a day; these are the tz database's closest pairs of changes.
     expected = hourly_transitions(zone, year, month)
     assert expected, "a month with a change"
-    assert list(cron._transitions_in_month(zone, year, month)) == expected
+    assert list(offsets.transitions_in_month(zone, year, month)) == expected
 
 
 def test_the_dst_dates_used_here_are_the_real_ones():
@@ -434,9 +434,9 @@ def test_the_ends_of_the_calendar_give_no_overflow_only_fewer_fire_times(zone):
 def test_a_rare_schedule_skips_the_years_between_its_fire_times():
     # Only the months around each fire time have their DST transitions worked out: the 2,000 leap days of
     # 8,000 years need about 4,000 months, not 96,000.
-    cron._transitions_in_month.cache_clear()
+    offsets.transitions_in_month.cache_clear()
     berlin = list(cron.fire_times("0 0 29 2 *", "Europe/Berlin", utc(2000, 1, 1), until=utc(9999, 12, 31)))
-    assert cron._transitions_in_month.cache_info().misses < 10_000
+    assert offsets.transitions_in_month.cache_info().misses < 10_000
     # Every Feb 29 (midnight in Berlin is 23:00 UTC the day before).
     local_dates = [f.astimezone(ZoneInfo("Europe/Berlin")).date() for f in berlin]
     assert local_dates == [date(y, 2, 29) for y in range(2000, 10000) if calendar.isleap(y)]

@@ -15,6 +15,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from orchestrator import cron
+from orchestrator.cron import expression, offsets
 from orchestrator.limits import LOGICAL_DATE_MAX, LOGICAL_DATE_MIN
 
 SPEC = {"params": {}, "tasks": {"noop": {"kind": "python", "ref": "workflows.jobs:noop", "upstream": []}}}
@@ -22,9 +23,9 @@ ZONES = ("UTC", "Europe/Berlin", "America/New_York")
 
 
 def _clear_caches() -> None:
-    cron._transitions_in_month.cache_clear()
-    cron._first_transition_from.cache_clear()
-    cron._parse.cache_clear()
+    offsets.transitions_in_month.cache_clear()
+    offsets.first_transition_from.cache_clear()
+    expression.parse.cache_clear()
 
 
 def many_schedules() -> list[tuple[str, str]]:
