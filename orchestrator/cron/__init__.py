@@ -6,7 +6,7 @@ product agrees on what a schedule means. It deliberately imports nothing from Dj
     expression.py  parsing: the value sets of an expression, the matcher, CronError and its messages
     offsets.py     the UTC offset transitions of a zone, and the segments of constant offset between them
     fire.py        the core: fire_times and what is built on it (next fire time, preview, validate)
-    describe.py    the prose of describe()
+    prose.py       the prose of describe()
 
 Expressions
 -----------
@@ -48,9 +48,9 @@ Matching happens on the wall clock of the schedule's IANA time zone; results are
 * Fall back: a fixed-time job runs once, in the first occurrence of the repeated wall time. Other jobs fire
   in both occurrences, because real time elapses in both.
 """
-from orchestrator.cron.describe import describe
 from orchestrator.cron.expression import CronError
 from orchestrator.cron.fire import fire_times, is_fixed_time, jitter_offset, next_fire_time, preview, validate
+from orchestrator.cron.prose import describe
 
 __all__ = [
     "CronError",
