@@ -24,6 +24,8 @@ PARAM_TYPES = {str: "str", int: "int", float: "float", bool: "bool", list: "list
 PARAM_TYPE_NAMES = ("str", "int", "float", "bool", "date", "datetime", "list", "dict")
 TRIGGER_MODES = ("any", "all")
 CALLBACK_EVENTS = ("on_failure", "on_success", "on_retry")
+# What a notification rule can be about (``Notify(on=[...])`` and the admin's rules).
+NOTIFY_EVENTS = ("run_failed", "run_succeeded", "deadline_missed", "sensor_timed_out", "approval_requested")
 
 _REQUIRED = object()
 
@@ -217,6 +219,28 @@ class On:
 
     def to_spec(self) -> dict:
         return {"datasets": sorted(set(self.datasets), key=str), "mode": self.mode}
+
+
+class Notify:
+    """A notification rule of a workflow: on these events, email these people and post to these
+    chat webhooks (Slack's or Teams' incoming webhooks, or any receiver of their JSON).
+
+        Notify(on=["run_failed", "deadline_missed"], email=["data-team@example.com"],
+               slack=["https://hooks.slack.com/services/..."], teams=["https://....webhook.office.com/..."])
+    """
+
+    def __init__(self, on, *, email: Iterable[str] = (), slack: Iterable[str] = (), teams: Iterable[str] = ()):
+        self.on = [on] if isinstance(on, str) else list(on) if isinstance(on, list | tuple | set) else on
+        self.email = [email] if isinstance(email, str) else list(email)
+        self.slack = [slack] if isinstance(slack, str) else list(slack)
+        self.teams = [teams] if isinstance(teams, str) else list(teams)
+
+    def __repr__(self):
+        return f"Notify(on={self.on!r})"
+
+    def to_spec(self) -> dict:
+        return {"on": sorted(set(self.on)), "email": list(self.email), "slack": list(self.slack),
+                "teams": list(self.teams)}
 
 
 def callables(value) -> list:

@@ -37,12 +37,14 @@ from orchestrator import registry
 from orchestrator.definition import (
     CALLBACK_EVENTS,
     CATCHUP_POLICIES,
+    NOTIFY_EVENTS,
     OVERLAP_POLICIES,
     PARAM_TYPE_NAMES,
     PARAM_TYPES,
     TRIGGER_MODES,
     TRIGGER_RULES,
     DefinitionError,
+    Notify,
     On,
     Param,
     Schedule,
@@ -54,9 +56,9 @@ from orchestrator.definition import (
 from orchestrator.taskcontext import TaskContext
 
 # The parts of a definition are importable from here too: workflow modules need only this module.
-__all__ = ["CALLBACK_EVENTS", "CATCHUP_POLICIES", "OVERLAP_POLICIES", "PARAM_TYPES", "PARAM_TYPE_NAMES", "TRIGGER_MODES",
-           "TRIGGER_RULES", "DefinitionError", "On", "Param", "Schedule", "Task", "TaskContext", "Workflow",
-           "callback_ref", "collect"]
+__all__ = ["CALLBACK_EVENTS", "CATCHUP_POLICIES", "NOTIFY_EVENTS", "OVERLAP_POLICIES", "PARAM_TYPES", "PARAM_TYPE_NAMES",
+           "TRIGGER_MODES", "TRIGGER_RULES", "DefinitionError", "Notify", "On", "Param", "Schedule", "Task", "TaskContext",
+           "Workflow", "callback_ref", "collect"]
 
 # While sync imports a module, every Workflow created in that thread lands in this thread's list
 # (see collect()): an import sync gave up on, still running in its own thread, adds to no other's.
@@ -71,7 +73,8 @@ class Workflow:
                  params: dict[str, Param | Any] | None = None, tags: Iterable[str] = (), owner: str = "",
                  tenant: str = "default", max_active_runs: int | None = None, webhooks: Iterable[str] = (),
                  triggers: Iterable[On] = (), on_failure=None, on_success=None, on_retry=None,
-                 deadline: float | None = None, run_timeout: float | None = None, module: str | None = None):
+                 deadline: float | None = None, run_timeout: float | None = None, notify: Iterable[Notify] = (),
+                 module: str | None = None):
         self.name = name
         self.description = inspect.cleandoc(description) if description else ""
         self.schedules = list(schedules)
@@ -90,6 +93,8 @@ class Workflow:
         register_callbacks(self.callbacks)
         self.deadline = deadline  # seconds after the logical date; a later run is recorded as late
         self.run_timeout = run_timeout  # seconds after a run starts; it is then cancelled
+        # Who hears of this workflow's runs: emails and chat posts (orchestrator.notifications).
+        self.notify = [notify] if isinstance(notify, Notify) else list(notify)
         self.tasks: dict[str, Task] = {}
         self.edges: list[tuple[str, str]] = []
         self.errors: list[DefinitionError] = []
@@ -207,6 +212,8 @@ class Workflow:
             spec["deadline"] = self.deadline
         if self.run_timeout is not None:
             spec["run_timeout"] = self.run_timeout
+        if self.notify:
+            spec["notify"] = [rule.to_spec() for rule in self.notify]
         return spec
 
     def test(self, params: dict | None = None, logical_date: datetime | None = None, **options):

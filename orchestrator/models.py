@@ -13,6 +13,11 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 
+from orchestrator.people import (  # noqa: F401 - the app's models, defined in a module of their own
+    Notification,
+    NotificationMessage,
+    NotificationRule,
+)
 from orchestrator.states import (  # noqa: F401 - the state names, importable from here too
     ACTIVE_RUN_STATES,
     ACTIVE_TASK_STATES,

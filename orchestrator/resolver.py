@@ -23,7 +23,7 @@ from datetime import datetime
 
 from django.db import connection
 
-from orchestrator import callbacks, clock, datasets, db, deadlines, mapping
+from orchestrator import callbacks, clock, datasets, db, deadlines, mapping, notifications
 from orchestrator.channels import wake_due
 from orchestrator.states import (
     DEFAULT_TRIGGER_RULE,
@@ -55,6 +55,7 @@ class Ending:
     exception_class: str = ""  # the dotted path of the exception's class, from the exception object
     job: bool = False  # a one-task job run: no children to release
     run_id: int | None = None  # saves a lookup when known
+    sensor_timeout: bool = False  # a sensor's "not yet" past its timeout (notifications hear of it)
 
 
 # --- SQL ---------------------------------------------------------------------------------------
@@ -328,6 +329,9 @@ def _announce(rows: list[tuple], mine: list[Ending], now: datetime) -> None:
     calling = [(task_run_id, state) for task_run_id, _, state, _, calls, *_ in rows if calls and task_run_id not in checks]
     if calling:
         callbacks.task_ended(calling, now=now)
+    timed_out = {e.task_run_id: e.error for e in mine if e.sensor_timeout}
+    if timed_out:
+        notifications.sensor_timed_out(list(timed_out), timed_out, now=now)
 
 
 def _resolve_after(accepted: list[tuple], mine: list[Ending], now: datetime, done=frozenset(),
@@ -363,7 +367,7 @@ def _sensor_timeouts(endings: Sequence[Ending], now: datetime) -> list[Ending]:
     for task_run_id, timeout, since in rows:
         if since is not None and (now - since).total_seconds() >= timeout:
             over[task_run_id] = timeout
-    return [replace(e, outcome=AttemptOutcome.TIMED_OUT,
+    return [replace(e, outcome=AttemptOutcome.TIMED_OUT, sensor_timeout=True,
                     error=f"sensor timed out: no true answer in {over[e.task_run_id]:g}s")
             if e.outcome == AttemptOutcome.RESCHEDULED and e.task_run_id in over else e
             for e in endings]
@@ -421,6 +425,6 @@ def _runs_finished(finished: list[tuple], now: datetime) -> None:
         return
     from orchestrator import notifier
 
-    notifier.runs_finished(ended)
+    notifier.runs_finished(ended, now=now)
     callbacks.run_ended(ended, now=now)
     deadlines.finished_late([run_id for run_id, _ in ended])

@@ -17,15 +17,19 @@ import math
 import re
 
 import networkx
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
 
 from orchestrator import cron, limits
 from orchestrator.definition import (
     CATCHUP_POLICIES,
+    NOTIFY_EVENTS,
     OVERLAP_POLICIES,
     PARAM_TYPE_NAMES,
     TRIGGER_MODES,
     TRIGGER_RULES,
     DefinitionError,
+    Notify,
     On,
     Schedule,
     callables,
@@ -113,15 +117,46 @@ def _check_run_options(wf, error) -> None:
     if not _is_number(wf.max_active_runs, minimum=1, allow_none=True, integer=True):
         error("max_active_runs", wf.max_active_runs, "must be a whole number of at least 1, or None")
     for url in wf.webhooks:
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            error("webhooks", url, "must be an http:// or https:// URL")
-        elif problem := limits.text_problem(url, limits.URL):
-            error("webhooks", url, problem)
+        _check_url("webhooks", url, error)
     if not _positive(wf.deadline):
         error("deadline", wf.deadline, "must be a positive number of seconds after the logical date, or None")
     if not _positive(wf.run_timeout):
         error("run_timeout", wf.run_timeout, "must be a positive number of seconds, or None")
     _check_callbacks("", wf.callbacks, error)
+    for index, rule in enumerate(wf.notify):
+        check_notify_rule(f"notify[{index}]", rule, error)
+
+
+def _check_url(where: str, url, error) -> None:
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        error(where, url, "must be an http:// or https:// URL")
+    elif problem := limits.text_problem(url, limits.URL):
+        error(where, url, problem)
+
+
+def check_notify_rule(where: str, rule, error) -> None:
+    """A ``Notify``: known events, and addresses and URLs a message can be sent to."""
+    if not isinstance(rule, Notify):
+        error(where, rule, 'a notification rule is Notify(on=[...], email=[...], slack=[...], teams=[...])')
+        return
+    events = rule.on if isinstance(rule.on, list) else None
+    if not events:
+        error(f"{where}.on", rule.on, f"name at least one event of {', '.join(NOTIFY_EVENTS)}")
+    for event in events or ():
+        if event not in NOTIFY_EVENTS:
+            error(f"{where}.on", event, f"unknown event: use {', '.join(NOTIFY_EVENTS)}")
+    for address in rule.email:
+        try:
+            if not isinstance(address, str) or len(address) > limits.EMAIL:
+                raise ValidationError("too long")
+            validate_email(address)
+        except ValidationError:
+            error(f"{where}.email", address, f"must be an email address (at most {limits.EMAIL} characters)")
+    for kind in ("slack", "teams"):
+        for url in getattr(rule, kind):
+            _check_url(f"{where}.{kind}", url, error)
+    if not (rule.email or rule.slack or rule.teams):
+        error(where, rule, "tells nobody: give email=, slack= or teams=")
 
 
 def _check_callbacks(where: str, callbacks: dict, error) -> None:
