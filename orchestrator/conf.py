@@ -132,6 +132,10 @@ OPTIONS = [
     Option("BASE_URL", "text", "", "unset",
            "The address of the pages as people reach them, e.g. `https://orchestrator.example.com`: the links "
            "in notifications (and the answer links of approvals) point there. Unset: messages carry no links."),
+    Option("TRACE_URL", "text", "", "unset",
+           "With tracing on (the `OTEL_*` variables), a link from a task run's page to its trace: a URL "
+           "with `{trace_id}` in it, e.g. `https://jaeger.example.com/trace/{trace_id}`. Unset: the page "
+           "shows the trace id only."),
     Option("SHELL_ENV_ALLOW", "list", ["PATH", "HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR",
                                        "USER", "LOGNAME", "SHELL"],
            "`PATH`, `HOME`, `LANG`, `LANGUAGE`, `LC_ALL`, `LC_CTYPE`, `TZ`, `TMPDIR`, `USER`, `LOGNAME`, `SHELL`",

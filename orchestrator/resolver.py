@@ -23,7 +23,7 @@ from datetime import datetime
 
 from django.db import connection
 
-from orchestrator import callbacks, clock, datasets, db, deadlines, mapping, notifications
+from orchestrator import callbacks, clock, datasets, db, deadlines, mapping, notifications, tracing
 from orchestrator.channels import wake_due
 from orchestrator.states import (
     DEFAULT_TRIGGER_RULE,
@@ -315,6 +315,7 @@ def receive_endings(sent: SentEndings) -> list[tuple[int, int, str]]:
     won = {row[0] for row in accepted}
     mine = [e for e in sent.endings if e.task_run_id in won]
     _announce(rows, mine, sent.now)
+    tracing.task_runs_ended(accepted, FINISHED_TASK_STATES)
     _resolve_after(accepted, mine, sent.now, done={row[1] for row in rows if row[6] is not None}, dynamic=dynamic)
     return accepted
 
@@ -420,6 +421,7 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
 def _runs_finished(finished: list[tuple], now: datetime) -> None:
     """Webhooks, callbacks and late-deadline marks of the workflow runs that ended (FINISH_RUNS'
     rows: id, state, workflow)."""
+    tracing.runs_ended([run_id for run_id, _, _ in finished])
     ended = [(run_id, state) for run_id, state, workflow_id in finished if workflow_id]
     if not ended:
         return
