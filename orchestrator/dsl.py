@@ -157,6 +157,24 @@ class Workflow:
         options = {"timeout": poke_timeout, "sensor": sensor, **options}
         return self.task(fn, **options) if fn is not None else self.task(**options)
 
+    def approval(self, name: str, *, ask: str, options: Iterable[str] = ("approve", "reject"),
+                 reject: Iterable[str] | None = None, form: dict | None = None, timeout: float | None = None,
+                 groups: Iterable[str] = (), **options_):
+        """A task that asks a person and waits for the answer, holding no worker: ``ask`` is the
+        question (``{params[amount]}``, ``{upstream[task]}``, ``{run_id}`` and ``{logical_date}``
+        are filled in), ``options`` the answers, ``reject`` those that fail the task (by default
+        "reject" when it is an option), ``form`` more fields to fill in (``Param``s), ``timeout``
+        how long to wait (then the retry rule: ``retries`` asks again), ``groups`` who may
+        answer besides operators. The result, for the tasks downstream, is ``{"answer": ...,
+        "form": {...}, "by": ..., "at": ...}``."""
+        options = [options] if isinstance(options, str) else list(options)
+        if reject is None:
+            reject = [option for option in options if option == "reject"]
+        approval = {"ask": ask, "options": options, "reject": [reject] if isinstance(reject, str) else list(reject),
+                    "form": dict(form or {}), "timeout": timeout,
+                    "groups": [groups] if isinstance(groups, str) else list(groups)}
+        return self._add(Task(self, name, approval=approval, **options_))
+
     def upstream_of(self) -> dict[str, set[str]]:
         upstream = {name: set() for name in self.tasks}
         for parent, child in self.edges:

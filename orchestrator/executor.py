@@ -328,6 +328,8 @@ def run(message: dict, log_stream=None, declared: dict | None = None, functions:
                 value = call_python(message, ctx, declared, functions, attempt)
                 if spec.get("sensor") and not value:
                     outcome = AttemptOutcome.RESCHEDULED  # not yet: checked again after the sensor's interval
+                elif spec.get("approval"):
+                    outcome = AttemptOutcome.ASKED  # the question is out: the task run awaits its answer
                 else:
                     check_result(message, value)
                     result = encode_result(value)

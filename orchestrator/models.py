@@ -14,6 +14,7 @@ from django.db import models
 from django.db.models import Q
 
 from orchestrator.people import (  # noqa: F401 - the app's models, defined in a module of their own
+    Approval,
     Notification,
     NotificationMessage,
     NotificationRule,
@@ -315,6 +316,8 @@ class TaskRun(models.Model):
             # any is left (mapping.FINISH_MAPPED), which must not read every instance.
             models.Index(fields=["run", "task"], condition=Q(map_index__gte=0, state__in=[*ACTIVE_TASK_STATES]),
                          name="taskrun_active_instances"),
+            # Approvals waiting for an answer, by their timeout (approvals.expire reads the due ones).
+            models.Index(fields=["due_at"], condition=Q(state=TaskState.AWAITING), name="taskrun_awaiting"),
         ]
 
     def __str__(self):

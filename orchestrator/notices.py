@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from django.db.models import Count
 from django.urls import reverse
 
+from orchestrator import approval_links
 from orchestrator.conf import app_settings
-from orchestrator.models import Notification, NotificationMessage, Run, TaskRun, TaskState
+from orchestrator.models import Approval, Notification, NotificationMessage, Run, TaskRun, TaskState
 
 # How many events a digest lists one by one (it counts all of them).
 DIGEST_LINES = 50
@@ -38,13 +39,20 @@ class Notice:
     lines: list[str]
     link: str = ""  # the page to open
     link_label: str = "Open"
+    approval: Approval | None = None  # the question of an approval_requested event
 
     @property
     def text(self) -> str:
         return "\n".join(self.lines + ([f"\n{self.link_label}: {self.link}"] if self.link else []))
 
     def text_for_email(self, address: str) -> str:
-        return self.text + "\n"
+        """The text, and for an open approval a link per answer that answers it as ``address``
+        (signed: the address it was sent to is who answered)."""
+        if self.approval is None or self.approval.state != Approval.State.OPEN or not app_settings.BASE_URL:
+            return self.text + "\n"
+        links = [f"  {option}: {url('orchestrator:web:approval_link', approval_links.token(self.approval.pk, option, address))}"
+                 for option in self.approval.options]
+        return self.text + "\n\nAnswer here (each link asks you to confirm):\n" + "\n".join(links) + "\n"
 
 
 @dataclass
@@ -90,6 +98,16 @@ def single(notification: Notification) -> Notice:
             lines.append(f"Reason: {one_line(run.reason, ERROR_CHARS)}")
     elif notification.event == "deadline_missed" and run is not None:
         lines.append(f"It was to end by {_when(run.deadline_at)}.")
+    elif notification.event == "approval_requested":
+        approval = (Approval.objects.filter(task_run_id=notification.task_run_id).order_by("-number").first()
+                    if notification.task_run_id else None)
+        if approval is not None:
+            subject = one_line(f"[orchestrator] {title}: {approval.question}")
+            lines += [f"Question: {approval.question}", f"Answers: {', '.join(approval.options)}"]
+            if approval.due_at:
+                lines.append(f"Without an answer by {_when(approval.due_at)} it times out.")
+            return Notice(subject=subject, lines=lines, link=url("orchestrator:web:approvals"),
+                          link_label="Waiting for you", approval=approval)
     elif notification.detail.get("error"):
         lines.append(f"Error: {one_line(notification.detail['error'], ERROR_CHARS)}")
     if notification.task_run_id is not None:

@@ -1,5 +1,6 @@
-"""The tables of what reaches people: the installation's notification rules, the notifications
-events make, and the messages (one email or chat post each) that carry them.
+"""The tables of what reaches people and what people answer: the installation's notification
+rules, the notifications events make, the messages (one email or chat post each) that carry them,
+and the approvals that wait for a person's answer.
 
 Defined here rather than in ``models.py`` to keep that module to the core of runs and tasks;
 ``models.py`` imports them, so they are the app's models like the others.
@@ -7,6 +8,7 @@ Defined here rather than in ``models.py`` to keep that module to the core of run
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
@@ -107,3 +109,51 @@ class Notification(models.Model):
 
     def __str__(self):
         return f"{self.event} of {self.workflow or 'a job'} for {self.message.recipient}"
+
+
+class ApprovalState(models.TextChoices):
+    OPEN = "open", "waiting for an answer"
+    ANSWERED = "answered", "answered"
+    TIMED_OUT = "timed_out", "no answer in time"
+    CLOSED = "closed", "closed unanswered"  # its task run was cancelled, cleared or asked again
+
+
+class Approval(models.Model):
+    """One question of an approval task to people (one per ask: a timeout with asks left asks
+    again), and its answer: who chose what, when, from where, with the form's values. Exactly one
+    answer counts: answering is a guarded update of an open approval."""
+
+    State = ApprovalState
+
+    task_run = models.ForeignKey("orchestrator.TaskRun", on_delete=models.CASCADE, related_name="approvals")
+    # The attempt that asked (the task run's attempt number then): an answer counts only while the
+    # task run still awaits this ask.
+    number = models.PositiveIntegerField()
+    run = models.ForeignKey("orchestrator.Run", on_delete=models.CASCADE, related_name="+", db_index=False)
+    workflow = models.CharField(max_length=200, blank=True)
+    task = models.CharField(max_length=255)
+    tenant = models.CharField(max_length=200, default="default")
+    question = models.TextField()
+    options = ArrayField(models.CharField(max_length=50))
+    reject = ArrayField(models.CharField(max_length=50), default=list, blank=True)
+    form = models.JSONField(default=dict, blank=True, help_text="The fields to fill in, as declared (param specs).")
+    groups = ArrayField(models.CharField(max_length=150), default=list, blank=True)
+    state = models.CharField(max_length=10, choices=ApprovalState.choices, default=ApprovalState.OPEN)
+    asked_at = models.DateTimeField()
+    due_at = models.DateTimeField(null=True, blank=True)
+    answer = models.CharField(max_length=50, blank=True)
+    values = models.JSONField(default=dict, blank=True)
+    answered_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="+")
+    # Who answered, kept by name (a user, or the address a signed link was sent to).
+    answered_by_name = models.CharField(max_length=254, blank=True)
+    answered_via = models.CharField(max_length=10, blank=True)  # page, api or link
+    answered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [models.UniqueConstraint(fields=["task_run", "number"], name="approval_one_per_ask")]
+        indexes = [models.Index(fields=["asked_at"], condition=Q(state=ApprovalState.OPEN), name="approval_open")]
+
+    def __str__(self):
+        return f"approval of {self.workflow}.{self.task} (run #{self.run_id})"

@@ -31,6 +31,7 @@ from orchestrator.definition import (
     DefinitionError,
     Notify,
     On,
+    Param,
     Schedule,
     callables,
     callback_ref,
@@ -177,7 +178,9 @@ def _check_task(wf, name, task, children: set, error) -> list[str]:
         error(f"{where}.name", name, "use letters, digits, '_', '-' or '.'")
     if task.fn is not None and "<locals>" in task.fn.__qualname__:
         error(f"{where}.fn", task.fn.__qualname__, f"a task function must be {MODULE_LEVEL}")
-    if task.fn is None and (not isinstance(task.command, str) or not task.command.strip()):
+    if task.approval is not None:
+        _check_approval(where, task, error)
+    elif task.fn is None and (not isinstance(task.command, str) or not task.command.strip()):
         error(f"{where}.command", task.command, "a shell task needs a non-empty command")
     elif task.fn is None and (problem := limits.text_error(task.command, "the command")):
         error(f"{where}.command", task.command, problem)
@@ -232,6 +235,38 @@ def _check_sensor(where: str, name: str, task, error) -> None:
         error(f"{where}.timeout", task.sensor.get("timeout"), "must be a positive number of seconds, or None")
     if task.branch:
         error(f"{where}.branch", name, "a sensor cannot also be a branch")
+
+
+def _check_approval(where: str, task, error) -> None:
+    """An approval's question, answers, form fields, timeout and groups."""
+    approval = task.approval
+    if problem := limits.text_problem(approval["ask"], 2000, allow_empty=False):
+        error(f"{where}.ask", approval["ask"], problem)
+    options = approval["options"]
+    if not options:
+        error(f"{where}.options", options, "give at least one answer to choose from")
+    for option in options:
+        if not isinstance(option, str) or not limits.NAME_RE.match(option) or len(option) > 50:
+            error(f"{where}.options", option, "an answer uses letters, digits, '_', '-' or '.', at most 50 characters")
+    if len(set(map(str, options))) != len(options):
+        error(f"{where}.options", options, "two answers are the same")
+    for option in approval["reject"]:
+        if option not in options:
+            error(f"{where}.reject", option, f"not one of the options ({', '.join(map(str, options))})")
+    for name, param in approval["form"].items():
+        if not isinstance(param, Param):
+            error(f"{where}.form.{name}", param, "a form field is a Param(type, default=..., choices=...)")
+        elif param.type not in PARAM_TYPE_NAMES:
+            error(f"{where}.form.{name}.type", param.type, f"must be one of {', '.join(PARAM_TYPE_NAMES)}")
+        elif not limits.NAME_RE.match(str(name)):
+            error(f"{where}.form", name, f"a field name must {limits.NAME_RULE}")
+    if not _positive(approval["timeout"]):
+        error(f"{where}.timeout", approval["timeout"], "must be a positive number of seconds, or None (no timeout)")
+    for group in approval["groups"]:
+        if limits.text_problem(group, 150, allow_empty=False):
+            error(f"{where}.groups", group, "a group is named by a non-empty string of at most 150 characters")
+    if task.map_over is not None or task.branch or task.sensor is not None:
+        error(where, task.name, "an approval is neither mapped, a branch nor a sensor")
 
 
 def _check_mapping(where: str, name: str, task, error) -> None:
