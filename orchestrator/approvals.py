@@ -151,10 +151,12 @@ def answer(approval_id: int, given: Answer, *, request=None, now: datetime | Non
             answered_by_name=given.by_name[:254], answered_via=given.via, answered_at=now)
         if not won:
             raise AnswerRefused(refusal(Approval.objects.get(pk=approval.pk)))
-        ended = TaskRun.objects.filter(pk=approval.task_run_id, state=TaskState.AWAITING,
-                                       attempts=approval.number).update(
-            state=TaskState.FAILED if rejected else TaskState.SUCCEEDED, result=result, finished_at=now,
-            error=f"rejected by {given.by_name or 'someone'}: {given.option}" if rejected else "")
+        awaiting = TaskRun.objects.filter(pk=approval.task_run_id, state=TaskState.AWAITING, attempts=approval.number)
+        if rejected:
+            ended = awaiting.update(state=TaskState.FAILED, result=result, finished_at=now,
+                                    error=f"rejected by {given.by_name or 'someone'}: {given.option}")
+        else:
+            ended = awaiting.update(state=TaskState.SUCCEEDED, result=result, finished_at=now, error="")
         if not ended:
             # Rolled back with the answer: the task run was cancelled, timed out or not asking yet.
             raise AnswerRefused("this approval is no longer waiting for an answer (its task was cancelled, "

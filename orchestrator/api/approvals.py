@@ -4,7 +4,7 @@ at once exactly one counts, the other gets a 409 that says who answered what and
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.permissions import IsAuthenticated
@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from orchestrator import approvals
 from orchestrator.api import serializers as s
 from orchestrator.api.base import APIBase, body, errors, validated
+from orchestrator.api.schema import extend_schema
 from orchestrator.models import Approval
 
 
