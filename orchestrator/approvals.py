@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 
-from orchestrator import access, approval_links, audit, callbacks, clock, limits, resolver
+from orchestrator import access, approval_links, audit, callbacks, clock, limits, resolver, tracing
 from orchestrator.channels import wake_due
 from orchestrator.models import Approval, Run, TaskRun
 from orchestrator.params import ParamError, clean_params
@@ -86,13 +86,16 @@ def ask(ctx: TaskContext) -> None:
 
 # --- who may answer, and what is open ------------------------------------------------------------
 
-def may_answer(user, approval: Approval) -> bool:
-    """Operators, and the members of the groups the approval names."""
+def may_answer(user, approval: Approval, groups: set[str] | None = None) -> bool:
+    """Operators, and the members of the groups the approval names (``groups``: the user's, when
+    the caller read them already)."""
     if user is None or not getattr(user, "is_authenticated", False) or not user.is_active:
         return False
     if access.is_operator(user):
         return True
-    return bool(approval.groups) and user.groups.filter(name__in=approval.groups).exists()
+    if groups is None:
+        groups = set(user.groups.values_list("name", flat=True))
+    return bool(groups & set(approval.groups))
 
 
 def open_approvals():
@@ -103,10 +106,13 @@ def open_approvals():
 
 def waiting_for(user, run: Run | None = None) -> list[Approval]:
     """The open approvals ``user`` may answer (of one run, when given)."""
+    if user is None or not getattr(user, "is_authenticated", False):
+        return []
     found = open_approvals()
     if run is not None:
         found = found.filter(run=run)
-    return [approval for approval in found if may_answer(user, approval)]
+    groups = set(user.groups.values_list("name", flat=True))
+    return [approval for approval in found if may_answer(user, approval, groups)]
 
 
 # --- answering ------------------------------------------------------------------------------------
@@ -164,8 +170,9 @@ def answer(approval_id: int, given: Answer, *, request=None, now: datetime | Non
         audit.record("answer", request=request, user=given.by, actor_name=given.by_name,
                      source="api" if given.via == "api" else "ui", target=approval.task_run,
                      approval=approval.pk, answer=given.option, form=values, via=given.via)
-        callbacks.task_ended([(approval.task_run_id, TaskState.FAILED if rejected else TaskState.SUCCEEDED)],
-                             now=now)
+        state = TaskState.FAILED if rejected else TaskState.SUCCEEDED
+        callbacks.task_ended([(approval.task_run_id, state)], now=now)
+        tracing.task_runs_ended([(approval.task_run_id, approval.run_id, state)], FINISHED_TASK_STATES)
         resolver.resolve_runs([approval.run_id], now=now)
     approval.refresh_from_db()
     return approval

@@ -231,3 +231,19 @@ def send_now(message_ids: Iterable[int], now: datetime | None = None) -> int:
         ).update(due_at=now)
         wake_due()
     return brought
+
+
+def prune_messages(before: datetime, batch: int = 1000, max_batches: int = 20) -> int:
+    """Delete messages sent (or given up on) before ``before``, with the notifications they carry,
+    in batches (retention calls it with its cutoff); returns how many messages went."""
+    done = (MessageState.SENT, MessageState.FAILED)
+    deleted = 0
+    for _ in range(max_batches):
+        ids = list(NotificationMessage.objects.filter(state__in=done, created_at__lt=before)
+                   .order_by("id").values_list("pk", flat=True)[:batch])
+        if not ids:
+            break
+        with transaction.atomic():
+            Notification.objects.filter(message_id__in=ids).delete()
+            deleted += NotificationMessage.objects.filter(pk__in=ids).delete()[0]
+    return deleted

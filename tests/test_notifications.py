@@ -268,3 +268,21 @@ def test_bad_notification_rules_are_reported_with_the_field_and_value(tmp_path):
         "workflow 'bad': notify[2]='every failure': a notification rule is Notify(on=[...], email=[...], "
         "slack=[...], teams=[...])",
     ]
+
+
+def test_retention_deletes_sent_messages_with_their_notifications_and_keeps_gathering_ones(workflows, loop, clock,
+                                                                                           mailbox):
+    from orchestrator import retention
+
+    trigger_workflow(workflows["storm"], now=clock.now())
+    run_all(loop, clock)
+    clock.advance(60)
+    run_all(loop, clock)  # sent
+    clock.advance(days=31)
+    trigger_workflow(workflows["storm"], now=clock.now())
+    run_all(loop, clock)  # gathering
+    assert set(NotificationMessage.objects.values_list("state", flat=True)) == {"sent", "pending"}
+    retention.prune(timedelta(days=30), clock=clock)
+    assert set(NotificationMessage.objects.values_list("state", flat=True)) == {"pending"}
+    assert not Notification.objects.filter(message__state="sent").exists()
+    assert Notification.objects.count() == NotificationMessage.objects.count() == 4
