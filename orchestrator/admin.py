@@ -22,6 +22,7 @@ from django.utils.html import format_html
 
 from orchestrator import (
     access,
+    admin_notifications,  # noqa: F401 - registers the notification rules' and messages' admin
     admin_schedules,  # noqa: F401 - registers the Schedule admin
     audit,
 )

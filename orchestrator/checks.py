@@ -9,7 +9,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 
-from orchestrator import conf
+from orchestrator import conf, tracing
 from orchestrator.conf import app_settings
 
 # The apps the orchestrator's pages, API and admin are built on.
@@ -132,3 +132,22 @@ def check_secrets(app_configs=None, **kwargs):
             id="orchestrator.E009",
         )]
     return []
+
+
+@register(Tags.compatibility)
+def check_tracing(app_configs=None, **kwargs):
+    """The OTEL_* variables ask for traces, but the SDK is not installed (the [otel] extra)."""
+    if not tracing.configured():
+        return []
+    try:
+        if importlib.util.find_spec("opentelemetry.sdk") is not None:
+            return []
+    except ImportError:  # not even the opentelemetry namespace is there
+        pass
+    return [Warning(
+        "The OTEL_* environment variables ask for traces, but the OpenTelemetry SDK is not installed: "
+        "runs are not traced.",
+        hint="pip install 'django-dag-orchestrator[otel]', or unset OTEL_TRACES_EXPORTER and "
+             "OTEL_EXPORTER_OTLP_ENDPOINT.",
+        id="orchestrator.W003",
+    )]

@@ -125,6 +125,17 @@ OPTIONS = [
            "development, webhook calls carry no signature."),
     Option("WEBHOOK_RETRY_SECONDS", "seconds", 5.0, "5",
            "The first retry delay of a failed webhook delivery (doubling, at most 10 minutes)."),
+    Option("NOTIFY_DIGEST_SECONDS", "seconds", 60.0, "60",
+           "A recipient of notifications gets at most one message per this many seconds: the first event for "
+           "a quiet recipient waits this long for others, and all of them go in one message (a digest when "
+           "there are several)."),
+    Option("BASE_URL", "text", "", "unset",
+           "The address of the pages as people reach them, e.g. `https://orchestrator.example.com`: the links "
+           "in notifications (and the answer links of approvals) point there. Unset: messages carry no links."),
+    Option("TRACE_URL", "text", "", "unset",
+           "With tracing on (the `OTEL_*` variables), a link from a task run's page to its trace: a URL "
+           "with `{trace_id}` in it, e.g. `https://jaeger.example.com/trace/{trace_id}`. Unset: the page "
+           "shows the trace id only."),
     Option("SHELL_ENV_ALLOW", "list", ["PATH", "HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR",
                                        "USER", "LOGNAME", "SHELL"],
            "`PATH`, `HOME`, `LANG`, `LANGUAGE`, `LC_ALL`, `LC_CTYPE`, `TZ`, `TMPDIR`, `USER`, `LOGNAME`, `SHELL`",

@@ -59,7 +59,7 @@ def record_misses(now: datetime, limit: int = 500) -> int:
         cursor.execute(RECORD_MISSES, {"now": now, "limit": limit})
         missed = [row[0] for row in cursor.fetchall()]
     if missed:
-        _announce(missed)
+        _announce(missed, now)
         log.warning("%d run(s) missed their deadline: %s", len(missed), ", ".join(map(str, missed)),
                     extra={"action": "deadline_missed"})
     return len(missed)
@@ -74,11 +74,11 @@ def finished_late(run_ids, now: datetime | None = None) -> int:
         cursor.execute(FINISHED_LATE, {"runs": run_ids})
         late = [row[0] for row in cursor.fetchall()]
     if late:
-        _announce(late)
+        _announce(late, now)
     return len(late)
 
 
-def _announce(run_ids: list[int]) -> None:
+def _announce(run_ids: list[int], now: datetime | None) -> None:
     from orchestrator import notifier
 
-    notifier.deadline_missed(run_ids)
+    notifier.deadline_missed(run_ids, now=now)

@@ -24,6 +24,10 @@ PARAM_TYPES = {str: "str", int: "int", float: "float", bool: "bool", list: "list
 PARAM_TYPE_NAMES = ("str", "int", "float", "bool", "date", "datetime", "list", "dict")
 TRIGGER_MODES = ("any", "all")
 CALLBACK_EVENTS = ("on_failure", "on_success", "on_retry")
+# The function a worker runs for an approval task: it asks the question (orchestrator.approvals).
+APPROVAL_REF = "orchestrator.approvals:ask"
+# What a notification rule can be about (``Notify(on=[...])`` and the admin's rules).
+NOTIFY_EVENTS = ("run_failed", "run_succeeded", "deadline_missed", "sensor_timed_out", "approval_requested")
 
 _REQUIRED = object()
 
@@ -95,7 +99,8 @@ class Task:
                  env: dict | None = None, branch: bool = False, produces: Iterable[str] = (),
                  on_failure: Callable | Iterable[Callable] | None = None,
                  on_success: Callable | Iterable[Callable] | None = None,
-                 on_retry: Callable | Iterable[Callable] | None = None, sensor: dict | None = None):
+                 on_retry: Callable | Iterable[Callable] | None = None, sensor: dict | None = None,
+                 approval: dict | None = None):
         self.workflow = workflow
         self.name = name
         self.fn = fn
@@ -115,6 +120,8 @@ class Task:
         self.callbacks = {"on_failure": on_failure, "on_success": on_success, "on_retry": on_retry}
         register_callbacks(self.callbacks)
         self.sensor = sensor  # {"every": seconds, "timeout": seconds or None}
+        # {"ask": text, "options": [...], "reject": [...], "form": {name: Param}, "timeout": seconds, "groups": [...]}
+        self.approval = approval
         self.map_over: Task | None = None
         self.max_parallel: int | None = None
         if fn is not None:
@@ -161,11 +168,13 @@ class Task:
 
     @property
     def ref(self) -> str:
+        if self.approval is not None:
+            return APPROVAL_REF
         return f"{self.fn.__module__}:{self.fn.__qualname__}" if self.fn else ""
 
     def to_spec(self, upstream: list[str], children: Iterable[str] = (), mapped_by: Iterable[str] = ()) -> dict:
         spec = {
-            "kind": "python" if self.fn is not None else "shell",
+            "kind": "python" if self.fn is not None or self.approval is not None else "shell",
             "max_attempts": self.retries + 1 if isinstance(self.retries, int) else 1,
             "retry_delay": self.retry_delay,
             "retry_backoff": self.retry_backoff,
@@ -176,7 +185,7 @@ class Task:
             "trigger_rule": self.trigger_rule,
             "upstream": sorted(upstream),
         }
-        if self.fn is not None:
+        if self.fn is not None or self.approval is not None:
             spec["ref"] = self.ref
         else:
             spec["command"] = self.command
@@ -195,6 +204,11 @@ class Task:
             spec["children"] = sorted(children)
         if self.sensor is not None:
             spec["sensor"] = dict(self.sensor)
+        if self.approval is not None:
+            approval = dict(self.approval)
+            approval["form"] = {name: param.to_spec() if isinstance(param, Param) else param
+                                for name, param in (approval.get("form") or {}).items()}
+            spec["approval"] = approval
         if self.produces:
             spec["produces"] = sorted(set(self.produces))
         callbacks = callback_refs(self.callbacks)
@@ -217,6 +231,28 @@ class On:
 
     def to_spec(self) -> dict:
         return {"datasets": sorted(set(self.datasets), key=str), "mode": self.mode}
+
+
+class Notify:
+    """A notification rule of a workflow: on these events, email these people and post to these
+    chat webhooks (Slack's or Teams' incoming webhooks, or any receiver of their JSON).
+
+        Notify(on=["run_failed", "deadline_missed"], email=["data-team@example.com"],
+               slack=["https://hooks.slack.com/services/..."], teams=["https://....webhook.office.com/..."])
+    """
+
+    def __init__(self, on, *, email: Iterable[str] = (), slack: Iterable[str] = (), teams: Iterable[str] = ()):
+        self.on = [on] if isinstance(on, str) else list(on) if isinstance(on, list | tuple | set) else on
+        self.email = [email] if isinstance(email, str) else list(email)
+        self.slack = [slack] if isinstance(slack, str) else list(slack)
+        self.teams = [teams] if isinstance(teams, str) else list(teams)
+
+    def __repr__(self):
+        return f"Notify(on={self.on!r})"
+
+    def to_spec(self) -> dict:
+        return {"on": sorted(set(self.on)), "email": list(self.email), "slack": list(self.slack),
+                "teams": list(self.teams)}
 
 
 def callables(value) -> list:

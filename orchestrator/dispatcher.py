@@ -18,7 +18,7 @@ from datetime import datetime
 
 from django.db import connection, transaction
 
-from orchestrator import clock, db, due
+from orchestrator import clock, db, due, tracing
 from orchestrator.channels import DISPATCH_CHANNEL, wake_queues
 from orchestrator.clock import system as system_clock
 from orchestrator.conf import app_settings
@@ -153,6 +153,7 @@ def tick(now: datetime | None = None, batch: int = 1000, limits: Limits | None =
         if admitted:
             db.execute(bound, MARK_QUEUED, {"ids": admitted, "now": now})
             wake_queues(queues)
+            tracing.dispatched(admitted, now)
         return len(admitted)
 
 

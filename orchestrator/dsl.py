@@ -37,12 +37,14 @@ from orchestrator import registry
 from orchestrator.definition import (
     CALLBACK_EVENTS,
     CATCHUP_POLICIES,
+    NOTIFY_EVENTS,
     OVERLAP_POLICIES,
     PARAM_TYPE_NAMES,
     PARAM_TYPES,
     TRIGGER_MODES,
     TRIGGER_RULES,
     DefinitionError,
+    Notify,
     On,
     Param,
     Schedule,
@@ -54,9 +56,9 @@ from orchestrator.definition import (
 from orchestrator.taskcontext import TaskContext
 
 # The parts of a definition are importable from here too: workflow modules need only this module.
-__all__ = ["CALLBACK_EVENTS", "CATCHUP_POLICIES", "OVERLAP_POLICIES", "PARAM_TYPES", "PARAM_TYPE_NAMES", "TRIGGER_MODES",
-           "TRIGGER_RULES", "DefinitionError", "On", "Param", "Schedule", "Task", "TaskContext", "Workflow",
-           "callback_ref", "collect"]
+__all__ = ["CALLBACK_EVENTS", "CATCHUP_POLICIES", "NOTIFY_EVENTS", "OVERLAP_POLICIES", "PARAM_TYPES", "PARAM_TYPE_NAMES",
+           "TRIGGER_MODES", "TRIGGER_RULES", "DefinitionError", "Notify", "On", "Param", "Schedule", "Task", "TaskContext",
+           "Workflow", "callback_ref", "collect"]
 
 # While sync imports a module, every Workflow created in that thread lands in this thread's list
 # (see collect()): an import sync gave up on, still running in its own thread, adds to no other's.
@@ -71,7 +73,8 @@ class Workflow:
                  params: dict[str, Param | Any] | None = None, tags: Iterable[str] = (), owner: str = "",
                  tenant: str = "default", max_active_runs: int | None = None, webhooks: Iterable[str] = (),
                  triggers: Iterable[On] = (), on_failure=None, on_success=None, on_retry=None,
-                 deadline: float | None = None, run_timeout: float | None = None, module: str | None = None):
+                 deadline: float | None = None, run_timeout: float | None = None, notify: Iterable[Notify] = (),
+                 module: str | None = None):
         self.name = name
         self.description = inspect.cleandoc(description) if description else ""
         self.schedules = list(schedules)
@@ -90,6 +93,8 @@ class Workflow:
         register_callbacks(self.callbacks)
         self.deadline = deadline  # seconds after the logical date; a later run is recorded as late
         self.run_timeout = run_timeout  # seconds after a run starts; it is then cancelled
+        # Who hears of this workflow's runs: emails and chat posts (orchestrator.notifications).
+        self.notify = [notify] if isinstance(notify, Notify) else list(notify)
         self.tasks: dict[str, Task] = {}
         self.edges: list[tuple[str, str]] = []
         self.errors: list[DefinitionError] = []
@@ -152,6 +157,24 @@ class Workflow:
         options = {"timeout": poke_timeout, "sensor": sensor, **options}
         return self.task(fn, **options) if fn is not None else self.task(**options)
 
+    def approval(self, name: str, *, ask: str, options: Iterable[str] = ("approve", "reject"),
+                 reject: Iterable[str] | None = None, form: dict | None = None, timeout: float | None = None,
+                 groups: Iterable[str] = (), **options_):
+        """A task that asks a person and waits for the answer, holding no worker: ``ask`` is the
+        question (``{params[amount]}``, ``{upstream[task]}``, ``{run_id}`` and ``{logical_date}``
+        are filled in), ``options`` the answers, ``reject`` those that fail the task (by default
+        "reject" when it is an option), ``form`` more fields to fill in (``Param``s), ``timeout``
+        how long to wait (then the retry rule: ``retries`` asks again), ``groups`` who may
+        answer besides operators. The result, for the tasks downstream, is ``{"answer": ...,
+        "form": {...}, "by": ..., "at": ...}``."""
+        options = [options] if isinstance(options, str) else list(options)
+        if reject is None:
+            reject = [option for option in options if option == "reject"]
+        approval = {"ask": ask, "options": options, "reject": [reject] if isinstance(reject, str) else list(reject),
+                    "form": dict(form or {}), "timeout": timeout,
+                    "groups": [groups] if isinstance(groups, str) else list(groups)}
+        return self._add(Task(self, name, approval=approval, **options_))
+
     def upstream_of(self) -> dict[str, set[str]]:
         upstream = {name: set() for name in self.tasks}
         for parent, child in self.edges:
@@ -207,6 +230,8 @@ class Workflow:
             spec["deadline"] = self.deadline
         if self.run_timeout is not None:
             spec["run_timeout"] = self.run_timeout
+        if self.notify:
+            spec["notify"] = [rule.to_spec() for rule in self.notify]
         return spec
 
     def test(self, params: dict | None = None, logical_date: datetime | None = None, **options):

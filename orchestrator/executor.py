@@ -24,7 +24,7 @@ from datetime import datetime
 
 from django.db import close_old_connections, connections
 
-from orchestrator import logformat, logs, registry, reload
+from orchestrator import logformat, logs, registry, reload, tracing
 from orchestrator.conf import app_settings
 from orchestrator.definition import Task as DslTask
 from orchestrator.states import AttemptOutcome
@@ -35,10 +35,19 @@ READY = "ready"  # a fresh child's first message to the worker
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+class AttemptLogFormatter(logging.Formatter):
+    """LOG_FORMAT, and the trace and span of the attempt after each record when it is traced."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        trace_id = getattr(record, "trace_id", None)
+        return f"{text} [trace_id={trace_id} span_id={getattr(record, 'span_id', '')}]" if trace_id else text
+
+
 def log_formatter() -> logging.Formatter:
     """The format of ``logging`` records in an attempt's log: times in UTC whatever the project's
     TIME_ZONE, so the log view can show each line's time in the clock its reader chose."""
-    formatter = logging.Formatter(LOG_FORMAT)
+    formatter = AttemptLogFormatter(LOG_FORMAT)
     formatter.converter = time.gmtime
     return formatter
 
@@ -82,6 +91,7 @@ def child_main(conn, parent_pid: int) -> None:
     code = 0
     try:
         child_setup(parent_pid)
+        tracing.child_started()
         try:
             reload.refresh()
         except Exception:  # noqa: BLE001 - the child runs what is registered rather than not at all
@@ -102,6 +112,7 @@ def child_main(conn, parent_pid: int) -> None:
         traceback.print_exc()
         code = 1
     finally:
+        tracing.flush()
         os._exit(code)
 
 
@@ -299,14 +310,17 @@ def run(message: dict, log_stream=None, declared: dict | None = None, functions:
     log = log_stream or logs.AttemptLog(logs.name_for(message["run_id"], message["id"], message["number"]))
     handler = logging.StreamHandler(log)
     handler.setFormatter(log_formatter())
+    handler.addFilter(logformat.ContextFilter())
     root = logging.getLogger()
     saved = sys.stdout, sys.stderr
     outcome, result, error, tb, metadata, exception_class = AttemptOutcome.SUCCEEDED, None, "", "", None, ""
     attempt = {}  # filled by call_python: the django.tasks result of this attempt, if it is one
     root.addHandler(handler)
     sys.stdout = sys.stderr = log
+    span = tracing.attempt(message)
     try:
-        with logformat.bind(run_id=message["run_id"], task=message["task"], attempt=message["number"]):
+        with logformat.bind(run_id=message["run_id"], task=message["task"], attempt=message["number"],
+                            **span.log_fields):
             if spec.get("kind") == "shell":
                 call_shell(message, log, declared)
             else:
@@ -314,6 +328,8 @@ def run(message: dict, log_stream=None, declared: dict | None = None, functions:
                 value = call_python(message, ctx, declared, functions, attempt)
                 if spec.get("sensor") and not value:
                     outcome = AttemptOutcome.RESCHEDULED  # not yet: checked again after the sensor's interval
+                elif spec.get("approval"):
+                    outcome = AttemptOutcome.ASKED  # the question is out: the task run awaits its answer
                 else:
                     check_result(message, value)
                     result = encode_result(value)
@@ -343,6 +359,7 @@ def run(message: dict, log_stream=None, declared: dict | None = None, functions:
             log.write(tb)
         _django_finished(attempt, exc, tb, log)
     finally:
+        span.end(outcome, error)
         sys.stdout, sys.stderr = saved
         root.removeHandler(handler)
         log_name = log.finish() if log_stream is None else ""

@@ -41,6 +41,7 @@ TIMEZONE = 64
 QUEUE = 100
 TASK_NAME = 255
 URL = 500
+EMAIL = 254
 
 # jsonb nests deeper than anyone needs; a value nested past this is a mistake or an attack.
 MAX_JSON_DEPTH = 32

@@ -61,6 +61,6 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
-        fields = " ".join(f"{key}={getattr(record, key)}" for key in ("run_id", "task", "attempt")
+        fields = " ".join(f"{key}={getattr(record, key)}" for key in ("run_id", "task", "attempt", "trace_id")
                           if getattr(record, key, None) is not None)
         return f"{text} [{fields}]" if fields else text

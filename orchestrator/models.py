@@ -13,6 +13,12 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 
+from orchestrator.people import (  # noqa: F401 - the app's models, defined in a module of their own
+    Approval,
+    Notification,
+    NotificationMessage,
+    NotificationRule,
+)
 from orchestrator.states import (  # noqa: F401 - the state names, importable from here too
     ACTIVE_RUN_STATES,
     ACTIVE_TASK_STATES,
@@ -310,6 +316,8 @@ class TaskRun(models.Model):
             # any is left (mapping.FINISH_MAPPED), which must not read every instance.
             models.Index(fields=["run", "task"], condition=Q(map_index__gte=0, state__in=[*ACTIVE_TASK_STATES]),
                          name="taskrun_active_instances"),
+            # Approvals waiting for an answer, by their timeout (approvals.expire reads the due ones).
+            models.Index(fields=["due_at"], condition=Q(state=TaskState.AWAITING), name="taskrun_awaiting"),
         ]
 
     def __str__(self):

@@ -30,8 +30,9 @@ _registered: dict[str, object] = {}
 # the code on disk changed: see orchestrator.reload).
 job_modules: list[str] = []
 
-# Modules of the orchestrator itself that define jobs (webhook deliveries).
-BUILTIN_MODULES = ("orchestrator.notifier",)
+# Modules of the orchestrator itself that define jobs (webhook deliveries and notification
+# messages, the question of an approval task).
+BUILTIN_MODULES = ("orchestrator.notifier", "orchestrator.approvals")
 APP_MODULES = ("jobs", "tasks")
 
 

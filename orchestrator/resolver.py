@@ -23,7 +23,7 @@ from datetime import datetime
 
 from django.db import connection
 
-from orchestrator import callbacks, clock, datasets, db, deadlines, mapping
+from orchestrator import callbacks, clock, datasets, db, deadlines, mapping, notifications, tracing
 from orchestrator.channels import wake_due
 from orchestrator.states import (
     DEFAULT_TRIGGER_RULE,
@@ -55,6 +55,7 @@ class Ending:
     exception_class: str = ""  # the dotted path of the exception's class, from the exception object
     job: bool = False  # a one-task job run: no children to release
     run_id: int | None = None  # saves a lookup when known
+    sensor_timeout: bool = False  # a sensor's "not yet" past its timeout (notifications hear of it)
 
 
 # --- SQL ---------------------------------------------------------------------------------------
@@ -85,7 +86,7 @@ END_TASK_RUNS = f"""
 WITH l AS MATERIALIZED (
     {_LOCK_RUNS.format("%(runs)s::bigint[]")}
 ), d AS (
-    SELECT *, outcome = '{AttemptOutcome.RESCHEDULED}' AS not_yet
+    SELECT *, outcome = '{AttemptOutcome.RESCHEDULED}' AS not_yet, outcome = '{AttemptOutcome.ASKED}' AS asked
     FROM unnest(%(ids)s::bigint[], %(numbers)s::int[], %(outcomes)s::text[], %(results)s::text[],
                 %(errors)s::text[], %(tracebacks)s::text[], %(log_paths)s::text[], %(exception_classes)s::text[])
         AS d(id, number, outcome, result, error, traceback, log_path, exception_class)
@@ -93,12 +94,15 @@ WITH l AS MATERIALIZED (
 UPDATE orchestrator_taskrun t SET
     state = CASE WHEN d.outcome = '{AttemptOutcome.SUCCEEDED}' THEN '{TaskState.SUCCEEDED}'
                  WHEN d.not_yet THEN '{TaskState.SCHEDULED}'
+                 WHEN d.asked THEN '{TaskState.AWAITING}'
                  WHEN t.attempts < t.max_attempts THEN '{TaskState.SCHEDULED}' ELSE '{TaskState.DEAD}' END,
     max_attempts = t.max_attempts + CASE WHEN d.not_yet THEN 1 ELSE 0 END,
     result = CASE WHEN d.outcome = '{AttemptOutcome.SUCCEEDED}' THEN d.result::jsonb ELSE t.result END,
     error = CASE WHEN d.outcome = '{AttemptOutcome.SUCCEEDED}' THEN '' ELSE d.error END,
     due_at = CASE WHEN d.not_yet
         THEN %(now)s + make_interval(secs => (t.spec->'sensor'->>'every')::float8)
+        -- An approval waits for its answer until its timeout (none: NULL, for ever).
+        WHEN d.asked THEN %(now)s + make_interval(secs => (t.spec->'approval'->>'timeout')::float8)
         WHEN d.outcome <> '{AttemptOutcome.SUCCEEDED}' AND t.attempts < t.max_attempts
         THEN %(now)s + make_interval(secs => LEAST(
                  COALESCE((t.spec->>'retry_max_delay')::float8, 3600),
@@ -106,7 +110,7 @@ UPDATE orchestrator_taskrun t SET
                    * power(COALESCE((t.spec->>'retry_backoff')::float8, 2), t.attempts - 1))
              * (0.5 + random() * 0.5))
         ELSE t.due_at END,
-    finished_at = CASE WHEN d.not_yet
+    finished_at = CASE WHEN d.not_yet OR d.asked
                          OR (d.outcome <> '{AttemptOutcome.SUCCEEDED}' AND t.attempts < t.max_attempts) THEN NULL
                        ELSE %(now)s END
 FROM d
@@ -314,6 +318,7 @@ def receive_endings(sent: SentEndings) -> list[tuple[int, int, str]]:
     won = {row[0] for row in accepted}
     mine = [e for e in sent.endings if e.task_run_id in won]
     _announce(rows, mine, sent.now)
+    tracing.task_runs_ended(accepted, FINISHED_TASK_STATES)
     _resolve_after(accepted, mine, sent.now, done={row[1] for row in rows if row[6] is not None}, dynamic=dynamic)
     return accepted
 
@@ -328,6 +333,12 @@ def _announce(rows: list[tuple], mine: list[Ending], now: datetime) -> None:
     calling = [(task_run_id, state) for task_run_id, _, state, _, calls, *_ in rows if calls and task_run_id not in checks]
     if calling:
         callbacks.task_ended(calling, now=now)
+    timed_out = {e.task_run_id: e.error for e in mine if e.sensor_timeout}
+    if timed_out:
+        notifications.sensor_timed_out(list(timed_out), timed_out, now=now)
+    asked = [e.task_run_id for e in mine if e.outcome == AttemptOutcome.ASKED]
+    if asked:
+        notifications.task_runs_event("approval_requested", asked, now=now)
 
 
 def _resolve_after(accepted: list[tuple], mine: list[Ending], now: datetime, done=frozenset(),
@@ -335,10 +346,10 @@ def _resolve_after(accepted: list[tuple], mine: list[Ending], now: datetime, don
     """Release the children of the task runs that ended (a job has none) and end complete runs
     (but ``done``: ended already); wake the dispatchers when something became due (a retry, a
     released child). ``dynamic``: the runs that map or branch, as locked."""
-    ended_runs = {run_id for _, run_id, state in accepted if state != TaskState.SCHEDULED} - done
+    ended_runs = {run_id for _, run_id, state in accepted if state not in (TaskState.SCHEDULED, TaskState.AWAITING)} - done
     jobs = {e.task_run_id for e in mine if e.job}
     parents = {run_id for task_run_id, run_id, state in accepted
-               if state != TaskState.SCHEDULED and task_run_id not in jobs}
+               if state not in (TaskState.SCHEDULED, TaskState.AWAITING) and task_run_id not in jobs}
     retrying = any(state == TaskState.SCHEDULED for _, _, state in accepted)
     released = resolve_runs(ended_runs, now=now, release=parents, dynamic=dynamic) if ended_runs else 0
     if retrying or released:
@@ -363,7 +374,7 @@ def _sensor_timeouts(endings: Sequence[Ending], now: datetime) -> list[Ending]:
     for task_run_id, timeout, since in rows:
         if since is not None and (now - since).total_seconds() >= timeout:
             over[task_run_id] = timeout
-    return [replace(e, outcome=AttemptOutcome.TIMED_OUT,
+    return [replace(e, outcome=AttemptOutcome.TIMED_OUT, sensor_timeout=True,
                     error=f"sensor timed out: no true answer in {over[e.task_run_id]:g}s")
             if e.outcome == AttemptOutcome.RESCHEDULED and e.task_run_id in over else e
             for e in endings]
@@ -416,11 +427,12 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
 def _runs_finished(finished: list[tuple], now: datetime) -> None:
     """Webhooks, callbacks and late-deadline marks of the workflow runs that ended (FINISH_RUNS'
     rows: id, state, workflow)."""
+    tracing.runs_ended([run_id for run_id, _, _ in finished])
     ended = [(run_id, state) for run_id, state, workflow_id in finished if workflow_id]
     if not ended:
         return
     from orchestrator import notifier
 
-    notifier.runs_finished(ended)
+    notifier.runs_finished(ended, now=now)
     callbacks.run_ended(ended, now=now)
     deadlines.finished_late([run_id for run_id, _ in ended])

@@ -21,6 +21,7 @@ from datetime import timedelta
 from django.db import OperationalError, connection, transaction
 from django.db.models import CASCADE, DO_NOTHING, SET_NULL
 
+from orchestrator import notifications
 from orchestrator.clock import system
 from orchestrator.conf import log_storage
 from orchestrator.models import ACTIVE_TASK_STATES, FINISHED_RUN_STATES, Attempt, Run, TaskRun, TaskState
@@ -167,5 +168,7 @@ def prune(older_than: timedelta, *, batch_size: int = 1000, clock=None, max_batc
                 report.logs += 1
         if deleted < batch_size:
             break
+    # Notification messages and what they carried (those of pruned runs went with their runs).
+    notifications.prune_messages(cutoff)
     log.info("retention: %s", report)
     return report

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 
-from orchestrator import clock
+from orchestrator import clock, tracing
 from orchestrator.channels import wake_due
 from orchestrator.models import Lane, Run, RunState, TaskRun, TaskState, Workflow, WorkflowVersion
 
@@ -173,7 +173,9 @@ def _task_rows_of(created: list[NewRun], now: datetime) -> list[TaskRun]:
     for entry in created:
         run = entry.run
         if run.state in (RunState.RUNNING, RunState.PENDING):
-            task_rows.extend(task_runs_for(run, entry.tasks, entry.due_at or now, hold=run.state == RunState.PENDING))
+            tasks = tracing.new_run(entry.tasks)
+            task_rows.extend(task_runs_for(run, tasks, entry.due_at or now, hold=run.state == RunState.PENDING))
+            tracing.enqueued(run, tasks)
     return task_rows
 
 
@@ -237,7 +239,11 @@ def create_run(
     apply_graph_options(run, version.spec if version is not None else {"tasks": tasks}, now)
     if state in FINISHED_AT_BIRTH:
         run.finished_at = now
-    return _insert_run(run, tasks, due_at or now)
+    tasks = tracing.new_run(tasks)
+    run, created = _insert_run(run, tasks, due_at or now)
+    if created:
+        tracing.enqueued(run, tasks)
+    return run, created
 
 
 def _graph(workflow: Workflow | None, version: WorkflowVersion | None,

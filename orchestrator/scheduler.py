@@ -409,12 +409,13 @@ class Scheduler:
     # -- 4. data triggers, run deadlines and run timeouts ---------------------------------------
 
     def _data_and_deadlines(self, now: datetime) -> int:
-        from orchestrator import control, datasets, deadlines
+        from orchestrator import approvals, control, datasets, deadlines
 
         with self.lease.fence():
             done = datasets.trigger_consumers(now)
             done += deadlines.record_misses(now)
             done += control.cancel_timed_out(now)
+            done += approvals.expire(now)
         return done
 
     # -- 5. maintenance ------------------------------------------------------------------------

@@ -31,6 +31,8 @@ Task runs::
     any finished ──(a backfill reprocesses the run)──> scheduled or waiting
     waiting ──(a mapped task's parent succeeded)──> mapped ──(its instances ended)──> succeeded or failed
     running ──(a sensor's check says "not yet")──> scheduled (due after its interval)
+    running ──(an approval's question is asked)──> awaiting ──(answered)──> succeeded or failed
+    awaiting ──(no answer in time)──> scheduled (asked again, attempts left) or dead
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ class TaskState(TextChoices):
     CANCELLED = "cancelled", "cancelled"
     # A mapped task whose instances (rows with map_index >= 0) exist and have not all ended.
     MAPPED = "mapped", "mapped"
+    # An approval task whose question was asked: it waits for a person's answer (or its timeout),
+    # holding no worker.
+    AWAITING = "awaiting", "awaiting an answer"
 
 
 class RunState(TextChoices):
@@ -73,6 +78,7 @@ class AttemptOutcome(TextChoices):
     LOST = "lost", "lost"  # the worker went silent
     CANCELLED = "cancelled", "cancelled"
     RESCHEDULED = "rescheduled", "rescheduled"  # a sensor's check said "not yet"
+    ASKED = "asked", "asked"  # an approval's question was asked: its task run awaits the answer
 
 
 class WorkerState(TextChoices):
@@ -83,7 +89,7 @@ class WorkerState(TextChoices):
 
 
 ACTIVE_TASK_STATES = (TaskState.WAITING, TaskState.SCHEDULED, TaskState.QUEUED, TaskState.RUNNING,
-                      TaskState.MAPPED)
+                      TaskState.MAPPED, TaskState.AWAITING)
 FINISHED_TASK_STATES = (
     TaskState.SUCCEEDED, TaskState.FAILED, TaskState.DEAD, TaskState.UPSTREAM_FAILED,
     TaskState.SKIPPED, TaskState.CANCELLED,
@@ -144,6 +150,12 @@ TASK_RUN_TRANSITIONS = [
     (T.MAPPED, T.FAILED, "resolver: every instance ended, some badly"),
     (T.SUCCEEDED, T.MAPPED, "control: an instance is cleared or retried, the mapped task waits for it again"),
     (T.FAILED, T.MAPPED, "control: an instance is cleared or retried, the mapped task waits for it again"),
+    # Approvals: the question is asked by a short attempt; then the task run waits, holding no worker.
+    (T.RUNNING, T.AWAITING, "resolver: an approval's question was asked"),
+    (T.AWAITING, T.SUCCEEDED, "approvals: answered with an option that goes on"),
+    (T.AWAITING, T.FAILED, "approvals: answered with an option that rejects"),
+    (T.AWAITING, T.SCHEDULED, "approvals: no answer in time, and an ask is left: asked again"),
+    (T.AWAITING, T.DEAD, "approvals: no answer in time, and no ask is left"),
 ]
 
 RUN_TRANSITIONS = [
@@ -169,6 +181,7 @@ ATTEMPT_TRANSITIONS = [
     *[(A.RUNNING, outcome, "resolver: the attempt ended; control: cancelled; worker: handed back (lost)")
       for outcome in (A.SUCCEEDED, A.FAILED, A.TIMED_OUT, A.LOST, A.CANCELLED)],
     (A.RUNNING, A.RESCHEDULED, "resolver: a sensor's check said not yet"),
+    (A.RUNNING, A.ASKED, "resolver: an approval's question was asked"),
 ]
 
 WORKER_TRANSITIONS = [

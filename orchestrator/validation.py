@@ -17,16 +17,21 @@ import math
 import re
 
 import networkx
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
 
 from orchestrator import cron, limits
 from orchestrator.definition import (
     CATCHUP_POLICIES,
+    NOTIFY_EVENTS,
     OVERLAP_POLICIES,
     PARAM_TYPE_NAMES,
     TRIGGER_MODES,
     TRIGGER_RULES,
     DefinitionError,
+    Notify,
     On,
+    Param,
     Schedule,
     callables,
     callback_ref,
@@ -113,15 +118,46 @@ def _check_run_options(wf, error) -> None:
     if not _is_number(wf.max_active_runs, minimum=1, allow_none=True, integer=True):
         error("max_active_runs", wf.max_active_runs, "must be a whole number of at least 1, or None")
     for url in wf.webhooks:
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            error("webhooks", url, "must be an http:// or https:// URL")
-        elif problem := limits.text_problem(url, limits.URL):
-            error("webhooks", url, problem)
+        _check_url("webhooks", url, error)
     if not _positive(wf.deadline):
         error("deadline", wf.deadline, "must be a positive number of seconds after the logical date, or None")
     if not _positive(wf.run_timeout):
         error("run_timeout", wf.run_timeout, "must be a positive number of seconds, or None")
     _check_callbacks("", wf.callbacks, error)
+    for index, rule in enumerate(wf.notify):
+        check_notify_rule(f"notify[{index}]", rule, error)
+
+
+def _check_url(where: str, url, error) -> None:
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        error(where, url, "must be an http:// or https:// URL")
+    elif problem := limits.text_problem(url, limits.URL):
+        error(where, url, problem)
+
+
+def check_notify_rule(where: str, rule, error) -> None:
+    """A ``Notify``: known events, and addresses and URLs a message can be sent to."""
+    if not isinstance(rule, Notify):
+        error(where, rule, 'a notification rule is Notify(on=[...], email=[...], slack=[...], teams=[...])')
+        return
+    events = rule.on if isinstance(rule.on, list) else None
+    if not events:
+        error(f"{where}.on", rule.on, f"name at least one event of {', '.join(NOTIFY_EVENTS)}")
+    for event in events or ():
+        if event not in NOTIFY_EVENTS:
+            error(f"{where}.on", event, f"unknown event: use {', '.join(NOTIFY_EVENTS)}")
+    for address in rule.email:
+        try:
+            if not isinstance(address, str) or len(address) > limits.EMAIL:
+                raise ValidationError("too long")
+            validate_email(address)
+        except ValidationError:
+            error(f"{where}.email", address, f"must be an email address (at most {limits.EMAIL} characters)")
+    for kind in ("slack", "teams"):
+        for url in getattr(rule, kind):
+            _check_url(f"{where}.{kind}", url, error)
+    if not (rule.email or rule.slack or rule.teams):
+        error(where, rule, "tells nobody: give email=, slack= or teams=")
 
 
 def _check_callbacks(where: str, callbacks: dict, error) -> None:
@@ -142,7 +178,9 @@ def _check_task(wf, name, task, children: set, error) -> list[str]:
         error(f"{where}.name", name, "use letters, digits, '_', '-' or '.'")
     if task.fn is not None and "<locals>" in task.fn.__qualname__:
         error(f"{where}.fn", task.fn.__qualname__, f"a task function must be {MODULE_LEVEL}")
-    if task.fn is None and (not isinstance(task.command, str) or not task.command.strip()):
+    if task.approval is not None:
+        _check_approval(where, task, error)
+    elif task.fn is None and (not isinstance(task.command, str) or not task.command.strip()):
         error(f"{where}.command", task.command, "a shell task needs a non-empty command")
     elif task.fn is None and (problem := limits.text_error(task.command, "the command")):
         error(f"{where}.command", task.command, problem)
@@ -197,6 +235,38 @@ def _check_sensor(where: str, name: str, task, error) -> None:
         error(f"{where}.timeout", task.sensor.get("timeout"), "must be a positive number of seconds, or None")
     if task.branch:
         error(f"{where}.branch", name, "a sensor cannot also be a branch")
+
+
+def _check_approval(where: str, task, error) -> None:
+    """An approval's question, answers, form fields, timeout and groups."""
+    approval = task.approval
+    if problem := limits.text_problem(approval["ask"], 2000, allow_empty=False):
+        error(f"{where}.ask", approval["ask"], problem)
+    options = approval["options"]
+    if not options:
+        error(f"{where}.options", options, "give at least one answer to choose from")
+    for option in options:
+        if not isinstance(option, str) or not limits.NAME_RE.match(option) or len(option) > 50:
+            error(f"{where}.options", option, "an answer uses letters, digits, '_', '-' or '.', at most 50 characters")
+    if len(set(map(str, options))) != len(options):
+        error(f"{where}.options", options, "two answers are the same")
+    for option in approval["reject"]:
+        if option not in options:
+            error(f"{where}.reject", option, f"not one of the options ({', '.join(map(str, options))})")
+    for name, param in approval["form"].items():
+        if not isinstance(param, Param):
+            error(f"{where}.form.{name}", param, "a form field is a Param(type, default=..., choices=...)")
+        elif param.type not in PARAM_TYPE_NAMES:
+            error(f"{where}.form.{name}.type", param.type, f"must be one of {', '.join(PARAM_TYPE_NAMES)}")
+        elif not limits.NAME_RE.match(str(name)):
+            error(f"{where}.form", name, f"a field name must {limits.NAME_RULE}")
+    if not _positive(approval["timeout"]):
+        error(f"{where}.timeout", approval["timeout"], "must be a positive number of seconds, or None (no timeout)")
+    for group in approval["groups"]:
+        if limits.text_problem(group, 150, allow_empty=False):
+            error(f"{where}.groups", group, "a group is named by a non-empty string of at most 150 characters")
+    if task.map_over is not None or task.branch or task.sensor is not None:
+        error(where, task.name, "an approval is neither mapped, a branch nor a sensor")
 
 
 def _check_mapping(where: str, name: str, task, error) -> None:

@@ -227,6 +227,16 @@ SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", default=False)
 # name is accepted, as workers choose queues by name.
 TASKS = {"default": {"BACKEND": "orchestrator.tasks_backend.OrchestratorBackend"}}
 
+# Notification emails go through Django's default mailer: the SMTP server these variables name
+# (none set: localhost:25, as Django's default).
+MAILERS = {"default": {"BACKEND": "django.core.mail.backends.smtp.EmailBackend", "OPTIONS": {
+    "host": os.environ.get("EMAIL_HOST", "localhost"), "port": int(os.environ.get("EMAIL_PORT", "25")),
+    "username": os.environ.get("EMAIL_HOST_USER", ""), "password": os.environ.get("EMAIL_HOST_PASSWORD", ""),
+    "use_tls": env_bool("EMAIL_USE_TLS", default=False), "use_ssl": env_bool("EMAIL_USE_SSL", default=False),
+    "timeout": 30,
+}}}
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "orchestrator@localhost")
+
 # /metrics answers only "Authorization: Bearer <token>" when METRICS_TOKEN is set.
 ORCHESTRATOR_METRICS_TOKEN = os.environ.get("ORCHESTRATOR_METRICS_TOKEN") or os.environ.get("METRICS_TOKEN", "")
 

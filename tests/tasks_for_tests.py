@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import requests
+
 from orchestrator.registry import job
 
 log = logging.getLogger("tests.tasks")
@@ -129,3 +131,22 @@ def no_argument():
 @job
 async def coroutine_job(x):
     return x * 2
+
+
+@job
+def traced_work(ctx):
+    """A task whose own calls a trace shows: a query through the ORM, an HTTP call with requests
+    (to params["ping"]), and a log line."""
+    # Here, not at the top: conftest imports this module before Django's app registry is ready.
+    from orchestrator.models import Workflow
+
+    count = Workflow.objects.count()
+    status = requests.get(ctx.params["ping"], timeout=10).status_code
+    log.info("work of %s done", ctx.task)
+    return {"workflows": count, "status": status}
+
+
+@job
+def loaded_modules(prefix):
+    """The modules of this child process whose names start with ``prefix``."""
+    return sorted(name for name in sys.modules if name.startswith(prefix))

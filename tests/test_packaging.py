@@ -128,7 +128,7 @@ def locked(path: Path) -> dict[str, str]:
     return {canonicalize_name(name): version for name, version in re.findall(r"^([A-Za-z0-9_.\-]+)==([^\s;\\]+)", text, re.M)}
 
 
-@pytest.mark.parametrize(("lock", "extras"), [("standalone", ["standalone"]), ("dev", ["standalone", "dev"])])
+@pytest.mark.parametrize(("lock", "extras"), [("standalone", ["standalone"]), ("dev", ["standalone", "otel", "dev"])])
 def test_the_lock_files_pin_every_dependency_with_hashes_from_pypi(lock, extras):
     path = ROOT / "requirements" / f"{lock}.txt"
     pins = locked(path)

@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from orchestrator.api import schema, views
+from orchestrator.api import approvals, schema, views
 from orchestrator.api.errors import not_found
 
 app_name = "api"
@@ -28,6 +28,8 @@ urlpatterns = [
     path("backfills/", views.BackfillListView.as_view(), name="backfills"),
     path("backfills/<int:pk>/", views.BackfillDetailView.as_view(), name="backfill"),
     path("audit/", views.AuditListView.as_view(), name="audit"),
+    path("approvals/", approvals.ApprovalListView.as_view(), name="approvals"),
+    path("approvals/<int:pk>/answer/", approvals.ApprovalAnswerView.as_view(), name="approval-answer"),
     path("dataset-events/", views.DatasetEventListView.as_view(), name="dataset-events"),
     path("schema/", schema.SchemaView.as_view(), name="schema"),
     path("docs/", schema.DocsView.as_view(), name="docs"),

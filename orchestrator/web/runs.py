@@ -10,7 +10,7 @@ from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 
-from orchestrator import audit, clock, control, reads
+from orchestrator import approvals, audit, clock, control, reads
 from orchestrator.models import Attempt, Run, TaskRun, TaskState
 from orchestrator.web import mapped, svg, zones
 from orchestrator.web.forms import RunFilterForm
@@ -126,7 +126,9 @@ def run_context(run: Run, now: datetime) -> dict:
 @viewer_required
 def run_detail(request, run_id):
     run = get_object_or_404(Run.objects.select_related("workflow", "version", "created_by", "schedule"), pk=run_id)
-    return page(request, "orchestrator/web/run.html", run_context(run, clock.now()), partial="live")
+    context = run_context(run, clock.now())
+    context["approvals"] = approvals.waiting_for(request.user, run) if run.is_active else []
+    return page(request, "orchestrator/web/run.html", context, partial="live")
 
 
 @operator_action

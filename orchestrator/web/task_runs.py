@@ -11,7 +11,8 @@ from django.http import FileResponse, Http404
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 
-from orchestrator import audit, clock, control, logs
+from orchestrator import audit, clock, control, logs, tracing
+from orchestrator.conf import app_settings
 from orchestrator.limits import MAX_ID, MAX_LOG_OFFSET
 from orchestrator.models import Attempt, AttemptOutcome, TaskRun, TaskState
 from orchestrator.states import FINISHED_TASK_STATES, MARKABLE_TASK_STATES, RETRYABLE_TASK_STATES
@@ -72,7 +73,10 @@ def task_run_context(tr: TaskRun, now: datetime, attempt: int | None = None, off
         selected = next((a for a in attempts if a.number == attempt), selected)
     for each in attempts:
         each.seconds = seconds(each.started_at, each.finished_at, now)
+    trace_id = tracing.trace_id_of(tr.spec)
     return {
+        "trace_id": trace_id,
+        "trace_url": app_settings.TRACE_URL.replace("{trace_id}", trace_id) if trace_id else "",
         "tr": tr, "run": tr.run, "attempts": attempts, "selected": selected,
         "log": read_log(selected, offset) if selected else None,
         "poll": POLL if tr.state in LIVE_STATES else None,

@@ -1,7 +1,17 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path, register_converter
 
-from orchestrator.web import audit, dashboard, dead_letter, lineage, preferences, runs, task_runs, workflows
+from orchestrator.web import (
+    approvals,
+    audit,
+    dashboard,
+    dead_letter,
+    lineage,
+    preferences,
+    runs,
+    task_runs,
+    workflows,
+)
 
 
 class StoredName:
@@ -43,6 +53,9 @@ urlpatterns = [
     path("attempts/<int:attempt_id>/log/", task_runs.attempt_log, name="attempt_log"),
     path("attempts/<int:attempt_id>/log/download/", task_runs.attempt_log_download, name="attempt_log_download"),
     path("dead-letter/", dead_letter.dead_letter, name="dead_letter"),
+    path("approvals/", approvals.waiting_page, name="approvals"),
+    path("approvals/<int:approval_id>/answer/", approvals.answer_view, name="approval_answer"),
+    path("approvals/answer/<str:token>/", approvals.link_view, name="approval_link"),
     path("audit/", audit.audit_log, name="audit"),
     path("datasets/", lineage.dataset_list, name="datasets"),
     path("datasets/<stored_name:name>/", lineage.dataset_detail, name="dataset"),

@@ -17,7 +17,7 @@ from collections import deque
 
 from django.db import connection, transaction
 
-from orchestrator import clock, db, due, resolver, taskcontext
+from orchestrator import clock, db, due, resolver, taskcontext, tracing
 from orchestrator.channels import wake_dispatchers
 from orchestrator.loop import SHORT_TRANSACTION
 from orchestrator.resolver import Ending
@@ -190,6 +190,7 @@ class Batch:
             # worker that no reaper rescues.
             self.endings = endings + self.endings
             raise
+        tracing.claimed(claimed, now, self.worker_id)
         self.completed += len(endings)
         self.remember(endings)
         for ending in endings:

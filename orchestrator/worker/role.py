@@ -21,7 +21,7 @@ import os
 import socket
 import time
 
-from orchestrator import clock, logs, reload
+from orchestrator import clock, logs, reload, tracing
 from orchestrator.channels import CANCEL_CHANNEL, CODE_CHANNEL, DUE_CHANNEL, queue_channel
 from orchestrator.conf import app_settings
 from orchestrator.loop import DATABASE_ERRORS, Loop, Role, first_line
@@ -114,6 +114,7 @@ class Worker(Role):
         if self.loop is None:
             return
         self.pool.close()
+        tracing.flush()
         if self.id is not None:
             try:
                 heartbeat.set_state(self.id, WorkerState.STOPPED, stopped=True)
