@@ -183,8 +183,8 @@ def _succeeded(server) -> int:
     return server.query("SELECT count(*) FROM orchestrator_taskrun WHERE state = 'succeeded'")[0][0]
 
 
-JOBS = 100
-RATE = 50.0  # jobs per second: one every 20 ms, each its own transaction and notification
+JOBS = 80
+RATE = 20.0  # jobs per second: one every 50 ms, each its own transaction and notification
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ the slots that answer:
   free (the row waits for that slot, not for a poll).
 * **Back-off.** A claim that answered a notification and found nothing (another worker took the
   rows, or views of the ring differed for a moment) makes the worker wait before it answers the
-  next one, 2 ms doubling to 50 ms with equal jitter; what it was asked meanwhile it claims once,
+  next one, 5 ms doubling to 100 ms with equal jitter; what it was asked meanwhile it claims once,
   at the end of the wait. A claim that finds work ends the back-off.
 * **Polls go round too.** A lost notification (a LISTEN connection that dropped, a ring out of
   date, a worker killed between being asked and claiming) must not strand a row, so someone looks
@@ -46,8 +46,8 @@ from orchestrator.loop import Backoff
 from orchestrator.states import WorkerState
 
 # The first wait after an empty answer, and the longest.
-BACKOFF_FIRST_SECONDS = 0.002
-BACKOFF_MAX_SECONDS = 0.05
+BACKOFF_FIRST_SECONDS = 0.005
+BACKOFF_MAX_SECONDS = 0.1
 
 # A worker is on the ring while its heartbeat is younger than this many heartbeat intervals: long
 # enough that a late heartbeat does not take it off (views then differ), short enough that a
@@ -99,10 +99,12 @@ class Ring:
 
     def next_poll(self, now: float, poll: float) -> float:
         """The start of the next poll interval (seconds since the epoch) that is this worker's turn."""
-        if self.workers <= 1 or not self.places:
-            return (math.floor(now / poll) + 1) * poll
-        interval = math.floor(now / poll) + 1
-        interval += (self.rank - interval) % self.workers
+        # The interval that began less than half an interval ago counts as the current one: a poll
+        # woken a hair before its turn (the monotonic and the wall clock are read apart) must not
+        # find that same turn still ahead and poll twice.
+        interval = math.floor(now / poll + 0.5) + 1
+        if self.workers > 1 and self.places:
+            interval += (self.rank - interval) % self.workers
         return interval * poll
 
 
