@@ -10,9 +10,9 @@ heartbeats and the turning poll), the per-job figure net of that idle cost, the 
 second and the start delay (p50 / p99). Flat in N is the target: the cost of a job must not
 follow the number of workers that could have run it.
 
-The workers are forked from one process that set Django up once (``python -m
-orchestrator.bench.fleet N``): 64 interpreters each importing Django would take most of a minute
-on a small machine, and their memory would not fit a small one.
+The workers are forked from one process that set Django up once (``main``, run by ``manage.py
+shell``): 64 interpreters each importing Django would take most of a minute on a small machine,
+and their memory would not fit a small one.
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ import subprocess
 import sys
 import time
 
-from django.db import connection
+from django.db import connection, connections
 
 from orchestrator.bench.core import BENCH_DB, ROOT, Roles, child_env, reset_work
 from orchestrator.bench.load import STAMP, _quantiles, _stages, enqueue
+from orchestrator.worker import Worker
 
 # PostgreSQL reports an idle backend's transaction counts within this long (PGSTAT_IDLE_INTERVAL).
 STATS_SETTLE_SECONDS = 10.5
@@ -52,7 +53,8 @@ def _succeeded_since(since) -> int:
 
 
 def start_fleet(roles: Roles, workers: int) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.bench.fleet", str(workers)], cwd=ROOT,
+    code = f"import sys; from orchestrator.bench.fleet import main; sys.exit(main([{workers}]))"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "shell", "-c", code], cwd=ROOT,
                             env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     roles.procs.append(proc)
@@ -111,16 +113,9 @@ def run(out, workers=(1, 4, 16, 64), rate: float = 50.0, seconds: float = 5.0) -
     return {n: measure(out, n, rate, seconds) for n in workers}
 
 
-def main(argv: list[str]) -> int:
-    """Fork N workers of concurrency 1 from one start-up; SIGTERM to the group drains them."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
-    import django
-
-    django.setup()
-    from django.db import connections
-
-    from orchestrator.worker import Worker
-
+def main(argv: list) -> int:
+    """Fork N workers of concurrency 1 from this process (Django set up); SIGTERM to the group
+    drains them."""
     count = int(argv[0])
     connections.close_all()  # no connection may be shared by the forks
     pids = []
@@ -138,6 +133,3 @@ def main(argv: list[str]) -> int:
     failed = sum(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0 for pid in pids)
     return 1 if failed else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
