@@ -283,21 +283,28 @@ class Worker(Role):
         path = logs.local_path(name)
         return name if path and os.path.exists(path) else ""
 
-    def notified(self, notifies: list) -> None:
+    def notified(self, notifies: list) -> bool:
+        """Take in the notifications; False when none of them calls for a tick (work that other
+        workers' turn it is to claim: this worker stays asleep)."""
+        tick = False
         for note in notifies:
+            if note.channel in self.queue_channels or note.channel == DUE_CHANNEL:
+                self.wakeup.notified(note.channel, note.payload)
+                tick = tick or self.wakeup.owed > 0 or self.wakeup.everyone
+                continue
+            tick = True
             if note.channel == CODE_CHANNEL:
                 if note.payload.isdigit():
                     self.pool.saw_generation(int(note.payload))
             elif note.channel == FLEET_CHANNEL:
                 self.wakeup.stale = True
-            elif note.channel in self.queue_channels or note.channel == DUE_CHANNEL:
-                self.wakeup.notified(note.channel, note.payload)
             elif note.channel != CANCEL_CHANNEL:
                 self.want_claim = True
             elif not note.payload:
                 self.check_ownership()
             else:
                 self.on_cancelled(note.payload)
+        return tick
 
     def on_cancelled(self, payload: str) -> None:
         try:
