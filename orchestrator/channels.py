@@ -11,7 +11,8 @@ channel                    sent by                       listened to by
 ``orchestrator_dispatch``  runs created, tasks released  the dispatchers (due work under a
                                                          concurrency limit may now be queued)
 ``orchestrator_queue_Q``   runs created, the dispatcher  the workers serving queue Q (work of Q
-                                                         became due, or was queued under a limit)
+                                                         became due, or was queued under a limit;
+                                                         payload ``N T``: N rows, wake-up token T)
 ``orchestrator_due``       tasks released, retries,      every worker (work became due in queues
                            control, scheduler            the sender did not look up)
 ``orchestrator_cancel``    ``control`` cancelling runs   the workers (payload: task run ids, or
@@ -21,14 +22,25 @@ channel                    sent by                       listened to by
 ``orchestrator_code``      ``sync_workflows``            the workers (payload: the new code
                                                          generation: replace the children, see
                                                          ``orchestrator.reload``)
+``orchestrator_fleet``     a worker registering,         the workers (the set of workers serving
+                           draining or stopping          each queue changed: see ``worker.wakeup``)
 =========================  ============================  ===========================================
+
+**Wake by work, not by worker.** A notification of a queue says how many rows became due (N) and
+carries a wake-up token T, the last of N values the sender drew from one sequence in the same
+statement as the NOTIFY (no extra query). Each worker serving the queue places the fleet's slots
+on a ring (every live worker of the queue, by id, as many places as its concurrency, read with
+its heartbeat) and answers only if one of the places T-N+1 .. T (mod the ring) is its own: about
+N slots answer, in turn around the fleet, and the others stay asleep; N at least the ring's size
+wakes everyone. An empty payload (a sender that did not count, the due channel) wakes every
+listener as before. See ``worker.wakeup`` for what a worker does with it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from django.db import connection
 
@@ -38,6 +50,13 @@ SCHEDULES_CHANNEL = "orchestrator_schedules"
 CANCEL_CHANNEL = "orchestrator_cancel"
 QUEUE_CHANNEL_PREFIX = "orchestrator_queue_"
 CODE_CHANNEL = "orchestrator_code"
+FLEET_CHANNEL = "orchestrator_fleet"
+
+# The sequence the wake-up tokens are drawn from (migration 0018).
+WAKE_SEQUENCE = "orchestrator_wake_token"
+# A notification draws at most this many tokens; a larger count wakes every listener of its queue
+# (a burst that size needs every free slot anyway), so a bulk insert draws no more.
+MAX_TOKENS = 1024
 
 # PostgreSQL takes a NOTIFY payload of under 8000 bytes.
 MAX_PAYLOAD = 7000
@@ -54,18 +73,46 @@ def queue_channel(queue: str) -> str:
 
 # --- NOTIFY (all delivered at commit) ----------------------------------------------------------
 
-# One statement for any number of channels: one NOTIFY per queue that received work.
-_NOTIFY_MANY = "SELECT pg_notify(channel, '') FROM unnest(%(channels)s::text[]) AS channel"
+# One statement for any number of channels: one NOTIFY per queue that received work. A counted
+# channel (count not NULL) carries "N T": the rows and the last of the N tokens drawn for them
+# (the nextval calls are the only cost: no row is read). An uncounted one carries nothing, so
+# PostgreSQL folds it with its twins of the same transaction.
+_NOTIFY_MANY = f"""
+SELECT pg_notify(c.channel, CASE WHEN c.n IS NULL OR c.n > {MAX_TOKENS} THEN '' ELSE c.n || ' ' || (
+    SELECT max(nextval('{WAKE_SEQUENCE}')) FROM generate_series(1, c.n)) END)
+FROM unnest(%(channels)s::text[], %(counts)s::int[]) AS c(channel, n)
+"""
 
 
-def wake_due(queues: Iterable[str] | None = None) -> None:
+def _notify(channels: dict[str, int | None]) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(_NOTIFY_MANY, {"channels": list(channels), "counts": list(channels.values())})
+
+
+def _queue_channels(queues: Iterable[str] | Mapping[str, int]) -> dict[str, int | None]:
+    """Each queue's channel with its count (None: not counted, which wakes every listener)."""
+    counted = isinstance(queues, Mapping)
+    channels: dict[str, int | None] = {}
+    for queue in sorted(set(queues)):
+        channel = queue_channel(queue)
+        if counted and queues[queue] > 0:
+            channels[channel] = (channels.get(channel) or 0) + queues[queue]
+        elif counted:
+            continue
+        else:
+            channels[channel] = None
+    return channels
+
+
+def wake_due(queues: Iterable[str] | Mapping[str, int] | None = None) -> None:
     """Work became due now (a run was created, a task was released or retried): the dispatchers
     look (work under a concurrency limit is theirs to admit), and so do the workers of these
-    queues, which claim the rest themselves; without ``queues``, every worker looks."""
-    channels = [DISPATCH_CHANNEL]
-    channels += sorted({queue_channel(queue) for queue in queues}) if queues is not None else [DUE_CHANNEL]
-    with connection.cursor() as cursor:
-        cursor.execute(_NOTIFY_MANY, {"channels": channels})
+    queues, which claim the rest themselves. ``queues`` as a mapping counts the rows of each
+    queue, and about that many free slots answer; as queue names, every worker of these queues
+    looks; without ``queues``, every worker of every queue."""
+    channels: dict[str, int | None] = {DISPATCH_CHANNEL: None}
+    channels.update(_queue_channels(queues) if queues is not None else {DUE_CHANNEL: None})
+    _notify(channels)
 
 
 def wake_dispatchers() -> None:
@@ -80,12 +127,22 @@ def wake_schedulers() -> None:
         cursor.execute("SELECT pg_notify(%s, '')", [SCHEDULES_CHANNEL])
 
 
-def wake_queues(queues: Iterable[str]) -> None:
-    """Task runs were queued: the workers of these queues claim them."""
-    channels = sorted({queue_channel(queue) for queue in queues})
+def wake_queues(queues: Iterable[str] | Mapping[str, int]) -> None:
+    """Task runs were queued: the workers of these queues claim them (about as many free slots
+    as ``queues`` counts, when it is a mapping)."""
+    channels = _queue_channels(queues)
     if channels:
-        with connection.cursor() as cursor:
-            cursor.execute(_NOTIFY_MANY, {"channels": channels})
+        _notify(channels)
+
+
+def parse_wake(payload: str) -> tuple[int, int] | None:
+    """A queue notification's (rows, token), or None when it counted nothing (wake everyone).
+    Anything else than two whole numbers is read as uncounted: waking too many is safe."""
+    parts = payload.split()
+    if len(parts) != 2 or not (parts[0].isdigit() and parts[1].isdigit()):
+        return None
+    count, token = int(parts[0]), int(parts[1])
+    return (count, token) if count > 0 else None
 
 
 def announce_code(generation: int) -> None:

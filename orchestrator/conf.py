@@ -102,6 +102,13 @@ OPTIONS = [
            "`ORCHESTRATOR_POLL_SECONDS`). Unset: a connection like the `default` database's own, or polling when "
            "that database is marked as transaction-pooled (`DISABLE_SERVER_SIDE_CURSORS`, which "
            "`?pool_mode=transaction` sets). See Running in production."),
+    Option("POOLER_PREPARED_STATEMENTS", "switch", False, "off",
+           "Behind a pooler in transaction mode (`?pool_mode=transaction`), keep the prepared statements of the "
+           "hot path (a worker's claims and outcomes, a dispatcher's tick): `on` needs PgBouncer 1.21 or later with "
+           "`max_prepared_statements` above 0 (e.g. 200), which carries protocol-level prepared statements from one "
+           "server connection to the next; `off`, the safe choice for older poolers (Debian 12's PgBouncer is 1.18), "
+           "plans them at every execution. A pooler that loses a prepared statement stops the role with a message "
+           "naming this setting. Without a transaction pooler they are always prepared."),
     Option("RECONNECT_MAX_SECONDS", "seconds", 5.0, "5",
            "The longest wait between two reconnection attempts of a process whose database went away (the "
            "first after 0.2 s, then twice as long each time, with jitter)."),
@@ -158,6 +165,7 @@ _KIND_RULES = {
     "list": "a list of strings (comma-separated in the environment)",
     "path": "a folder path",
     "json": "a dict (a JSON object in the environment)",
+    "switch": "on or off (true/false, yes/no, 1/0 in the environment)",
 }
 
 
@@ -211,10 +219,21 @@ def _json(value, from_env: bool, kind: str) -> dict:
     return value
 
 
+_SWITCH_WORDS = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False, "0": False}
+
+
+def _switch(value, from_env: bool, kind: str) -> bool:
+    if from_env:
+        value = _SWITCH_WORDS.get(value.strip().lower())
+    if not isinstance(value, bool):
+        raise ValueError
+    return value
+
+
 # One converter per kind of option: the value in the type the app uses, or ValueError (the
 # caller then says what the kind expects, from _KIND_RULES).
 _CONVERTERS = {"seconds": _seconds, "count": _count, "limit": _count, "text": _text, "list": _list,
-               "path": _path, "json": _json}
+               "path": _path, "json": _json, "switch": _switch}
 
 
 def _convert(option: Option, value, from_env: bool):

@@ -6,8 +6,15 @@ and the dispatcher's tick.
   server parses it again. Here an array of a thousand ids is one binary value.
 * **Prepared once per connection**: parsed and planned at the first execution, not at every
   batch (planning the worker's statements took about a third of the server's time per batch).
-  Not behind a pooler in transaction mode, where a statement prepared on one server session is
-  unknown to the next (``database_url.is_transaction_pooled``).
+  Behind a pooler in transaction mode (``database_url.is_transaction_pooled``) a statement
+  prepared on one server session is unknown to the next, so they are prepared there only with
+  ``ORCHESTRATOR_POOLER_PREPARED_STATEMENTS`` on, for PgBouncer 1.21 or later with
+  ``max_prepared_statements``: it follows the protocol-level Parse/Bind that psycopg sends (never
+  SQL ``PREPARE``) and prepares each statement again on whichever server connection runs it. An
+  older pooler passes them through, and the second client whose transaction lands on the same
+  server connection finds its statement name taken (or missing); that error is turned into one
+  naming the setting (``PreparedStatementsLost``), which stops the role as a configuration error
+  rather than being retried as an outage forever.
 * **Pipelined**: ``pipeline()`` sends the statements of a batch without waiting for each answer,
   so a batch costs one round trip, not one per statement; the first read of a result waits for
   what was sent before it.
@@ -23,10 +30,14 @@ These cursors share Django's connection and its transaction (``transaction.atomi
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 from functools import cache
 
+import psycopg
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
+from orchestrator.conf import app_settings
 from orchestrator.database_url import is_transaction_pooled
 
 # psycopg prepares nothing on a connection whose prepare_threshold is None (Django's default).
@@ -37,6 +48,35 @@ ONLY_WHEN_ASKED = 2**31 - 1
 
 def _pooled() -> bool:
     return is_transaction_pooled(connection.settings_dict)
+
+
+def _prepared() -> bool:
+    """Whether the hot path's statements are prepared on this connection."""
+    return not _pooled() or app_settings.POOLER_PREPARED_STATEMENTS
+
+
+class PreparedStatementsLost(ImproperlyConfigured):
+    """The pooler did not keep a prepared statement: it cannot carry them (PgBouncer before 1.21,
+    or ``max_prepared_statements`` 0) while the setting says it can."""
+
+
+# What a pooler that passes prepared statements through to any server connection makes of them:
+# a name another client prepared on that connection, or one prepared on another connection.
+_LOST = (psycopg.errors.DuplicatePreparedStatement, psycopg.errors.InvalidSqlStatementName)
+
+
+@contextmanager
+def _explained():
+    try:
+        yield
+    except _LOST as exc:
+        if not _pooled():
+            raise
+        raise PreparedStatementsLost(
+            f"ORCHESTRATOR_POOLER_PREPARED_STATEMENTS is on, but the pooler in front of the database lost a "
+            f"prepared statement ({type(exc).__name__}: {str(exc).strip().splitlines()[0]}). It needs PgBouncer "
+            f"1.21 or later with max_prepared_statements above 0 in pgbouncer.ini; with an older pooler, turn "
+            f"the setting off.") from exc
 
 
 # A quoted literal (kept as it is), a comment (dropped) or a placeholder (numbered).
@@ -81,7 +121,7 @@ def cursor():
 
     connection.ensure_connection()
     raw = connection.connection
-    if raw.prepare_threshold is None and not _pooled():
+    if raw.prepare_threshold is None and _prepared():
         raw.prepare_threshold = ONLY_WHEN_ASKED
     cur = psycopg.RawCursor(raw)
     # Every int as a bigint: left to choose, psycopg sends an array of small ids as int2[] and of
@@ -94,15 +134,19 @@ def cursor():
 
 def execute(cur, sql: str, params=None):
     """Run ``sql`` (written with ``%(name)s`` or ``%s`` placeholders) on a ``cursor()``, prepared
-    unless the connection goes through a transaction pooler."""
+    unless the connection goes through a transaction pooler that cannot keep them."""
     text, names = native(sql)
     if names is not None:
         params = [params[name] for name in names]
-    return cur.execute(text, params, prepare=not _pooled())
+    with _explained():
+        return cur.execute(text, params, prepare=_prepared())
 
 
+@contextmanager
 def pipeline():
     """Send what follows without waiting for each answer (psycopg's pipeline mode; nested ones
-    are allowed, each one's end waits for what it sent)."""
+    are allowed, each one's end waits for what it sent). A statement's error shows at the end of
+    the pipeline or at the first read after it, hence the explanation around the whole of it."""
     connection.ensure_connection()
-    return connection.connection.pipeline()
+    with _explained(), connection.connection.pipeline() as pipe:
+        yield pipe

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from datetime import datetime
 
 from django.db import connection, transaction
@@ -140,7 +141,7 @@ def tick(now: datetime | None = None, batch: int = 1000, limits: Limits | None =
                 busy_t = dict(cursor.fetchall())
             room_q = {q: queue_limits.get(q, queue_default) - busy_q.get(q, 0) for q in limited_queues}
             room_t = {t: tenant_limits.get(t, tenant_default) - busy_t.get(t, 0) for t in limited_tenants}
-        admitted, queues = [], set()
+        admitted, queues = [], Counter()
         for task_run_id, queue, tenant in rows:
             if room_q.get(queue, 1) <= 0 or room_t.get(tenant, 1) <= 0:
                 continue
@@ -149,7 +150,7 @@ def tick(now: datetime | None = None, batch: int = 1000, limits: Limits | None =
             if tenant in room_t:
                 room_t[tenant] -= 1
             admitted.append(task_run_id)
-            queues.add(queue)
+            queues[queue] += 1
         if admitted:
             db.execute(bound, MARK_QUEUED, {"ids": admitted, "now": now})
             wake_queues(queues)

@@ -87,8 +87,9 @@ class Role:
         """Seconds until the role has something to do without being woken (None: the poll)."""
         return None
 
-    def notified(self, notifies: list) -> None:
-        """Notifications received on ``channels`` (the loop then ticks)."""
+    def notified(self, notifies: list) -> bool | None:
+        """Notifications received on ``channels``. The loop then ticks, unless this returns False:
+        nothing to do for them (a worker that is not one of those asked), so it waits on."""
 
     def finished(self, stop_requests: int) -> bool:
         return stop_requests > 0
@@ -129,11 +130,13 @@ class Together(Role):
                  for role in self.roles]
         return min(waits)
 
-    def notified(self, notifies: list) -> None:
+    def notified(self, notifies: list) -> bool:
+        tick = False
         for role in self.roles:
             mine = [note for note in notifies if note.channel in role.channels]
             if mine:
-                role.notified(mine)
+                tick = role.notified(mine) is not False or tick
+        return tick
 
     def finished(self, stop_requests: int) -> bool:
         return all(role.finished(stop_requests) for role in self.roles)
@@ -242,19 +245,30 @@ class Loop:
 
     def wait(self, timeout: float, listen: bool = True) -> None:
         """Serve signals, the role's files and (unless ``listen`` is False) notifications for up
-        to ``timeout`` seconds, returning at the first event."""
+        to ``timeout`` seconds, returning at the first event that calls for a tick. Notifications
+        the role has nothing to do for (``Role.notified`` returned False) do not: in a fleet every
+        worker of a queue receives every notification of it, and a tick for each would cost each
+        of them as much CPU as the one that claims."""
         if self.listener is not None and not listen:
             self._close_listener()
-        for key, _ in self.selector.select(max(0.0, timeout)):
-            if key.data is _SIGNAL:
-                try:
-                    key.fileobj.recv(512)
-                except BlockingIOError:
-                    pass
-            elif key.data is _LISTEN:
-                self.role.notified(drain_notifies(self.listener))
-            else:
-                key.data(key.fileobj)
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            events = self.selector.select(max(0.0, deadline - time.monotonic()))
+            tick = not events  # the timeout
+            for key, _ in events:
+                if key.data is _SIGNAL:
+                    try:
+                        key.fileobj.recv(512)
+                    except BlockingIOError:
+                        pass
+                    tick = True
+                elif key.data is _LISTEN:
+                    tick = self.role.notified(drain_notifies(self.listener)) is not False or tick
+                else:
+                    key.data(key.fileobj)
+                    tick = True
+            if tick or time.monotonic() >= deadline:
+                return
 
     def _start_role(self) -> None:
         while not self.stop_requests:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -182,7 +183,7 @@ def _task_rows_of(created: list[NewRun], now: datetime) -> list[TaskRun]:
 def wake_for(task_rows: list[TaskRun]) -> None:
     """Wake the dispatchers and the workers of the queues that new scheduled task runs are in (a
     delayed one too: a worker then learns when it is due)."""
-    queues = {task_run.queue for task_run in task_rows if task_run.state == TaskState.SCHEDULED}
+    queues = Counter(task_run.queue for task_run in task_rows if task_run.state == TaskState.SCHEDULED)
     if queues:
         wake_due(queues)
 

@@ -1,5 +1,5 @@
 """Many worker processes from one start-up, run as its own process by the pooling test:
-``python -m tests.fleet_for_tests WORKERS CONCURRENCY``.
+``python -m tests.fleet_for_tests WORKERS CONCURRENCY [QUEUE]`` (QUEUE: ``default``).
 
 Django is set up once and the workers are forked from it: fifty interpreters each importing Django
 would take most of a minute on a small machine. Each worker is then a process of its own with its
@@ -24,6 +24,7 @@ def main(argv: list[str]) -> int:
     from orchestrator.worker import Worker
 
     count, concurrency = int(argv[0]), int(argv[1])
+    queue = argv[2] if len(argv) > 2 else "default"
     connections.close_all()  # no connection may be shared by the forks
     pids = []
     for _ in range(count):
@@ -31,7 +32,7 @@ def main(argv: list[str]) -> int:
         if pid == 0:
             code = 1
             try:
-                Worker(["default"], concurrency=concurrency, grace=10).serve()
+                Worker([queue], concurrency=concurrency, grace=10).serve()
                 code = 0
             except BaseException:  # noqa: BLE001 - reported, then the exit status says it
                 traceback.print_exc()

@@ -156,3 +156,42 @@ def test_roles_together_on_one_loop_keep_their_own_channels_waits_and_ends():
     assert both.finished(1) and scheduler.ticks == dispatcher.ticks == 4
     both.stop()
     assert scheduler.stopped and dispatcher.stopped
+
+
+class Choosy(Role):
+    """Has nothing to do for notifications saying "not me"."""
+
+    role = "choosy"
+    channels = ("orchestrator_test_choosy",)
+
+    def __init__(self):
+        self.notes = []
+
+    def tick(self) -> bool:
+        return False
+
+    def notified(self, notifies):
+        self.notes += [note.payload for note in notifies]
+        return any(note.payload == "me" for note in notifies)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_notification_the_role_has_nothing_to_do_for_does_not_end_the_wait():
+    from orchestrator.channels import listen_params
+
+    role = Choosy()
+    loop = Loop(role, poll=60, handle_signals=False)
+    loop._ensure_listener()
+    try:
+        with psycopg.connect(**listen_params(), autocommit=True) as sender:
+            sender.execute("SELECT pg_notify('orchestrator_test_choosy', 'not me')")
+            began = time.monotonic()
+            loop.wait(0.5)
+            # Read, and waited on to the end: a fleet's other workers stay asleep.
+            assert role.notes == ["not me"] and time.monotonic() - began >= 0.5
+            sender.execute("SELECT pg_notify('orchestrator_test_choosy', 'me')")
+            began = time.monotonic()
+            loop.wait(30)
+            assert role.notes == ["not me", "me"] and time.monotonic() - began < 30
+    finally:
+        loop._close_listener()

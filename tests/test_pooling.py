@@ -25,6 +25,7 @@ from django.core.checks import run_checks
 from django.db import connection
 from django.test import override_settings
 
+from orchestrator import db
 from orchestrator.channels import LISTEN_APPLICATION_NAME, listen_params
 from orchestrator.database_url import format_database_url, is_transaction_pooled, parse_database_url
 from orchestrator.loop import Loop, Role
@@ -264,6 +265,67 @@ def test_fifty_workers_share_a_pool_of_ten_server_connections_and_run_every_job_
         assert processes.stop(dispatcher) == 0, processes.output(dispatcher)
         for proc in (fleet, dispatcher):
             assert "Traceback" not in processes.output(proc), processes.output(proc)
+    finally:
+        processes.stop_all()
+        if bouncer is not None:
+            bouncer.stop()
+        cluster.destroy()
+
+
+# --- prepared statements through the pooler ----------------------------------------------------------
+
+
+def test_prepared_statements_behind_a_transaction_pooler_are_a_setting_off_by_default(monkeypatch):
+    assert db._prepared()  # a direct connection: always
+    original = connection.settings_dict
+    connection.settings_dict = {**original, "DISABLE_SERVER_SIDE_CURSORS": True}
+    try:
+        assert not db._prepared()  # the safe default for poolers before PgBouncer 1.21
+        with override_settings(ORCHESTRATOR_POOLER_PREPARED_STATEMENTS=True):
+            assert db._prepared()
+        monkeypatch.setenv("ORCHESTRATOR_POOLER_PREPARED_STATEMENTS", "on")
+        assert db._prepared()
+    finally:
+        connection.settings_dict = original
+    monkeypatch.setenv("ORCHESTRATOR_POOLER_PREPARED_STATEMENTS", "sometimes")
+    errors = [m.msg for m in run_checks() if "POOLER_PREPARED_STATEMENTS" in m.msg]
+    assert errors == ["the environment variable ORCHESTRATOR_POOLER_PREPARED_STATEMENTS is 'sometimes': it must be "
+                      "on or off (true/false, yes/no, 1/0 in the environment)"]
+
+
+@pytest.mark.slow
+@pytest.mark.own_server
+@pytest.mark.pgbouncer
+def test_a_pooler_that_cannot_keep_prepared_statements_stops_the_workers_with_a_message_naming_the_setting(processes):
+    """Debian's PgBouncer 1.18 passes psycopg's prepared statements through to whichever server
+    connection a transaction gets: with one server connection, the second worker's claim finds the
+    first one's statement name taken. With the setting on, that is a configuration error (exit 78,
+    one line), not an outage retried forever; off, the same fleet works (see the fifty workers)."""
+    if not os.access(PGBOUNCER, os.X_OK):
+        pytest.fail(f"pgbouncer is not installed at {PGBOUNCER} (apt-get install pgbouncer)")
+    version = subprocess.run([PGBOUNCER, "--version"], capture_output=True, text=True).stdout.split()[1]
+    if tuple(int(part) for part in version.split(".")[:2]) >= (1, 21):
+        pytest.skip(f"PgBouncer {version} keeps prepared statements: this test is for older ones")
+    cluster = OwnCluster()
+    bouncer = None
+    dbname = "prepared"
+    try:
+        cluster.create_database(dbname)
+        direct = cluster.url(dbname)
+        subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "--no-input", "-v", "0"], cwd=ROOT,
+                       env=process_env(DATABASE_URL=direct), check=True, timeout=180)
+        bouncer = Bouncer(cluster, dbname, pool_size=1)
+        env = process_env(DATABASE_URL=bouncer.url(), ORCHESTRATOR_LISTEN_DATABASE_URL=direct,
+                          ORCHESTRATOR_POOLER_PREPARED_STATEMENTS="on")
+        workers = [processes.start("worker", "--concurrency", "1", env=env, name=f"worker{i}") for i in range(2)]
+        wait_for(lambda: any(worker.poll() is not None for worker in workers), timeout=60,
+                 message="a worker to stop on the pooler's lost prepared statement")
+        stopped = next(worker for worker in workers if worker.poll() is not None)
+        output = processes.output(stopped)
+        assert stopped.returncode == 78, output
+        assert "ORCHESTRATOR_POOLER_PREPARED_STATEMENTS is on, but the pooler" in output, output
+        assert "PgBouncer 1.21 or later with max_prepared_statements" in output, output
+        assert "Traceback" not in output, output
     finally:
         processes.stop_all()
         if bouncer is not None:

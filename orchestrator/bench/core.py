@@ -161,7 +161,7 @@ def enqueue_noops(n: int, ref: str = "orchestrator.bench.jobs:noop") -> None:
         cursor.execute(ENQUEUE_RUNS, {"n": n})
         ids = [row[0] for row in cursor.fetchall()]
         cursor.execute(ENQUEUE_TASK_RUNS, {"ids": ids, "ref": ref, "spec": spec})
-        wake_due(["default"])
+        wake_due({"default": n})
 
 
 def _unfinished() -> bool:

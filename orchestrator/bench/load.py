@@ -115,7 +115,7 @@ def enqueue(n: int, ref: str = NOOP, priority: int = 0) -> None:
         ids = [row[0] for row in cursor.fetchall()]
         cursor.execute(ENQUEUE_TASK_RUNS, {"ids": ids, "ref": ref, "spec": _spec(ref), "priority": priority,
                                            "due": at, "at": at})
-        wake_due(["default"])
+        wake_due({"default": n})
 
 
 def fill_backlog(n: int, delayed: bool = False) -> None:

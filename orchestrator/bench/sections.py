@@ -1,12 +1,14 @@
 """``manage.py bench``: the sections it runs, in order, on a benchmark database dropped and created
 for the purpose (``bench.core``).
 
-Sections (``--only pg,jobs,latency,steady,backlog,history,dag,scheduler,pages,cron,map,footprint``):
+Sections (``--only pg,jobs,latency,steady,backlog,history,dag,fleet,scheduler,pages,cron,map,footprint``):
 
 - pg, jobs, latency, dag: PostgreSQL's own ceiling, jobs end to end, the start delay at light
   load, DAG wall time (see ``bench.core``).
 - steady, backlog, history: start delay under a steady arrival rate with a per-stage breakdown,
   and cost with a due backlog, a delayed backlog and a finished history (see ``bench.load``).
+- fleet: database transactions per job with 1 to 64 mostly idle workers at a steady arrival rate
+  (see ``bench.fleet``).
 - scheduler, pages, cron, map: see ``bench.scheduler``, ``bench.pages``, ``bench.cron`` and
   ``bench.mapping``.
 - footprint: the memory (PSS) of the whole ``./dev run`` stack once idle (see ``bench.footprint``).
@@ -16,16 +18,16 @@ from __future__ import annotations
 
 import os
 
-from orchestrator.bench import core, cron, footprint, load, mapping, pages, scheduler
+from orchestrator.bench import core, cron, fleet, footprint, load, mapping, pages, scheduler
 from orchestrator.bench.core import BENCH_DB, Output
 
-SECTIONS = ("pg", "jobs", "latency", "steady", "backlog", "history", "dag", "scheduler", "pages", "cron", "map",
-            "footprint")
+SECTIONS = ("pg", "jobs", "latency", "steady", "backlog", "history", "dag", "fleet", "scheduler", "pages", "cron",
+            "map", "footprint")
 
 
 def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int = 16, rates=(500, 2000),
         seconds: float = 5.0, backlog=(0, 100_000, 1_000_000), delayed: int = 1_000_000,
-        history: int = 1_000_000) -> None:
+        history: int = 1_000_000, fleet_sizes=(1, 4, 16, 64), fleet_rate: float = 50.0) -> None:
     only = list(only or SECTIONS)
     unknown = [name for name in only if name not in SECTIONS]
     if unknown:
@@ -54,6 +56,9 @@ def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int 
     if "dag" in only:
         out("DAG wall time:")
         core.bench_dag(out)
+    if "fleet" in only:
+        out("A fleet's cost per job (N workers of concurrency 1, most of them idle):")
+        fleet.run(out, fleet_sizes, fleet_rate, seconds)
     for name, title, module in (("scheduler", "Scheduler:", scheduler), ("pages", "Pages:", pages),
                                 ("cron", "Cron over long ranges:", cron), ("map", "Mapping:", mapping),
                                 ("footprint", "Idle footprint:", footprint)):

@@ -9,6 +9,7 @@ back-off.
 """
 
 from django.apps import apps
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import ManagementUtility
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
@@ -26,6 +27,10 @@ class RoleCommand(BaseCommand):
         except CommandError as exc:
             exc.returncode = CONFIG_ERROR
             raise
+        except ImproperlyConfigured as exc:
+            # Found while running (a pooler that cannot keep prepared statements): one line, no
+            # traceback, and no restart into the same error.
+            raise CommandError(str(exc), returncode=CONFIG_ERROR) from None
 
 
 def run_command(argv: list[str]) -> None:
@@ -41,6 +46,8 @@ def run_command(argv: list[str]) -> None:
         except CommandError as exc:
             exc.returncode = CONFIG_ERROR
             raise
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc), returncode=CONFIG_ERROR) from None
 
     command.execute = execute_or_config_error
     command.run_from_argv(argv)

@@ -22,7 +22,7 @@ import socket
 import time
 
 from orchestrator import clock, logs, reload, tracing
-from orchestrator.channels import CANCEL_CHANNEL, CODE_CHANNEL, DUE_CHANNEL, queue_channel
+from orchestrator.channels import CANCEL_CHANNEL, CODE_CHANNEL, DUE_CHANNEL, FLEET_CHANNEL, queue_channel
 from orchestrator.conf import app_settings
 from orchestrator.loop import DATABASE_ERRORS, Loop, Role, first_line
 from orchestrator.resolver import Ending
@@ -31,10 +31,12 @@ from orchestrator.worker import heartbeat, reconnect
 from orchestrator.worker.batch import COALESCE_SECONDS, Batch
 from orchestrator.worker.drain import Drain
 from orchestrator.worker.pool import Pool, Slot
+from orchestrator.worker.wakeup import Wakeup
 
 log = logging.getLogger(__name__)
 
-# A claim that came back short while due work remained (rows another worker held): look again after this.
+# A claim that came back short while due work remained (rows another worker held, beyond the
+# candidates it looked at): look again after this.
 RECHECK_SECONDS = 0.005
 
 
@@ -61,8 +63,10 @@ class Worker(Role):
             raise ValueError(f"--min-children must be 0 (all: a fixed pool) or more, got {min_children}")
         self.queues = queues
         # Queue channels: work of these queues became due (claimed here when no limit applies to it)
-        # or was admitted under a limit; the due channel: work became due in queues not looked up.
-        self.channels = [*(queue_channel(q) for q in queues), DUE_CHANNEL, CANCEL_CHANNEL, CODE_CHANNEL]
+        # or was admitted under a limit; the due channel: work became due in queues not looked up;
+        # the fleet channel: a worker came or went (whose turn a notification is changed).
+        self.queue_channels = {queue_channel(q) for q in queues}
+        self.channels = [*sorted(self.queue_channels), DUE_CHANNEL, CANCEL_CHANNEL, CODE_CHANNEL, FLEET_CHANNEL]
         self.concurrency = concurrency
         self.poll = poll if poll is not None else app_settings.POLL_SECONDS
         self.heartbeat_every = app_settings.HEARTBEAT_SECONDS
@@ -79,6 +83,9 @@ class Worker(Role):
         self.drain = Drain(grace, self.pool, self.batch)
         self.want_claim = True
         self.last_claim = 0.0
+        # Which notifications this worker answers, its back-off, its poll turns (worker.wakeup).
+        self.wakeup = Wakeup(concurrency, self.poll)
+        self.next_poll = 0.0  # time.monotonic() of the next look unasked
         # When due work this worker may claim itself is next due (time.monotonic(); inf: none known):
         # a delayed job, a retry, or work held by another worker's claim a moment ago.
         self.next_due = float("inf")
@@ -107,6 +114,7 @@ class Worker(Role):
     def register(self) -> None:
         self.id, self.pool.generation = heartbeat.register(self.name, self.host, self.queues, self.concurrency)
         self.batch.worker_id = self.id
+        self.wakeup.stale = True
 
     def stop(self) -> None:
         """On the way out: idle children exit, busy ones (only after a failed hand-back) are
@@ -140,6 +148,9 @@ class Worker(Role):
                 self.pool.reap_retired(now)
             return self.drain.step(now, self.loop.stop_requests)
         self.pool.recycle(now)
+        if self.wakeup.stale:
+            self.wakeup.refresh(self.id, self.queues)
+            self.plan_poll(now)
         did = self.record_and_claim(now)
         self.resize_pool(now)
         self.heartbeat_if_due(now)
@@ -153,11 +164,14 @@ class Worker(Role):
         if self.drain.active:
             timeout = min(timeout, self.drain.deadline - now)
         else:
-            timeout = min(timeout, self.last_claim + self.poll - now, self.next_due - now)
+            timeout = min(timeout, self.next_poll - now, self.next_due - now)
+            if self.wakeup.owed or self.wakeup.everyone:
+                timeout = min(timeout, self.wakeup.quiet_until - now)  # the end of the back-off
         deadlines = self.pool.deadlines(shrinking=not self.drain.active)
         if deadlines:
             timeout = min(timeout, min(deadlines) - now)
-        if (self.batch.endings or (self.want_claim and self.pool.idle_slots())) and not self.drain.active:
+        asked = self.want_claim or self.wakeup.asked(now)
+        if (self.batch.endings or (asked and self.pool.idle_slots())) and not self.drain.active:
             timeout = min(timeout, self.batch.last_flush + COALESCE_SECONDS - now) if self.holding(now) else 0.0
         return max(0.0, timeout)
 
@@ -177,30 +191,58 @@ class Worker(Role):
     def record_and_claim(self, now: float) -> bool:
         """Record the outcomes gathered so far and refill the idle children, in one transaction.
         Outcomes wait a few milliseconds for their neighbours while other tasks still run, so one
-        transaction records many of them (and refills all the freed children)."""
-        if now - self.last_claim >= self.poll or now >= self.next_due:
+        transaction records many of them (and refills all the freed children).
+
+        A claim fills every idle child when the worker looks unasked (its poll turn, a known due
+        time, after an outage, while more is due after a full batch); to answer a notification it
+        fills only the places the notification named (``worker.wakeup``), or every idle child when
+        it named all."""
+        if now >= self.next_poll or now >= self.next_due:
             self.want_claim = True
             self.next_due = float("inf")
         idle = self.pool.idle_slots()
-        claim = len(idle) if self.want_claim else 0
+        answering = not self.want_claim and self.wakeup.asked(now)
+        claim = len(idle) if self.want_claim else self.wakeup.claim_size(len(idle)) if answering else 0
         if not (self.batch.endings or claim) or self.holding(now):
             return False
         claimed = self.batch.flush(claim)
         if claim:
             self.last_claim = now
-            self.want_claim = len(claimed) == claim  # a full batch: there may be more
-            if not self.want_claim and self.batch.claimed_next_due is not None:
-                # Short: wait until the next due work of these queues; due already means rows that
-                # another worker held a moment ago (look again soon, not in a busy loop).
-                wait = (self.batch.claimed_next_due - clock.now()).total_seconds()
-                self.next_due = now + max(wait, RECHECK_SECONDS)
+            self.after_claim(now, claim, len(claimed), answering)
             for slot, message in zip(idle, claimed, strict=False):
                 self.pool.start_task(slot, message)
         return True
 
+    def after_claim(self, now: float, asked: int, claimed: int, answering: bool) -> None:
+        """What the claim's answer says about what comes next. The claim also read when the rest
+        of the due work of these queues is due (``batch.claimed_next_due``): none, later, or now."""
+        next_due = self.batch.claimed_next_due
+        wait = None if next_due is None else (next_due - clock.now()).total_seconds()
+        due_now = wait is not None and wait <= 0
+        # Full, and more is due: claim again at once, unless the notification answered named only
+        # this worker's places (the rest is other workers' turn).
+        self.want_claim = claimed == asked and due_now and (not answering or self.wakeup.more)
+        self.wakeup.after_claim(asked, claimed, now, answering=answering, due_now=due_now,
+                                later=wait is not None and wait > 0)
+        if wait is not None and wait > 0:
+            self.next_due = now + wait  # the next due work (a delayed job, a retry)
+        elif due_now and 0 < claimed < asked:
+            # Due rows past the candidates this claim read, or held by other workers' claims in
+            # flight: a backlog; look again soon. A claim that found none leaves them to their
+            # holders (and what it owes to the back-off, ``worker.wakeup``): a fleet that claimed
+            # again at once would claim as often as it has workers.
+            self.next_due = now + RECHECK_SECONDS
+        self.plan_poll(now)
+
+    def plan_poll(self, now: float) -> None:
+        """When to look for work unasked: a poll interval after the latest claim, or, while
+        listening, at this worker's next turn (``worker.wakeup``)."""
+        listening = self.loop is not None and self.loop.listener is not None
+        self.next_poll = self.wakeup.next_poll(now, self.last_claim, listening)
+
     def resize_pool(self, now: float) -> None:
         """Grow when work waits and no child is free; shrink to the minimum after idling."""
-        room = self.pool.room_to_grow() if self.want_claim else 0
+        room = self.pool.room_to_grow() if self.want_claim or self.wakeup.asked(now) else 0
         if room:
             waiting = self.batch.waiting(room)
             self.pool.grow(waiting)
@@ -224,6 +266,7 @@ class Worker(Role):
         lost)."""
         reconnect.reconcile(self.pool, self.batch, self.drain)
         self.want_claim = True
+        self.wakeup.stale = True  # workers may have come and gone meanwhile
 
     # --- what the children and the notifications tell ------------------------------------------
 
@@ -241,17 +284,28 @@ class Worker(Role):
         path = logs.local_path(name)
         return name if path and os.path.exists(path) else ""
 
-    def notified(self, notifies: list) -> None:
+    def notified(self, notifies: list) -> bool:
+        """Take in the notifications; False when none of them calls for a tick (work that other
+        workers' turn it is to claim: this worker stays asleep)."""
+        tick = False
         for note in notifies:
+            if note.channel in self.queue_channels or note.channel == DUE_CHANNEL:
+                self.wakeup.notified(note.channel, note.payload)
+                tick = tick or self.wakeup.owed > 0 or self.wakeup.everyone
+                continue
+            tick = True
             if note.channel == CODE_CHANNEL:
                 if note.payload.isdigit():
                     self.pool.saw_generation(int(note.payload))
+            elif note.channel == FLEET_CHANNEL:
+                self.wakeup.stale = True
             elif note.channel != CANCEL_CHANNEL:
                 self.want_claim = True
             elif not note.payload:
                 self.check_ownership()
             else:
                 self.on_cancelled(note.payload)
+        return tick
 
     def on_cancelled(self, payload: str) -> None:
         try:
@@ -271,7 +325,10 @@ class Worker(Role):
         self.batch.forget(message["id"])
 
     def heartbeat(self) -> None:
-        self.pool.saw_generation(heartbeat.beat(self.id), read=True)
+        generation, rings = heartbeat.beat(self.id, self.queues)
+        self.pool.saw_generation(generation, read=True)
+        self.wakeup.rings = rings
+        self.plan_poll(time.monotonic())
         self.check_ownership()
 
     def check_ownership(self) -> None:

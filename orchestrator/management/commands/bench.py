@@ -12,8 +12,8 @@ def _ints(text: str) -> tuple[int, ...]:
 
 class Command(BaseCommand):
     help = ("Measure jobs/s, start delay (also under steady load, per stage), cost with a backlog and with a "
-            "finished history, DAG wall time and PostgreSQL's own ceiling with real worker processes, in a "
-            "dedicated database 'orchestrator_bench' (dropped and recreated).")
+            "finished history, DAG wall time, a fleet's transactions per job and PostgreSQL's own ceiling with "
+            "real worker processes, in a dedicated database 'orchestrator_bench' (dropped and recreated).")
 
     def add_arguments(self, parser):
         parser.add_argument("--only", default=",".join(bench.SECTIONS),
@@ -28,16 +28,23 @@ class Command(BaseCommand):
                             help="Due task runs waiting, one window each (backlog section).")
         parser.add_argument("--delayed", type=int, default=1_000_000,
                             help="Delayed task runs (due tomorrow) in the backlog section; 0 leaves it out.")
+        parser.add_argument("--fleet", default="1,4,16,64",
+                            help="Worker processes (concurrency 1) in the fleet section, one measure each.")
+        parser.add_argument("--fleet-rate", type=float, default=50.0,
+                            help="Jobs per second arriving in the fleet section (default 50).")
         parser.add_argument("--history", type=int, default=1_000_000,
                             help="Finished runs, task runs and attempts filled in the history section.")
 
-    def handle(self, *args, only, jobs, concurrency, rates, seconds, backlog, delayed, history, **options):
+    def handle(self, *args, only, jobs, concurrency, rates, seconds, backlog, delayed, history, fleet, fleet_rate,
+               **options):
         sections = [s.strip() for s in only.split(",") if s.strip()]
+        if not 0 < fleet_rate <= 10_000:
+            raise CommandError("--fleet-rate must be more than 0 and at most 10000 jobs a second")
         if seconds <= 0 or seconds > 600:
             raise CommandError("--seconds must be more than 0 and at most 600")
         try:
             bench.run(lambda line: (self.stdout.write(line), self.stdout.flush()), only=sections, jobs=jobs,
                       concurrency=concurrency, rates=_ints(rates), seconds=seconds, backlog=_ints(backlog),
-                      delayed=delayed, history=history)
+                      delayed=delayed, history=history, fleet_sizes=_ints(fleet), fleet_rate=fleet_rate)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
