@@ -23,7 +23,7 @@ from orchestrator.loop import SHORT_TRANSACTION
 from orchestrator.resolver import Ending
 from orchestrator.states import AttemptOutcome, TaskState
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__package__)  # the worker's records under one name, orchestrator.worker
 
 # --- SQL ---------------------------------------------------------------------------------------
 

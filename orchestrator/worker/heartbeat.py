@@ -16,7 +16,7 @@ from orchestrator.conf import app_settings
 from orchestrator.states import LIVE_WORKER_STATES, TaskState, WorkerState, sql_list
 from orchestrator.worker.wakeup import FRESH_BEATS, RING, Ring, ring_by_channel
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__package__)  # the worker's records under one name, orchestrator.worker
 
 # --- SQL ---------------------------------------------------------------------------------------
 

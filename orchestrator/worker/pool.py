@@ -28,7 +28,7 @@ from django.db import connections
 
 from orchestrator import executor, reload
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__package__)  # the worker's records under one name, orchestrator.worker
 
 # How long a recycled (or, at shutdown, an idle) child has to exit once told to, before it is
 # killed: an idle child exits at once, unless it is still importing the job modules again.

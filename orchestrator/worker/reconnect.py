@@ -12,7 +12,7 @@ from orchestrator.worker.batch import Batch
 from orchestrator.worker.drain import Drain, hand_back
 from orchestrator.worker.pool import Pool
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__package__)  # the worker's records under one name, orchestrator.worker
 
 # --- SQL ---------------------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from orchestrator.worker.drain import Drain
 from orchestrator.worker.pool import Pool, Slot
 from orchestrator.worker.wakeup import Wakeup
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__package__)  # the worker's records under one name, orchestrator.worker
 
 # A claim that came back short while due work remained (rows another worker held, beyond the
 # candidates it looked at): look again after this.
