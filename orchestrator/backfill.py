@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 from django.utils import timezone as dj_timezone
 
-from orchestrator import clock, control, cron
+from orchestrator import clock, control, cron, retries
 from orchestrator.channels import wake_due
 from orchestrator.conf import app_settings
 from orchestrator.limits import logical_date_error
@@ -249,7 +249,7 @@ _RESET_TASK_RUNS = f"""
 UPDATE orchestrator_taskrun SET
     state = CASE WHEN cardinality(upstream) = 0 THEN '{TaskState.SCHEDULED}' ELSE '{TaskState.WAITING}' END,
     due_at = CASE WHEN cardinality(upstream) = 0 THEN %(now)s::timestamptz END,
-    max_attempts = attempts + GREATEST(1, COALESCE((spec->>'max_attempts')::int, 1)),
+    max_attempts = attempts + {retries.allowance_sql()},
     result = NULL, error = '', worker_id = NULL, queued_at = NULL, started_at = NULL, finished_at = NULL,
     lane = %(lane)s
 WHERE run_id = ANY(%(runs)s) AND state IN ({sql_list(FINISHED_TASK_STATES)})

@@ -3,9 +3,9 @@
 
 A callback is not called where the event happens (a worker's completion batch, the reaper, the
 scheduler): it becomes a job, inserted in the same transaction as the state change that
-triggers it, so it is never lost, retries like any job (3 attempts), runs on the workers and
+triggers it, so it is never lost, retries like any job, runs on the workers and
 shows in the UI. The event is recorded once because the transitions are guarded; like every job,
-a callback runs at least once.
+a callback runs at least once, retried by ``retries.CALLBACKS``.
 
 A callback receives one argument, a dict:
 
@@ -25,10 +25,7 @@ from collections.abc import Iterable
 
 from django.db import connection
 
-from orchestrator import clock
-
-CALLBACK_ATTEMPTS = 3
-RETRY_DELAY = 10.0
+from orchestrator import clock, jobs, retries
 
 # Which callbacks a task run's new state calls, and which a run's end calls.
 TASK_EVENTS = {"succeeded": "on_success", "dead": "on_failure", "scheduled": "on_retry"}
@@ -95,9 +92,10 @@ def run_ended(finished: Iterable[tuple[int, str]], now=None) -> int:
 
 
 def job_spec(ref: str, context: dict) -> dict:
-    return {"kind": "python", "ref": ref, "call": "job", "args": [context], "kwargs": {},
-            "max_attempts": CALLBACK_ATTEMPTS, "retry_delay": RETRY_DELAY, "retry_backoff": 2.0,
-            "retry_max_delay": 600.0, "callback": context["event"]}
+    """The spec of a callback's job, made with the checks of ``jobs.enqueue`` but the reference's:
+    that one comes from a definition (checked by sync, or a function ``wf.test()`` holds), and a
+    worker runs it only if a stored graph version declares it."""
+    return jobs.job_spec(ref, args=[context], retry=retries.CALLBACKS, spec_extra={"callback": context["event"]})
 
 
 def enqueue_calls(calls: list[tuple[str, dict]], now=None) -> int:
@@ -113,7 +111,7 @@ def enqueue_calls(calls: list[tuple[str, dict]], now=None) -> int:
     ])
     TaskRun.objects.bulk_create([
         TaskRun(run=run, task=ref, spec=job_spec(ref, context), state=TaskState.SCHEDULED, due_at=now,
-                max_attempts=CALLBACK_ATTEMPTS)
+                max_attempts=retries.CALLBACKS.max_attempts)
         for run, (ref, context) in zip(runs, calls, strict=True)
     ])
     wake_due()

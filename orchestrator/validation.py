@@ -20,7 +20,7 @@ import networkx
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 
-from orchestrator import cron, limits
+from orchestrator import cron, limits, retries
 from orchestrator.definition import (
     CATCHUP_POLICIES,
     NOTIFY_EVENTS,
@@ -200,14 +200,12 @@ def _check_task(wf, name, task, children: set, error) -> list[str]:
 
 
 def _check_task_retries(where: str, task, error) -> None:
-    if not _is_number(task.retries, integer=True):
-        error(f"{where}.retries", task.retries, "must be a whole number, 0 or more")
-    if not _is_number(task.retry_delay):
-        error(f"{where}.retry_delay", task.retry_delay, "must be a number of seconds, 0 or more")
-    if not _is_number(task.retry_backoff, minimum=1):
-        error(f"{where}.retry_backoff", task.retry_backoff, "must be a number, 1 or more")
-    if not _is_number(task.retry_max_delay):
-        error(f"{where}.retry_max_delay", task.retry_max_delay, "must be a number of seconds, 0 or more")
+    if limits.int_problem(task.retries, 0, limits.MAX_ATTEMPTS - 1):
+        error(f"{where}.retries", task.retries, f"must be a whole number from 0 to {limits.MAX_ATTEMPTS - 1}")
+    for option in ("retry_delay", "retry_backoff", "retry_max_delay"):
+        value = getattr(task, option)
+        if message := retries.problem(option, value):
+            error(f"{where}.{option}", value, message)
     if task.timeout is not None and not (_is_number(task.timeout) and task.timeout > 0):
         error(f"{where}.timeout", task.timeout, "must be a positive number of seconds, or None")
 
