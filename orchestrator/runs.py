@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 
-from orchestrator import clock, tracing
+from orchestrator import clock, retries, tracing
 from orchestrator.channels import wake_due
 from orchestrator.models import Lane, Run, RunState, TaskRun, TaskState, Workflow, WorkflowVersion
 
@@ -90,7 +90,7 @@ def task_runs_for(run: Run, tasks: dict[str, dict], due_at: datetime | None, hol
             state=TaskState.SCHEDULED if root and not hold else TaskState.WAITING,
             due_at=due_at if root and not hold else None,
             queue=spec.get("queue", "default"), priority=run.priority + int(spec.get("priority", 0)),
-            tenant=run.tenant, lane=run.lane, max_attempts=max(1, int(spec.get("max_attempts", 1))),
+            tenant=run.tenant, lane=run.lane, max_attempts=retries.allowance(spec),
             timeout=spec.get("timeout"),
         ))
     return rows
