@@ -28,9 +28,11 @@ from orchestrator.states import (  # noqa: F401 - the state names, importable fr
     LIVE_WORKER_STATES,
     AttemptOutcome,
     Catchup,
+    Lane,
     Overlap,
     RunState,
     TaskState,
+    Trigger,
     WorkerState,
 )
 
@@ -155,23 +157,6 @@ class Backfill(models.Model):
 
     def __str__(self):
         return f"backfill {self.workflow.name} {self.start:%Y-%m-%d}..{self.end:%Y-%m-%d}"
-
-
-class Trigger(models.TextChoices):
-    SCHEDULE = "schedule", "schedule"
-    MANUAL = "manual", "manual"
-    API = "api", "api"
-    BACKFILL = "backfill", "backfill"
-    JOB = "job", "job"
-    DATASET = "dataset", "dataset"  # started by another workflow's data (a dataset event)
-    TEST = "test", "test"  # wf.test(): run in the calling process
-
-
-class Lane(models.IntegerChoices):
-    """Dispatch lanes: live work always goes before backfills."""
-
-    LIVE = 0, "live"
-    BACKFILL = 1, "backfill"
 
 
 class Run(models.Model):

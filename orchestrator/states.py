@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import TextChoices
+from django.db.models import IntegerChoices, TextChoices
 
 
 class TaskState(TextChoices):
@@ -68,6 +68,25 @@ class RunState(TextChoices):
     CANCELLED = "cancelled", "cancelled"
     SKIPPED = "skipped", "skipped"  # recorded, never started (overlap forbid, catchup limit)
     MISSED = "missed", "missed"  # could not start within the schedule's start deadline
+
+
+class Trigger(TextChoices):
+    """What created a run (``Run.trigger``)."""
+
+    SCHEDULE = "schedule", "schedule"
+    MANUAL = "manual", "manual"
+    API = "api", "api"
+    BACKFILL = "backfill", "backfill"
+    JOB = "job", "job"
+    DATASET = "dataset", "dataset"  # started by another workflow's data (a dataset event)
+    TEST = "test", "test"  # wf.test(): run in the calling process
+
+
+class Lane(IntegerChoices):
+    """Dispatch lanes (``Run.lane``, ``TaskRun.lane``): live work always goes before backfills."""
+
+    LIVE = 0, "live"
+    BACKFILL = 1, "backfill"
 
 
 class AttemptOutcome(TextChoices):
