@@ -61,7 +61,7 @@ class TaskState(TextChoices):
 
 
 class RunState(TextChoices):
-    PENDING = "pending", "pending"  # created, held back (overlap buffer, max active runs)
+    PENDING = "pending", "pending"  # held back (overlap buffer, max active runs): created so, or reprocessed
     RUNNING = "running", "running"
     SUCCEEDED = "succeeded", "succeeded"
     FAILED = "failed", "failed"
@@ -192,6 +192,8 @@ RUN_TRANSITIONS = [
     (R.FAILED, R.RUNNING, "control: a task run of it is retried"),
     (R.SUCCEEDED, R.RUNNING, "control: a task run of it is retried"),
     *[(state, R.RUNNING, "backfill: reprocessed; control: a task run of it is cleared")
+      for state in FINISHED_RUN_STATES],
+    *[(state, R.PENDING, "backfill: reprocessed, and held back by admission (max_active_runs)")
       for state in FINISHED_RUN_STATES],
 ]
 

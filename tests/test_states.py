@@ -61,8 +61,8 @@ def test_the_check_finds_a_bad_statement(sql, complaint):
 @pytest.mark.parametrize(("source", "complaint"), [
     ('cursor.execute("UPDATE orchestrator_run SET reason = %s WHERE state = \'failed\'")',
      "SQL names the state 'failed' itself"),
-    ("Run.objects.filter(pk=1, state=RunState.SUCCEEDED).update(state=RunState.PENDING)",
-     "succeeded -> pending is not in the state table"),
+    ("Run.objects.filter(pk=1, state=RunState.RUNNING).update(state=RunState.PENDING)",
+     "running -> pending is not in the state table"),
     ("TaskRun.objects.filter(pk=1).update(state=TaskState.QUEUED)", "the update has no state guard"),
     ('TaskRun.objects.filter(state="dead").update(state=TaskState.SCHEDULED)', "state= names a state itself"),
     ("Run.objects.filter(pk=1, state__in=mine).update(state=RunState.RUNNING)", "cannot be told from the source"),
