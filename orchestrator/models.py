@@ -216,6 +216,12 @@ class Run(models.Model):
             models.Index(fields=["backfill"], condition=Q(backfill__isnull=False), name="run_of_backfill"),
             models.Index(fields=["created_by"], condition=Q(created_by__isnull=False), name="run_of_creator"),
             models.Index(fields=["state", "-id"], name="run_by_state"),
+            # Admission (admission.py): a workflow's running runs, counted against its
+            # max_active_runs, and its waiting runs in the order they start.
+            models.Index(fields=["workflow"], condition=Q(state=RunState.RUNNING, workflow__isnull=False),
+                         name="run_running_of_workflow"),
+            models.Index(fields=["workflow", "lane", "id"], condition=Q(state=RunState.PENDING, workflow__isnull=False),
+                         name="run_pending_of_workflow"),
             # Active runs of a schedule (overlap policies). Like the deadline and timeout indexes
             # below, only rows that can match: a job's run (no schedule, deadline or timeout) takes
             # no entry in them at its insert and at its start.
