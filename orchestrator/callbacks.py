@@ -26,6 +26,9 @@ from collections.abc import Iterable
 from django.db import connection
 
 from orchestrator import clock, jobs, retries
+from orchestrator.models import Run
+from orchestrator.runs import NewRun, insert_runs
+from orchestrator.states import Trigger
 
 # Which callbacks a task run's new state calls, and which a run's end calls.
 TASK_EVENTS = {"succeeded": "on_success", "dead": "on_failure", "scheduled": "on_retry"}
@@ -99,20 +102,11 @@ def job_spec(ref: str, context: dict) -> dict:
 
 
 def enqueue_calls(calls: list[tuple[str, dict]], now=None) -> int:
-    """Insert one job per call in the current transaction (two statements whatever the count)."""
+    """Insert one job per call in the current transaction, through the door of every run
+    (``runs.insert_runs``: one INSERT and one COPY whatever the count)."""
     if not calls:
         return 0
-    from orchestrator.channels import wake_due
-    from orchestrator.models import Run, RunState, TaskRun, TaskState, Trigger
-
     now = now or clock.now()
-    runs = Run.objects.bulk_create([
-        Run(workflow=None, logical_date=now, trigger=Trigger.JOB, state=RunState.RUNNING) for _ in calls
-    ])
-    TaskRun.objects.bulk_create([
-        TaskRun(run=run, task=ref, spec=job_spec(ref, context), state=TaskState.SCHEDULED, due_at=now,
-                max_attempts=retries.CALLBACKS.max_attempts)
-        for run, (ref, context) in zip(runs, calls, strict=True)
-    ])
-    wake_due()
+    insert_runs([NewRun(Run(workflow=None, logical_date=now, trigger=Trigger.JOB), {ref: job_spec(ref, context)}, now)
+                 for ref, context in calls], now)
     return len(calls)
