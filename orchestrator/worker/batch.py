@@ -21,7 +21,7 @@ from orchestrator import clock, db, due, resolver, taskcontext, tracing
 from orchestrator.channels import wake_dispatchers
 from orchestrator.loop import SHORT_TRANSACTION
 from orchestrator.resolver import Ending
-from orchestrator.states import AttemptOutcome, TaskState
+from orchestrator.states import AttemptOutcome, TaskState, Trigger
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ direct AS MATERIALIZED (
     -- other (a manual or backfill run's logical date can be any date in the past or future).
     -- Run rows are locked in id order, like every other writer does (see resolver.LOCK_RUNS).
     UPDATE orchestrator_run SET started_at = %(now)s, schedule_delay = EXTRACT(EPOCH FROM %(now)s
-        - CASE WHEN trigger IN ('schedule', 'job') THEN logical_date ELSE created_at END)
+        - CASE WHEN trigger IN ('{Trigger.SCHEDULE}', '{Trigger.JOB}') THEN logical_date ELSE created_at END)
     WHERE id = ANY (ARRAY(SELECT id FROM orchestrator_run WHERE id = ANY (ARRAY(SELECT run_id FROM t))
                           AND started_at IS NULL ORDER BY id FOR NO KEY UPDATE))
 ), upcoming AS (
