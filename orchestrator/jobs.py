@@ -26,10 +26,11 @@ from datetime import datetime
 from django.utils import timezone
 
 from orchestrator import clock, limits, registry, retries
-from orchestrator.models import Run, Trigger
+from orchestrator.models import Run
 from orchestrator.registry import job
 from orchestrator.retries import RetryPolicy
 from orchestrator.runs import IdempotencyConflict, RunError, create_run
+from orchestrator.states import Trigger
 
 __all__ = ["IdempotencyConflict", "JobError", "RetryPolicy", "enqueue", "job", "job_ref", "job_spec"]
 

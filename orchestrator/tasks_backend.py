@@ -49,7 +49,8 @@ from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils.json import normalize_json
 
 from orchestrator import clock, limits, registry, retries
-from orchestrator.models import AttemptOutcome, TaskRun, TaskState, Trigger
+from orchestrator.models import TaskRun
+from orchestrator.states import AttemptOutcome, TaskState, Trigger
 
 STATUS = {
     TaskState.WAITING: TaskResultStatus.READY,

@@ -36,19 +36,8 @@ from orchestrator.limits import (
     REF_RE,
     REF_RULE,
 )
-from orchestrator.models import (
-    Attempt,
-    AuditEvent,
-    Backfill,
-    DatasetEvent,
-    Run,
-    RunState,
-    Schedule,
-    TaskRun,
-    TaskState,
-    Trigger,
-    Workflow,
-)
+from orchestrator.models import Attempt, AuditEvent, Backfill, DatasetEvent, Run, Schedule, TaskRun, Workflow
+from orchestrator.states import RunState, TaskState, Trigger
 
 PRIORITY_RANGE = (PRIORITY_MIN, PRIORITY_MAX)
 
