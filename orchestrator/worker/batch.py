@@ -49,7 +49,7 @@ RECENT_OUTCOMES_BYTES = 8 * 1024 * 1024
 # scheduled, in dispatch order (orchestrator.due: live lane first, tenants in turn, priority).
 # Rows another worker is claiming are skipped. The attempt number is incremented here, so it
 # identifies this claim.
-CLAIM = f"""
+CLAIM = db.prepared(f"""
 WITH RECURSIVE admitted AS MATERIALIZED (
     -- One ordered index scan per queue (taskrun_queued), so the cost does not grow with the
     -- backlog; "queue = ANY (…)" would read and sort every queued row.
@@ -108,7 +108,7 @@ direct AS MATERIALIZED (
 -- due time when nothing was claimed.
 SELECT t.id, t.run_id, t.task, t.attempts, t.spec, t.timeout, t.has_parents, upcoming.next_due
 FROM upcoming LEFT JOIN t ON true
-"""
+""")
 
 # How many candidates each key offers a claim of n: enough that workers claiming at the same
 # moment each find n that the others do not hold.
