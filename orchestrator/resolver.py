@@ -78,7 +78,7 @@ RUNS_OF = "SELECT DISTINCT run_id FROM orchestrator_taskrun WHERE id = ANY (%s)"
 # The run of a one-task job (``job_runs``) ends here with its task run: it releases nothing, and
 # the check that no other task run of it is unfinished keeps the rule of FINISH_RUNS. Each row
 # says whether its run maps or branches (for mapping.py) and how a job run ended (run_state).
-END_TASK_RUNS = f"""
+END_TASK_RUNS = db.prepared(f"""
 WITH l AS MATERIALIZED (
     {_LOCK_RUNS.format("%(runs)s::bigint[]")}
 ), d AS (
@@ -131,7 +131,7 @@ RETURNING t.id, t.run_id, t.state, t.spec ? 'produces' AS produces, t.spec ? 'ca
 )
 SELECT t.id, t.run_id, t.state, t.produces, t.calls, l.dynamic, j.state AS run_state, j.workflow_id
 FROM t JOIN l ON l.id = t.run_id LEFT JOIN j ON j.id = t.run_id
-"""
+""")
 
 # Decide waiting children of the given runs whose trigger rule is settled by their parents'
 # states (the rules are the table states.TRIGGER_RULE_DECISIONS, one CASE branch per rule):
