@@ -162,6 +162,9 @@ def execute(cur, sql: str, params=None):
     """Run ``sql`` (written with ``%(name)s`` or ``%s`` placeholders, declared with ``prepared``)
     on a ``cursor()``, prepared unless the connection goes through a transaction pooler that cannot
     keep them."""
+    if not isinstance(sql, Prepared):
+        raise TypeError("db.execute runs only the statements of the throughput loops, declared with "
+                        "db.prepared(); run any other statement on Django's cursor (see orchestrator.db)")
     text, names = native(sql)
     if names is not None:
         params = [params[name] for name in names]
