@@ -152,8 +152,9 @@ def job_spec(ref: str, *, args=(), kwargs: dict | None = None, queue: str = "def
     _check_timeout(timeout)
     spec_extra = _extra(spec_extra)
     policy = _policy(retry, max_attempts, spec_extra)
-    return {"kind": "python", "ref": ref, "call": "job", "args": args, "kwargs": kwargs, "timeout": timeout,
-            "upstream": [], "queue": queue, **spec_extra, **policy.spec()}
+    # spec_extra adds to the spec; it never replaces what was checked (the reference above all).
+    return {**spec_extra, "kind": "python", "ref": ref, "call": "job", "args": args, "kwargs": kwargs,
+            "timeout": timeout, "upstream": [], "queue": queue, **policy.spec()}
 
 
 def enqueue(
