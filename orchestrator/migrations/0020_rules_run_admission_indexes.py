@@ -11,7 +11,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ('orchestrator', '0017_lean_indexes'),
+        ('orchestrator', '0019_beyond_approvals'),
     ]
 
     operations = [
