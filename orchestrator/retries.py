@@ -1,7 +1,7 @@
 """The retry policy, defined once: how many attempts a task run gets and how long it waits
 between them. Workflow tasks (``definition.Task``), one-off jobs (``jobs.enqueue``), callbacks
 (``CALLBACKS``), webhook deliveries (``webhooks()``) and the ``django.tasks`` backend's OPTIONS
-each state a ``RetryPolicy``; its ``spec()`` is what a task run's spec stores, and ``problem()``
+each state a ``RetryPolicy`` (notification messages share the webhooks'); its ``spec()`` is what a task run's spec stores, and ``problem()``
 the one check of each value, wherever it comes from.
 
 The rule, applied by ``resolver.END_TASK_RUNS`` when an attempt did not succeed::
@@ -66,9 +66,13 @@ DEFAULT = RetryPolicy()
 CALLBACKS = RetryPolicy(max_attempts=3, max_delay=600.0)
 
 
+# A delivery to an endpoint or to people (a webhook, a notification message): five tries in all.
+DELIVERY_ATTEMPTS = 5
+
+
 def webhooks() -> RetryPolicy:
-    """A webhook delivery's: five POSTs in all, backing off from WEBHOOK_RETRY_SECONDS."""
-    return RetryPolicy(max_attempts=5, delay=app_settings.WEBHOOK_RETRY_SECONDS, max_delay=600.0)
+    """A webhook delivery's and a notification message's: backing off from WEBHOOK_RETRY_SECONDS."""
+    return RetryPolicy(max_attempts=DELIVERY_ATTEMPTS, delay=app_settings.WEBHOOK_RETRY_SECONDS, max_delay=600.0)
 
 
 def _is_number(value) -> bool:
