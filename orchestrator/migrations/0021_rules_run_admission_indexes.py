@@ -11,7 +11,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ('orchestrator', '0019_beyond_approvals'),
+        ('orchestrator', '0020_fleet_wake_token'),
     ]
 
     operations = [
