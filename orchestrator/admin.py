@@ -33,15 +33,14 @@ from orchestrator.models import (
     Lease,
     QueueLimit,
     Run,
-    RunState,
     TaskRun,
-    TaskState,
     TenantLimit,
     WebhookDelivery,
     Worker,
     Workflow,
     WorkflowVersion,
 )
+from orchestrator.states import RunState, TaskState
 
 
 class OperatorActions:

@@ -11,10 +11,14 @@ existing runs that ended without success (failed, cancelled, missed or skipped),
 every finished one. A re-run resets the existing run's task runs to a fresh start (each with a
 fresh set of attempts; the old attempts stay in its history) instead of inserting a second run
 for the same fire time. Active runs are never touched.
+
+New and reprocessed runs alike are admitted like every run (``admission.py``): they count toward
+the workflow's ``max_active_runs`` and, past it, wait in the backfill lane, behind live runs.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -22,14 +26,22 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 from django.utils import timezone as dj_timezone
 
-from orchestrator import clock, control, cron
+from orchestrator import admission, clock, control, cron, retries
 from orchestrator.channels import wake_due
 from orchestrator.conf import app_settings
 from orchestrator.limits import logical_date_error
-from orchestrator.models import Backfill, Lane, Run, Schedule, TaskRun, Trigger, Workflow
+from orchestrator.models import Backfill, Run, Schedule, TaskRun, Workflow
 from orchestrator.params import ParamError, clean_params
 from orchestrator.runs import NewRun, insert_runs, task_runs_for
-from orchestrator.states import FINISHED_RUN_STATES, FINISHED_TASK_STATES, RunState, TaskState, sql_list
+from orchestrator.states import (
+    FINISHED_RUN_STATES,
+    FINISHED_TASK_STATES,
+    Lane,
+    RunState,
+    TaskState,
+    Trigger,
+    sql_list,
+)
 
 REPROCESS_CHOICES = ("none", "failed", "all")
 UNSUCCESSFUL_RUN_STATES = (RunState.FAILED, RunState.CANCELLED, RunState.MISSED, RunState.SKIPPED)
@@ -242,14 +254,16 @@ def start(workflow, start, end, *, reprocess: str = "none", params: dict | None 
     return backfill
 
 
-# A re-run starts from scratch: roots due now, the rest waiting, each task run with a fresh set of
-# attempts on top of those it used (attempt numbers stay unique, the history stays). Every task run
-# of a finished run has finished; the guard says so.
+# A re-run starts from scratch: roots due now (of the runs that start; a run that waits for
+# admission holds them all back), the rest waiting, each task run with a fresh set of attempts on
+# top of those it used (attempt numbers stay unique, the history stays). Every task run of a
+# finished run has finished; the guard says so.
 _RESET_TASK_RUNS = f"""
 UPDATE orchestrator_taskrun SET
-    state = CASE WHEN cardinality(upstream) = 0 THEN '{TaskState.SCHEDULED}' ELSE '{TaskState.WAITING}' END,
-    due_at = CASE WHEN cardinality(upstream) = 0 THEN %(now)s::timestamptz END,
-    max_attempts = attempts + GREATEST(1, COALESCE((spec->>'max_attempts')::int, 1)),
+    state = CASE WHEN cardinality(upstream) = 0 AND run_id = ANY (%(starting)s) THEN '{TaskState.SCHEDULED}'
+                 ELSE '{TaskState.WAITING}' END,
+    due_at = CASE WHEN cardinality(upstream) = 0 AND run_id = ANY (%(starting)s) THEN %(now)s::timestamptz END,
+    max_attempts = attempts + {retries.allowance_sql()},
     result = NULL, error = '', worker_id = NULL, queued_at = NULL, started_at = NULL, finished_at = NULL,
     lane = %(lane)s
 WHERE run_id = ANY(%(runs)s) AND state IN ({sql_list(FINISHED_TASK_STATES)})
@@ -257,28 +271,43 @@ WHERE run_id = ANY(%(runs)s) AND state IN ({sql_list(FINISHED_TASK_STATES)})
 
 
 def _reset(run_ids: list[int], backfill: Backfill, now: datetime) -> None:
-    # Locked in id order, as every writer of several runs locks them (see resolver.lock_runs), so
-    # two such transactions never wait on each other in a cycle.
+    # Admission's lock first, as every creator takes it, then the runs, locked in id order as every
+    # writer of several runs locks them (see resolver.lock_runs): no two transactions wait on each
+    # other in a cycle.
+    door = admission.Door([backfill.workflow])
     runs = list(Run.objects.select_for_update(of=("self",)).filter(pk__in=run_ids, state__in=FINISHED_RUN_STATES)
                 .select_related("version").order_by("pk"))
     if not runs:
         return
-    ids = [run.pk for run in runs]
-    Run.objects.filter(pk__in=ids, state__in=FINISHED_RUN_STATES).update(
-        state=RunState.RUNNING, reason=f"reprocessed by backfill #{backfill.pk}", backfill=backfill,
+    reason = f"reprocessed by backfill #{backfill.pk}"
+    decisions = {run.pk: door.admit(backfill.workflow, Lane.BACKFILL) for run in runs}
+    starting = [pk for pk, decision in decisions.items() if decision.state == RunState.RUNNING]
+    Run.objects.filter(pk__in=starting, state__in=FINISHED_RUN_STATES).update(
+        state=RunState.RUNNING, reason=reason, backfill=backfill,
         lane=Lane.BACKFILL, started_at=None, finished_at=None, schedule_delay=None,
     )
+    waiting = defaultdict(list)  # by admission's reason: a statement per reason, not per run
+    for pk, decision in decisions.items():
+        if decision.state == RunState.PENDING:
+            waiting[decision.reason].append(pk)
+    for why, pks in waiting.items():
+        Run.objects.filter(pk__in=pks, state__in=FINISHED_RUN_STATES).update(
+            state=RunState.PENDING, reason=f"{reason}, {why}", backfill=backfill,
+            lane=Lane.BACKFILL, started_at=None, finished_at=None, schedule_delay=None,
+        )
     with connection.cursor() as cursor:
-        cursor.execute(_RESET_TASK_RUNS, {"runs": ids, "now": now, "lane": Lane.BACKFILL})
+        cursor.execute(_RESET_TASK_RUNS, {"runs": list(decisions), "starting": starting, "now": now,
+                                          "lane": Lane.BACKFILL})
     # Skipped and missed runs never had task runs: they get them now, from the version they were made for.
-    with_tasks = set(TaskRun.objects.filter(run_id__in=ids).values_list("run_id", flat=True).distinct())
+    with_tasks = set(TaskRun.objects.filter(run_id__in=list(decisions)).values_list("run_id", flat=True).distinct())
     rows = []
     for run in runs:
         if run.pk not in with_tasks and run.version is not None:
             run.lane = Lane.BACKFILL
-            rows.extend(task_runs_for(run, run.version.spec["tasks"], now))
+            rows.extend(task_runs_for(run, run.version.spec["tasks"], now, hold=run.pk not in starting))
     TaskRun.objects.bulk_create(rows, batch_size=2000)
-    wake_due()
+    if starting:
+        wake_due()
 
 
 def progress(backfill: Backfill | int) -> tuple[int, int]:

@@ -3,9 +3,9 @@
 
 A callback is not called where the event happens (a worker's completion batch, the reaper, the
 scheduler): it becomes a job, inserted in the same transaction as the state change that
-triggers it, so it is never lost, retries like any job (3 attempts), runs on the workers and
+triggers it, so it is never lost, retries like any job, runs on the workers and
 shows in the UI. The event is recorded once because the transitions are guarded; like every job,
-a callback runs at least once.
+a callback runs at least once, retried by ``retries.CALLBACKS``.
 
 A callback receives one argument, a dict:
 
@@ -25,10 +25,10 @@ from collections.abc import Iterable
 
 from django.db import connection
 
-from orchestrator import clock
-
-CALLBACK_ATTEMPTS = 3
-RETRY_DELAY = 10.0
+from orchestrator import clock, jobs, retries
+from orchestrator.models import Run
+from orchestrator.runs import NewRun, insert_runs
+from orchestrator.states import Trigger
 
 # Which callbacks a task run's new state calls, and which a run's end calls.
 TASK_EVENTS = {"succeeded": "on_success", "dead": "on_failure", "scheduled": "on_retry"}
@@ -95,26 +95,18 @@ def run_ended(finished: Iterable[tuple[int, str]], now=None) -> int:
 
 
 def job_spec(ref: str, context: dict) -> dict:
-    return {"kind": "python", "ref": ref, "call": "job", "args": [context], "kwargs": {},
-            "max_attempts": CALLBACK_ATTEMPTS, "retry_delay": RETRY_DELAY, "retry_backoff": 2.0,
-            "retry_max_delay": 600.0, "callback": context["event"]}
+    """The spec of a callback's job, made with the checks of ``jobs.enqueue`` but the reference's:
+    that one comes from a definition (checked by sync, or a function ``wf.test()`` holds), and a
+    worker runs it only if a stored graph version declares it."""
+    return jobs.job_spec(ref, args=[context], retry=retries.CALLBACKS, spec_extra={"callback": context["event"]})
 
 
 def enqueue_calls(calls: list[tuple[str, dict]], now=None) -> int:
-    """Insert one job per call in the current transaction (two statements whatever the count)."""
+    """Insert one job per call in the current transaction, through the door of every run
+    (``runs.insert_runs``: one INSERT and one COPY whatever the count)."""
     if not calls:
         return 0
-    from orchestrator.channels import wake_due
-    from orchestrator.models import Run, RunState, TaskRun, TaskState, Trigger
-
     now = now or clock.now()
-    runs = Run.objects.bulk_create([
-        Run(workflow=None, logical_date=now, trigger=Trigger.JOB, state=RunState.RUNNING) for _ in calls
-    ])
-    TaskRun.objects.bulk_create([
-        TaskRun(run=run, task=ref, spec=job_spec(ref, context), state=TaskState.SCHEDULED, due_at=now,
-                max_attempts=CALLBACK_ATTEMPTS)
-        for run, (ref, context) in zip(runs, calls, strict=True)
-    ])
-    wake_due()
+    insert_runs([NewRun(Run(workflow=None, logical_date=now, trigger=Trigger.JOB), {ref: job_spec(ref, context)}, now)
+                 for ref, context in calls], now)
     return len(calls)

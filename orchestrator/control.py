@@ -19,7 +19,7 @@ from datetime import datetime
 from django.db import OperationalError, connection, transaction
 from psycopg.errors import DeadlockDetected
 
-from orchestrator import callbacks, clock, cron, deadlines, mapping, resolver
+from orchestrator import callbacks, clock, cron, deadlines, mapping, resolver, retries
 from orchestrator.channels import announce_cancelled, wake_due, wake_schedulers
 from orchestrator.models import Backfill, Run, Schedule, TaskRun, Workflow
 from orchestrator.states import (
@@ -59,7 +59,7 @@ WHERE task_run_id = ANY (%(ids)s) AND outcome = '{AttemptOutcome.RUNNING}'
 # A mapped task's own row is never run: retrying it is retrying its instances (see retry_run).
 RETRY_TASK_RUNS = f"""
 UPDATE orchestrator_taskrun SET state = '{TaskState.SCHEDULED}', due_at = %(now)s, finished_at = NULL, error = '',
-    max_attempts = attempts + GREATEST(1, COALESCE((spec->>'max_attempts')::int, 1))
+    max_attempts = attempts + {retries.allowance_sql()}
 WHERE id = ANY (%(ids)s) AND state IN ({sql_list(RETRYABLE_TASK_STATES)})
   AND NOT (map_index = -1 AND spec ? 'map_over')
 RETURNING id, run_id, task
@@ -366,7 +366,7 @@ UPDATE orchestrator_taskrun t SET
     state = CASE WHEN t.map_index >= 0 OR cardinality(t.upstream) = 0 THEN '{TaskState.SCHEDULED}'
                  ELSE '{TaskState.WAITING}' END,
     due_at = CASE WHEN t.map_index >= 0 OR cardinality(t.upstream) = 0 THEN %(now)s END,
-    max_attempts = t.attempts + GREATEST(1, COALESCE((t.spec->>'max_attempts')::int, 1)),
+    max_attempts = t.attempts + {retries.allowance_sql("t")},
     result = NULL, error = '', worker_id = NULL, queued_at = NULL, started_at = NULL, finished_at = NULL
 FROM orchestrator_run r
 WHERE t.id = ANY (%(ids)s) AND r.id = t.run_id AND r.state <> '{RunState.PENDING}'

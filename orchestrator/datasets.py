@@ -30,7 +30,10 @@ from datetime import datetime
 from django.db import connection, transaction
 
 from orchestrator.channels import wake_schedulers
-from orchestrator.states import TaskState
+from orchestrator.models import Workflow
+from orchestrator.params import ParamError, clean_params
+from orchestrator.runs import create_run
+from orchestrator.states import RunState, TaskState, Trigger
 
 log = logging.getLogger(__name__)
 
@@ -206,8 +209,6 @@ class _Taken(Exception):
 
 def start_consumers(now: datetime, limit: int = 500) -> int:
     """Step 2b: start the runs the pending rows call for; returns how many were started."""
-    from orchestrator.models import Workflow
-
     with connection.cursor() as cursor:
         cursor.execute(PENDING)
         pending = cursor.fetchall()
@@ -230,10 +231,6 @@ def start_consumers(now: datetime, limit: int = 500) -> int:
 
 
 def _start(workflow, row_ids: list[int], logical_date: datetime, now: datetime):
-    from orchestrator.models import Run, RunState, Trigger
-    from orchestrator.params import ParamError, clean_params
-    from orchestrator.runs import create_run
-
     with connection.cursor() as cursor:
         cursor.execute(LOCK_ROWS, {"ids": row_ids})
         if len(cursor.fetchall()) != len(row_ids):
@@ -243,11 +240,7 @@ def _start(workflow, row_ids: list[int], logical_date: datetime, now: datetime):
             params = clean_params(workflow.current_version.spec.get("params", {}), {})
         except ParamError as exc:  # sync refuses this; a row edited by hand could still get here
             state, reason, params = RunState.SKIPPED, f"cannot start from data: {exc}", {}
-        if state == RunState.RUNNING and workflow.max_active_runs and Run.objects.filter(
-                workflow=workflow, state__in=(RunState.PENDING, RunState.RUNNING)).count() >= workflow.max_active_runs:
-            # Held back, not dropped: the scheduler starts it when a run of the workflow ends.
-            state = RunState.PENDING
-            reason = f"waiting: the workflow's max_active_runs ({workflow.max_active_runs}) is reached"
+        # Past the workflow's max_active_runs the run is held back (pending), not dropped: admission.
         run, _ = create_run(workflow, trigger=Trigger.DATASET, params=params, logical_date=logical_date,
                             state=state, reason=reason, now=now)
         cursor.execute(CONSUME, {"run": run.pk, "now": now, "ids": row_ids})

@@ -25,6 +25,23 @@ and the dispatcher's tick.
   the worker's CPU per batch in that conversion alone.
 
 These cursors share Django's connection and its transaction (``transaction.atomic`` applies).
+
+**Which path a statement takes**, one rule per statement:
+
+* ``execute`` (prepared, bound on the server, pipelined) for the statements that every turn of the
+  two throughput loops runs, whatever its work: a worker's batch (``worker.batch``: its commit
+  mode, the outcomes' ``resolver.END_TASK_RUNS``, the claim) and a dispatcher's tick
+  (``dispatcher``). Their parse, plan and round trip would otherwise be paid per unit of
+  throughput. Each is declared at module level with ``prepared()``, and ``execute`` runs nothing
+  else.
+* Django's cursor or the ORM for every other statement: what a batch runs only for part of its
+  work (a workflow task's children and the end of its run, mapping, the task context, callbacks,
+  dataset events), and all that the scheduler, the reaper, control actions, pages and commands
+  run. They follow events, not throughput; prepared, they would only leave plans in the session
+  of every process that ran them once.
+
+``tests/test_db_paths.py`` holds the product to it: no declared statement goes through Django's
+cursor, and a worker's batch and a dispatcher's tick send nothing through Django's cursor.
 """
 
 from __future__ import annotations
@@ -83,6 +100,15 @@ def _explained():
 _TOKEN = re.compile(r"'(?:[^']|'')*'|--[^\n]*|%\((\w+)\)s|%s|%%")
 
 
+class Prepared(str):
+    """A statement of the throughput loops, run with ``execute`` (see the rule above)."""
+
+
+def prepared(sql: str) -> Prepared:
+    """Declare ``sql`` a statement of the throughput loops."""
+    return Prepared(sql)
+
+
 @cache
 def native(sql: str) -> tuple[str, tuple[str, ...] | None]:
     """``sql`` with PostgreSQL's placeholders and without comments, and the parameter names in
@@ -133,8 +159,12 @@ def cursor():
 
 
 def execute(cur, sql: str, params=None):
-    """Run ``sql`` (written with ``%(name)s`` or ``%s`` placeholders) on a ``cursor()``, prepared
-    unless the connection goes through a transaction pooler that cannot keep them."""
+    """Run ``sql`` (written with ``%(name)s`` or ``%s`` placeholders, declared with ``prepared``)
+    on a ``cursor()``, prepared unless the connection goes through a transaction pooler that cannot
+    keep them."""
+    if not isinstance(sql, Prepared):
+        raise TypeError("db.execute runs only the statements of the throughput loops, declared with "
+                        "db.prepared(); run any other statement on Django's cursor (see orchestrator.db)")
     text, names = native(sql)
     if names is not None:
         params = [params[name] for name in names]

@@ -15,6 +15,8 @@ from datetime import datetime
 from typing import Any
 
 from orchestrator import limits, registry
+from orchestrator.retries import DEFAULT as DEFAULT_RETRY
+from orchestrator.retries import RetryPolicy
 from orchestrator.states import Catchup, Overlap, TriggerRule
 
 TRIGGER_RULES = tuple(TriggerRule.values)
@@ -93,8 +95,8 @@ class Task:
     after a; lists fan out and fan in."""
 
     def __init__(self, workflow, name: str, *, fn: Callable | None = None, command: str | None = None,
-                 retries: int = 0, retry_delay: float = 10.0, retry_backoff: float = 2.0,
-                 retry_max_delay: float = 3600.0, timeout: float | None = None, queue: str = "default",
+                 retries: int = DEFAULT_RETRY.max_attempts - 1, retry_delay: float = DEFAULT_RETRY.delay,
+                 retry_backoff: float = DEFAULT_RETRY.backoff, retry_max_delay: float = DEFAULT_RETRY.max_delay, timeout: float | None = None, queue: str = "default",
                  priority: int = 0, trigger_rule: str = TriggerRule.ALL_SUCCESS, upstream: Iterable[str] = (),
                  env: dict | None = None, branch: bool = False, produces: Iterable[str] = (),
                  on_failure: Callable | Iterable[Callable] | None = None,
@@ -167,6 +169,11 @@ class Task:
         return self
 
     @property
+    def retry_policy(self) -> RetryPolicy:
+        attempts = self.retries + 1 if isinstance(self.retries, int) else DEFAULT_RETRY.max_attempts
+        return RetryPolicy(attempts, self.retry_delay, self.retry_backoff, self.retry_max_delay)
+
+    @property
     def ref(self) -> str:
         if self.approval is not None:
             return APPROVAL_REF
@@ -175,10 +182,7 @@ class Task:
     def to_spec(self, upstream: list[str], children: Iterable[str] = (), mapped_by: Iterable[str] = ()) -> dict:
         spec = {
             "kind": "python" if self.fn is not None or self.approval is not None else "shell",
-            "max_attempts": self.retries + 1 if isinstance(self.retries, int) else 1,
-            "retry_delay": self.retry_delay,
-            "retry_backoff": self.retry_backoff,
-            "retry_max_delay": self.retry_max_delay,
+            **self.retry_policy.spec(),
             "timeout": self.timeout,
             "queue": self.queue,
             "priority": self.priority,

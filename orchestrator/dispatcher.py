@@ -4,7 +4,8 @@ live work before backfills, tenants in turn, priority), and wakes the workers of
 work that no limit applies to is not its business: the workers claim it themselves, in the same
 order (``worker.batch.CLAIM``), one hop and one write fewer. With no limit at all it does nothing.
 
-``tick()`` is one short transaction; ``serve()`` loops on it, woken by NOTIFY on
+``tick()`` is one short transaction, every statement of it prepared (``orchestrator.db``: the
+statements of a throughput loop); ``serve()`` loops on it, woken by NOTIFY on
 ``orchestrator_dispatch`` (sent when work becomes due now), by the earliest future ``due_at``,
 and by a polling fallback. Several dispatchers can run: rows are taken with SKIP LOCKED, and the
 limit checks are serialized per limited queue/tenant (see ``_lock_limits``).
@@ -17,7 +18,7 @@ import time
 from collections import Counter
 from datetime import datetime
 
-from django.db import connection, transaction
+from django.db import transaction
 
 from orchestrator import clock, db, due, tracing
 from orchestrator.channels import DISPATCH_CHANNEL, wake_queues
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 # Due work under a limit, in dispatch order (orchestrator.due), locked. Queues and tenants already
 # at their limit are left out: their rows cannot move, and read first they would fill every batch
 # and hold back everyone else's work. Rows another dispatcher holds are skipped, not waited for.
-CANDIDATES = f"""
+CANDIDATES = db.prepared(f"""
 WITH RECURSIVE {due.ALL_KEYS}, {due.in_dispatch_order(
     f"{due.LIMITED} AND keys.queue <> ALL (%(full_queues)s::text[]) AND keys.tenant <> ALL (%(full_tenants)s::text[])",
     "%(batch)s")}
@@ -45,36 +46,41 @@ SELECT t.id, t.queue, t.tenant FROM chosen CROSS JOIN LATERAL (
     FOR UPDATE SKIP LOCKED
 ) t
 ORDER BY chosen.place
-"""
+""")
 
 # What is queued or running now, per queue and per tenant (the taskrun_busy index: the cost
 # follows the busy rows, which the limits bound, not the backlog).
-BUSY_ALL_QUEUES = f"""
+BUSY_ALL_QUEUES = db.prepared(f"""
 SELECT queue, count(*) FROM orchestrator_taskrun WHERE state IN ({sql_list(BUSY_TASK_STATES)}) GROUP BY queue
-"""
-BUSY_ALL_TENANTS = f"""
+""")
+BUSY_ALL_TENANTS = db.prepared(f"""
 SELECT tenant, count(*) FROM orchestrator_taskrun WHERE state IN ({sql_list(BUSY_TASK_STATES)}) GROUP BY tenant
-"""
+""")
 
 # What is queued or running now, per limited queue and per limited tenant.
-BUSY_QUEUES = f"""
+BUSY_QUEUES = db.prepared(f"""
 SELECT queue, count(*) FROM orchestrator_taskrun
-WHERE state IN ({sql_list(BUSY_TASK_STATES)}) AND queue = ANY (%(keys)s) GROUP BY queue
-"""
-BUSY_TENANTS = f"""
+WHERE state IN ({sql_list(BUSY_TASK_STATES)}) AND queue = ANY (%(keys)s::text[]) GROUP BY queue
+""")
+BUSY_TENANTS = db.prepared(f"""
 SELECT tenant, count(*) FROM orchestrator_taskrun
-WHERE state IN ({sql_list(BUSY_TASK_STATES)}) AND tenant = ANY (%(keys)s) GROUP BY tenant
-"""
+WHERE state IN ({sql_list(BUSY_TASK_STATES)}) AND tenant = ANY (%(keys)s::text[]) GROUP BY tenant
+""")
 
-MARK_QUEUED = f"""
+MARK_QUEUED = db.prepared(f"""
 UPDATE orchestrator_taskrun SET state = '{TaskState.QUEUED}', queued_at = %(now)s
 WHERE id = ANY (%(ids)s::bigint[]) AND (state = '{TaskState.SCHEDULED}') IS TRUE
-"""
+""")
+
+# The limit checks' locks (see _lock_limits), in the order of the keys.
+LOCK_LIMITS = db.prepared(
+    "SELECT pg_advisory_xact_lock(hashtextextended('orchestrator.limit.' || k, 0)) "
+    "FROM unnest(%s::text[]) WITH ORDINALITY AS u(k, i) ORDER BY i")
 
 HELD_BACK_PAUSE = 0.05
 
 # When the next work under a limit is due (NULL: none is scheduled).
-NEXT_DUE = due.next_due(due.ALL_KEYS, due.LIMITED)
+NEXT_DUE = db.prepared(due.next_due(due.ALL_KEYS, due.LIMITED))
 
 
 def _lock_limits(cursor, queues: list[str], tenants: list[str]) -> None:
@@ -86,10 +92,7 @@ def _lock_limits(cursor, queues: list[str], tenants: list[str]) -> None:
     second dispatcher counts the first one's queued rows.
     """
     keys = sorted([f"queue:{q}" for q in queues] + [f"tenant:{t}" for t in tenants])
-    cursor.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended('orchestrator.limit.' || k, 0)) "
-        "FROM unnest(%s::text[]) WITH ORDINALITY AS u(k, i) ORDER BY i", [keys]
-    )
+    db.execute(cursor, LOCK_LIMITS, [keys])
 
 
 def _full(cursor, limits: dict[str, int], default: int | None, busy_sql: str) -> list[str]:
@@ -97,7 +100,7 @@ def _full(cursor, limits: dict[str, int], default: int | None, busy_sql: str) ->
     admission below re-counts under the locks, so a stale answer never lets a limit be exceeded."""
     if not limits and default is None:
         return []
-    cursor.execute(busy_sql)
+    db.execute(cursor, busy_sql)
     busy = dict(cursor.fetchall())
     return sorted(name for name in set(busy) | set(limits)
                   if (limit := limits.get(name, default)) is not None and busy.get(name, 0) >= limit)
@@ -113,16 +116,15 @@ def tick(now: datetime | None = None, batch: int = 1000, limits: Limits | None =
         return 0
     queue_limits, queue_default = limits.queues, limits.queue_default
     tenant_limits, tenant_default = limits.tenants, limits.tenant_default
-    with transaction.atomic(), connection.cursor() as cursor, db.cursor() as bound:
+    with transaction.atomic(), db.cursor() as bound:
         # Not waiting for the WAL flush: a queued mark lost in a database crash leaves the task
         # run scheduled, and the next tick queues it again. No JIT: the candidate query's row
         # estimates grow with the backlog (each key could hold it all) past jit_above_cost.
-        cursor.execute(SHORT_TRANSACTION)
-        db.execute(bound, CANDIDATES, {
-            "now": now, "batch": batch, **limits.params(),
-            "full_queues": _full(cursor, queue_limits, queue_default, BUSY_ALL_QUEUES),
-            "full_tenants": _full(cursor, tenant_limits, tenant_default, BUSY_ALL_TENANTS),
-        })
+        db.execute(bound, SHORT_TRANSACTION)
+        full_queues = _full(bound, queue_limits, queue_default, BUSY_ALL_QUEUES)
+        full_tenants = _full(bound, tenant_limits, tenant_default, BUSY_ALL_TENANTS)
+        db.execute(bound, CANDIDATES, {"now": now, "batch": batch, **limits.params(),
+                                       "full_queues": full_queues, "full_tenants": full_tenants})
         rows = bound.fetchall()
         if not rows:
             return 0
@@ -131,14 +133,14 @@ def tick(now: datetime | None = None, batch: int = 1000, limits: Limits | None =
         room_q: dict[str, int] = {}
         room_t: dict[str, int] = {}
         if limited_queues or limited_tenants:
-            _lock_limits(cursor, limited_queues, limited_tenants)
+            _lock_limits(bound, limited_queues, limited_tenants)
             busy_q, busy_t = {}, {}
             if limited_queues:
-                cursor.execute(BUSY_QUEUES, {"keys": limited_queues})
-                busy_q = dict(cursor.fetchall())
+                db.execute(bound, BUSY_QUEUES, {"keys": limited_queues})
+                busy_q = dict(bound.fetchall())
             if limited_tenants:
-                cursor.execute(BUSY_TENANTS, {"keys": limited_tenants})
-                busy_t = dict(cursor.fetchall())
+                db.execute(bound, BUSY_TENANTS, {"keys": limited_tenants})
+                busy_t = dict(bound.fetchall())
             room_q = {q: queue_limits.get(q, queue_default) - busy_q.get(q, 0) for q in limited_queues}
             room_t = {t: tenant_limits.get(t, tenant_default) - busy_t.get(t, 0) for t in limited_tenants}
         admitted, queues = [], Counter()
@@ -163,8 +165,8 @@ def next_due(limits: Limits | None = None) -> datetime | None:
     limits = limits or load_limits()
     if limits.none:
         return None
-    with connection.cursor() as cursor:
-        cursor.execute(NEXT_DUE, limits.params())
+    with db.cursor() as cursor:
+        db.execute(cursor, NEXT_DUE, limits.params())
         return cursor.fetchone()[0]
 
 

@@ -25,15 +25,14 @@ from datetime import datetime
 
 from django.utils import timezone
 
-from orchestrator import clock, limits, registry
-from orchestrator.models import Run, Trigger
+from orchestrator import clock, limits, registry, retries
+from orchestrator.models import Run
 from orchestrator.registry import job
+from orchestrator.retries import RetryPolicy
 from orchestrator.runs import IdempotencyConflict, RunError, create_run
+from orchestrator.states import Trigger
 
-__all__ = ["IdempotencyConflict", "JobError", "enqueue", "job", "job_ref"]
-
-# Retry timing of a job's attempts, the same defaults as a workflow task's; spec_extra overrides.
-RETRY_DEFAULTS = {"retry_delay": 10.0, "retry_backoff": 2.0, "retry_max_delay": 3600.0}
+__all__ = ["IdempotencyConflict", "JobError", "RetryPolicy", "enqueue", "job", "job_ref", "job_spec"]
 
 
 class JobError(RunError):
@@ -108,11 +107,23 @@ def _check_placement(queue, priority, tenant) -> None:
                        f"got {limits.safe_repr(tenant)}", field="tenant")
 
 
-def _check_execution(max_attempts, timeout) -> None:
-    """How the job's attempts run: how many, and for how long each."""
-    if not _is_int(max_attempts) or not 1 <= max_attempts <= limits.MAX_INT:
-        raise JobError(f"max_attempts must be a whole number of at least 1, got {limits.safe_repr(max_attempts)}",
-                       field="max_attempts")
+def _policy(retry, max_attempts, spec_extra: dict) -> RetryPolicy:
+    """The job's retry policy: ``retry`` (the default policy when None), its attempts replaced by
+    ``max_attempts`` when given, its values by those ``spec_extra`` names; each value checked."""
+    if retry is None:
+        retry = retries.DEFAULT
+    elif not isinstance(retry, RetryPolicy):
+        raise JobError(f"retry must be an orchestrator.retries.RetryPolicy, got {limits.safe_repr(retry)}",
+                       field="retry")
+    values = {**retry.spec(), **({} if max_attempts is None else {"max_attempts": max_attempts}),
+              **{key: spec_extra[key] for key in retries.SPEC_KEYS.values() if key in spec_extra}}
+    for key, value in values.items():
+        if message := retries.problem(key, value):
+            raise JobError(f"{key} {message}, got {limits.safe_repr(value)}", field=key)
+    return RetryPolicy.of(values)
+
+
+def _check_timeout(timeout) -> None:
     if timeout is not None and (limits.number_problem(timeout) or timeout <= 0):
         raise JobError(f"timeout must be a positive number of seconds or None, got {limits.safe_repr(timeout)}",
                        field="timeout")
@@ -130,6 +141,22 @@ def _extra(spec_extra) -> dict:
     return _json(spec_extra or {}, "spec_extra")
 
 
+def job_spec(ref: str, *, args=(), kwargs: dict | None = None, queue: str = "default", priority: int = 0,
+             tenant: str = "default", max_attempts: int | None = None, retry: RetryPolicy | None = None,
+             timeout: float | None = None, spec_extra: dict | None = None) -> dict:
+    """The checked spec of a job's one task (every check of ``enqueue`` but the reference's, which
+    the caller makes): what ``enqueue`` and the callbacks (``callbacks.enqueue_calls``) insert.
+    Raises JobError naming the argument at fault."""
+    args, kwargs = _call(args, kwargs)
+    _check_placement(queue, priority, tenant)
+    _check_timeout(timeout)
+    spec_extra = _extra(spec_extra)
+    policy = _policy(retry, max_attempts, spec_extra)
+    # spec_extra adds to the spec; it never replaces what was checked (the reference above all).
+    return {**spec_extra, "kind": "python", "ref": ref, "call": "job", "args": args, "kwargs": kwargs,
+            "timeout": timeout, "upstream": [], "queue": queue, **policy.spec()}
+
+
 def enqueue(
     ref,
     *,
@@ -139,7 +166,8 @@ def enqueue(
     queue: str = "default",
     priority: int = 0,
     idempotency_key: str | None = None,
-    max_attempts: int = 1,
+    max_attempts: int | None = None,
+    retry: RetryPolicy | None = None,
     timeout: float | None = None,
     tenant: str = "default",
     created_by=None,
@@ -149,25 +177,24 @@ def enqueue(
     """Enqueue ``ref(*args, **kwargs)`` as a job; returns (run, created). ``ref`` is a registered
     function (or task) or its ``package.module:function`` name.
 
+    ``retry`` is the retry policy (``orchestrator.retries.RetryPolicy``; by default one attempt,
+    and a workflow task's timing); ``max_attempts``, when given, replaces its number of attempts.
+
     The same idempotency key with the same payload returns the existing job (created=False); with a
     different payload it raises IdempotencyConflict. The payload is the call and its options (ref,
-    args, kwargs, queue, priority, max_attempts, timeout, tenant, spec_extra) but not ``run_after``,
+    args, kwargs, queue, priority, retry policy, timeout, tenant, spec_extra) but not ``run_after``,
     so a client retrying "in ten minutes" a little later gets the job it already made.
     """
     ref = job_ref(ref)
-    args, kwargs = _call(args, kwargs)
     _check_run_after(run_after)
-    _check_placement(queue, priority, tenant)
-    _check_execution(max_attempts, timeout)
     _check_key(idempotency_key)
-    spec_extra = _extra(spec_extra)
-
-    spec = {
-        "kind": "python", "ref": ref, "call": "job", "args": args, "kwargs": kwargs, "timeout": timeout,
-        **RETRY_DEFAULTS, "upstream": [], "queue": queue, "max_attempts": max_attempts, **spec_extra,
-    }
-    payload = {"ref": ref, "args": args, "kwargs": kwargs, "queue": queue, "priority": priority,
-               "max_attempts": max_attempts, "timeout": timeout, "tenant": tenant, "spec_extra": spec_extra}
+    spec = job_spec(ref, args=args, kwargs=kwargs, queue=queue, priority=priority, tenant=tenant,
+                    max_attempts=max_attempts, retry=retry, timeout=timeout, spec_extra=spec_extra)
+    payload = {"ref": ref, "args": spec["args"], "kwargs": spec["kwargs"], "queue": queue, "priority": priority,
+               "max_attempts": spec["max_attempts"], "timeout": timeout, "tenant": tenant,
+               "spec_extra": _extra(spec_extra)}
+    if retry is not None:
+        payload["retry"] = retry.spec()
     now = now or clock.now()
     when = run_after or now
     return create_run(

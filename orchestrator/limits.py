@@ -29,6 +29,11 @@ MAX_REF_LENGTH = 255
 PRIORITY_MIN, PRIORITY_MAX = TASK_MIN_PRIORITY, TASK_MAX_PRIORITY
 # PositiveIntegerField and IntegerField columns (max_active_runs, jitter, max_attempts, ...).
 MAX_INT = 2**31 - 1
+# The attempts one task run may be given (a DSL task's retries + 1, a job's max_attempts, through
+# the API, the python API or a django.tasks backend's OPTIONS): a thousand tries with the longest
+# backoff is weeks of retrying, and each clear or retry adds a fresh allowance to the attempts
+# made, so the int column stays far from overflowing.
+MAX_ATTEMPTS = 1000
 
 # Column sizes.
 WORKFLOW_NAME = 200

@@ -5,9 +5,12 @@
     assert result["load"].result == {"total": 42}
     assert result["transform"].state == "succeeded" and len(result["transform"].instances) == 3
 
-No scheduler, dispatcher or worker: the run and its task runs are rows like any run's, and the
-same resolver decides what happens (the retry rule, trigger rules, mapping, branches, sensors),
-but this process claims the due task runs of its run and executes them itself, one at a time.
+No scheduler, dispatcher or worker process: the run and its task runs are rows like any run's,
+claimed with the worker's own claim (``worker.batch``: the same statement, in dispatch order)
+and decided by the same resolver (the retry rule, trigger rules, mapping, branches, sensors);
+this process executes what it claims itself, one task run at a time. The task runs of the run and
+of the callback jobs it enqueues are put in a queue of the run's own, so the claim takes nothing
+else that is due in the database, and concurrency limits do not apply to them.
 Time is a clock of the runner's own that jumps to the next due time, so a retry delay or a
 sensor's interval costs nothing. The callbacks the run enqueues are executed too.
 
@@ -27,53 +30,36 @@ from datetime import datetime
 from django.db import connection, transaction
 
 from orchestrator import clock as clocks
-from orchestrator import executor, resolver, taskcontext
+from orchestrator import executor, resolver
 from orchestrator.callbacks import RUN_EVENTS
 from orchestrator.definition import callables, callback_ref
-from orchestrator.models import Run, Trigger
+from orchestrator.due import Limits
+from orchestrator.models import Run
 from orchestrator.params import ParamError, clean_params
 from orchestrator.resolver import Ending
 from orchestrator.runs import create_run
-from orchestrator.states import AttemptOutcome, TaskState
+from orchestrator.states import Trigger
 from orchestrator.validation import MODULE_LEVEL, validate
+from orchestrator.worker.batch import Batch
 
 # --- SQL ---------------------------------------------------------------------------------------
 
-# The due task runs of this run and of the callback jobs it enqueued, in the order a dispatcher
-# would take them.
-DUE = f"""
-SELECT id FROM orchestrator_taskrun
-WHERE state = '{TaskState.SCHEDULED}' AND due_at <= %(now)s AND (run_id = %(run)s OR id = ANY (%(jobs)s))
-ORDER BY priority DESC, due_at, id
+# The task runs of this run, and of the callback jobs it enqueued (their context names it), in
+# the run's own queue: what the worker's claim takes, then, is this run's work and only it.
+TO_OWN_QUEUE = """
+UPDATE orchestrator_taskrun SET queue = %(queue)s WHERE run_id = %(run)s AND queue <> %(queue)s
 """
-# When the next task of this run (or its callback jobs) comes due: the local clock jumps there.
-NEXT_DUE = f"""
-SELECT min(due_at) FROM orchestrator_taskrun
-WHERE state = '{TaskState.SCHEDULED}' AND (run_id = %(run)s OR id = ANY (%(jobs)s))
+CALLBACK_JOBS_TO_OWN_QUEUE = f"""
+UPDATE orchestrator_taskrun t SET queue = %(queue)s FROM orchestrator_run r
+WHERE r.id = t.run_id AND r.trigger = '{Trigger.JOB}' AND r.workflow_id IS NULL AND t.spec ? 'callback'
+  AND (t.spec->'args'->0->>'run_id')::bigint = %(run)s AND t.queue <> %(queue)s
 """
-
-# Queue, then claim, the way the dispatcher and a worker would (attempt number incremented).
-QUEUE = (f"UPDATE orchestrator_taskrun SET state = '{TaskState.QUEUED}', queued_at = %(now)s "
-         f"WHERE id = %(id)s AND state = '{TaskState.SCHEDULED}'")
-# One statement, as a worker claims: the task run starts and its attempt row exists together.
-CLAIM = f"""
-WITH t AS (
-    UPDATE orchestrator_taskrun SET state = '{TaskState.RUNNING}', attempts = attempts + 1, started_at = %(now)s
-    WHERE id = %(id)s AND state = '{TaskState.QUEUED}'
-    RETURNING id, run_id, task, attempts, spec, timeout
-), a AS (
-    INSERT INTO orchestrator_attempt (task_run_id, number, worker_id, outcome, started_at, error, traceback, log_path)
-    SELECT id, attempts, NULL, '{AttemptOutcome.RUNNING}', %(now)s, '', '', '' FROM t
-)
-SELECT id, run_id, task, attempts, spec, timeout FROM t
+# Back to the queues they declare, for a run that is kept.
+TO_DECLARED_QUEUES = """
+UPDATE orchestrator_taskrun SET queue = COALESCE(spec->>'queue', 'default') WHERE queue = %(queue)s
 """
-
-# The callback jobs enqueued for this run (their context names it).
-CALLBACK_JOBS = """
-SELECT t.id FROM orchestrator_taskrun t JOIN orchestrator_run r ON r.id = t.run_id
-WHERE r.trigger = 'job' AND r.workflow_id IS NULL AND t.spec ? 'callback'
-  AND (t.spec->'args'->0->>'run_id')::bigint = %(run)s
-"""
+# The worker's claim leaves work under a concurrency limit to the dispatchers: none applies here.
+NO_LIMITS = Limits(queues={}, queue_default=None, tenants={}, tenant_default=None)
 
 # Every task run of the run, instances included, for the outcome the caller asserts on.
 RESULTS = """
@@ -152,49 +138,45 @@ class _Runner:
         run, _ = create_run(None, trigger=Trigger.TEST, tasks=self.spec["tasks"], params=self.params,
                             logical_date=self.logical_date, now=self.clock.now())
         self.run_id = run.pk
+        self.queue = f"wf.test.{run.pk}"
+        self.batch = Batch([self.queue], poll=float("inf"))  # its limits are never read again
+        self.batch.limits = NO_LIMITS
+        self.move(TO_OWN_QUEUE)
         while self.step():
             pass
+        self.move(TO_DECLARED_QUEUES)
         state = Run.objects.values_list("state", flat=True).get(pk=run.pk)
         self.run_callbacks(state)
         return LocalRun(run.pk, state, self.outcomes(), self.callbacks)
 
-    def jobs(self, cursor) -> list[int]:
-        cursor.execute(CALLBACK_JOBS, {"run": self.run_id})
-        return [row[0] for row in cursor.fetchall()]
+    def move(self, sql: str) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, {"queue": self.queue, "run": self.run_id})
 
     def step(self) -> bool:
-        """Execute what is due now, or move the clock to the next due time; False when done."""
-        with connection.cursor() as cursor:
-            jobs = self.jobs(cursor)
-            cursor.execute(DUE, {"now": self.clock.now(), "run": self.run_id, "jobs": jobs})
-            due = [row[0] for row in cursor.fetchall()]
-            if not due:
-                cursor.execute(NEXT_DUE, {"run": self.run_id, "jobs": jobs})
-                upcoming = cursor.fetchone()[0]
-                if upcoming is None:
-                    return False  # nothing scheduled: the run (and its callbacks) ended
-                self.clock.set(max(upcoming, self.clock.now()))
-                return True
-        for task_run_id in due:
-            self.execute(task_run_id)
+        """Claim and execute one due task run, or move the clock to the next due time; False when
+        nothing is scheduled any more (the run and its callbacks ended)."""
+        self.move(CALLBACK_JOBS_TO_OWN_QUEUE)
+        now = self.clock.now()
+        claimed = self.batch.claim(1, now)
+        if claimed:
+            self.execute(claimed[0])
+            return True
+        upcoming = self.batch.claimed_next_due
+        if upcoming is None:
+            return False
+        if upcoming <= now:
+            raise LocalRunError(f"workflow {self.wf.name!r}: a due task run could not be claimed "
+                                "(held by another transaction)")
+        self.clock.set(upcoming)
         return True
 
-    def execute(self, task_run_id: int) -> None:
+    def execute(self, message: dict) -> None:
         self.budget -= 1
         if self.budget < 0:
             raise LocalRunError(f"workflow {self.wf.name!r}: gave up after too many attempts (a sensor that never "
                                 "answers yes without a timeout?)")
-        now = self.clock.now()
-        with connection.cursor() as cursor:
-            cursor.execute(QUEUE, {"id": task_run_id, "now": now})
-            cursor.execute(CLAIM, {"id": task_run_id, "now": now})
-            row = cursor.fetchone()
-            if row is None:
-                return
-            task_run_id, run_id, task, number, spec, timeout = row
-            message = {"id": task_run_id, "run_id": run_id, "task": task, "number": number,
-                       "spec": json.loads(spec) if isinstance(spec, str) else spec, "timeout": timeout}
-            taskcontext.fill(cursor, [message])
+        task_run_id, run_id, task = message["id"], message["run_id"], message["task"]
         stream = io.StringIO()
         # The workflow object this process holds vouches for its own tasks and callbacks.
         declared = self.spec["tasks"].get(task) if message["spec"].get("call") != "job" else None

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 import psycopg
 from django.db import DatabaseError, InterfaceError, connections
 
+from orchestrator import db
 from orchestrator.channels import drain_notifies, listen_connection
 from orchestrator.conf import app_settings
 
@@ -57,9 +58,9 @@ RECYCLE_SECONDS = 10.0  # how often CONN_MAX_AGE is checked
 # plan made while a table was small (a new install, or right after a burst: statistics lag by up
 # to a minute) would read the whole table instead, and a kept plan would go on doing so until the
 # next ANALYZE (a claim of 15 rows reading 9,400 runs: 5.5 ms instead of 0.1).
-SHORT_TRANSACTION = ("SELECT set_config('synchronous_commit', 'off', true), set_config('jit', 'off', true), "
-                     "set_config('plan_cache_mode', 'force_generic_plan', true), "
-                     "set_config('enable_seqscan', 'off', true)")
+SHORT_TRANSACTION = db.prepared(
+    "SELECT set_config('synchronous_commit', 'off', true), set_config('jit', 'off', true), "
+    "set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true)")
 
 _SIGNAL = object()
 _LISTEN = object()

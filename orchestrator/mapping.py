@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from orchestrator import retries
 from orchestrator.states import (
     ACTIVE_TASK_STATES,
     BUSY_TASK_STATES,
@@ -61,7 +62,7 @@ RETURNING t.id
 EXPAND = f"""
 WITH m AS (
     SELECT t.id, t.run_id, t.task, t.spec, t.upstream, t.queue, t.priority, t.tenant, t.lane, t.timeout,
-           GREATEST(1, COALESCE((t.spec->>'max_attempts')::int, 1)) AS allowance,
+           {retries.allowance_sql("t")} AS allowance,
            CASE WHEN jsonb_typeof(p.result) = 'array' THEN jsonb_array_length(p.result) ELSE 0 END AS n,
            COALESCE((t.spec->>'max_parallel')::int, 2147483647) AS cap
     FROM orchestrator_taskrun t

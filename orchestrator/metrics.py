@@ -25,7 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from orchestrator import clock, reads
 from orchestrator.conf import app_settings
 from orchestrator.lease import SCHEDULER_LEASE
-from orchestrator.states import LIVE_WORKER_STATES, AttemptOutcome, RunState, sql_list
+from orchestrator.states import LIVE_WORKER_STATES, AttemptOutcome, RunState, Trigger, sql_list
 
 SCHEDULE_DELAY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 SCHEDULE_DELAY_WINDOW_SECONDS = 3600
@@ -48,12 +48,14 @@ OUTCOME_SQL = """
 
 # By trigger: for scheduled runs this is the scheduler's lateness, for jobs the wait in the queue.
 # Backfills are left out: their fire times are in the past by design.
-SCHEDULE_DELAY_SQL = """
-    SELECT trigger, {buckets}, count(*), coalesce(sum(schedule_delay), 0)
+SCHEDULE_DELAY_SQL = f"""
+    SELECT trigger, {", ".join(f"count(*) FILTER (WHERE schedule_delay <= {b!r})" for b in SCHEDULE_DELAY_BUCKETS)},
+           count(*), coalesce(sum(schedule_delay), 0)
       FROM orchestrator_run
-     WHERE schedule_delay IS NOT NULL AND started_at > %(now)s - make_interval(secs => %(window)s) AND trigger <> 'backfill'
+     WHERE schedule_delay IS NOT NULL AND started_at > %(now)s - make_interval(secs => %(window)s)
+       AND trigger <> '{Trigger.BACKFILL}'
      GROUP BY trigger
-""".format(buckets=", ".join(f"count(*) FILTER (WHERE schedule_delay <= {b!r})" for b in SCHEDULE_DELAY_BUCKETS))
+"""
 
 # Schedule fire times recorded as not run (skipped by the catchup, overlap or params rules, or
 # missed by a start deadline), through the finished-at index: such runs end when recorded.
@@ -61,7 +63,7 @@ NOT_RUN_SQL = f"""
     SELECT w.name, r.state, count(*)
       FROM orchestrator_run r JOIN orchestrator_workflow w ON w.id = r.workflow_id
      WHERE r.finished_at > %(now)s - make_interval(secs => %(window)s)
-       AND r.trigger = 'schedule' AND r.state IN ({sql_list(NOT_RUN_STATES)})
+       AND r.trigger = '{Trigger.SCHEDULE}' AND r.state IN ({sql_list(NOT_RUN_STATES)})
      GROUP BY 1, 2
 """
 

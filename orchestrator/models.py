@@ -28,9 +28,11 @@ from orchestrator.states import (  # noqa: F401 - the state names, importable fr
     LIVE_WORKER_STATES,
     AttemptOutcome,
     Catchup,
+    Lane,
     Overlap,
     RunState,
     TaskState,
+    Trigger,
     WorkerState,
 )
 
@@ -157,23 +159,6 @@ class Backfill(models.Model):
         return f"backfill {self.workflow.name} {self.start:%Y-%m-%d}..{self.end:%Y-%m-%d}"
 
 
-class Trigger(models.TextChoices):
-    SCHEDULE = "schedule", "schedule"
-    MANUAL = "manual", "manual"
-    API = "api", "api"
-    BACKFILL = "backfill", "backfill"
-    JOB = "job", "job"
-    DATASET = "dataset", "dataset"  # started by another workflow's data (a dataset event)
-    TEST = "test", "test"  # wf.test(): run in the calling process
-
-
-class Lane(models.IntegerChoices):
-    """Dispatch lanes: live work always goes before backfills."""
-
-    LIVE = 0, "live"
-    BACKFILL = 1, "backfill"
-
-
 class Run(models.Model):
     # No index of their own on the foreign keys: the indexes below lead with them, and only for
     # the rows that have one (a job's run has none), so a run's writes update fewer indexes.
@@ -231,6 +216,12 @@ class Run(models.Model):
             models.Index(fields=["backfill"], condition=Q(backfill__isnull=False), name="run_of_backfill"),
             models.Index(fields=["created_by"], condition=Q(created_by__isnull=False), name="run_of_creator"),
             models.Index(fields=["state", "-id"], name="run_by_state"),
+            # Admission (admission.py): a workflow's running runs, counted against its
+            # max_active_runs, and its waiting runs in the order they start.
+            models.Index(fields=["workflow"], condition=Q(state=RunState.RUNNING, workflow__isnull=False),
+                         name="run_running_of_workflow"),
+            models.Index(fields=["workflow", "lane", "id"], condition=Q(state=RunState.PENDING, workflow__isnull=False),
+                         name="run_pending_of_workflow"),
             # Active runs of a schedule (overlap policies). Like the deadline and timeout indexes
             # below, only rows that can match: a job's run (no schedule, deadline or timeout) takes
             # no entry in them at its insert and at its start.

@@ -18,7 +18,8 @@ from django.urls import reverse
 
 from orchestrator import approval_links
 from orchestrator.conf import app_settings
-from orchestrator.models import Approval, Notification, NotificationMessage, Run, TaskRun, TaskState
+from orchestrator.models import Approval, Notification, NotificationMessage, Run, TaskRun
+from orchestrator.states import TaskState
 
 # How many events a digest lists one by one (it counts all of them).
 DIGEST_LINES = 50

@@ -37,15 +37,16 @@ from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 
-from orchestrator import clock
+from orchestrator import clock, retries
 from orchestrator.channels import wake_due
 from orchestrator.conf import app_settings
 from orchestrator.jobs import enqueue
-from orchestrator.models import Notification, NotificationMessage, TaskRun, TaskState
+from orchestrator.models import Notification, NotificationMessage, TaskRun
 from orchestrator.people import MessageState
+from orchestrator.states import TaskState
 
 SEND_REF = "orchestrator.notifier:send_message"
-SEND_ATTEMPTS = 5
+SEND_ATTEMPTS = retries.DELIVERY_ATTEMPTS
 CHANNELS = ("email", "slack", "teams")
 
 # --- SQL ---------------------------------------------------------------------------------------
@@ -210,9 +211,8 @@ def record(events: Sequence[Event], now: datetime | None = None) -> int:
 def _schedule(message_id: int, due_at: datetime, now: datetime) -> None:
     """The job that sends a message, due when its window ends: retried with backoff, and in the
     dead-letter queue after its last attempt."""
-    enqueue(SEND_REF, kwargs={"message_id": message_id}, run_after=due_at, max_attempts=SEND_ATTEMPTS, timeout=120,
-            spec_extra={"retry_delay": app_settings.WEBHOOK_RETRY_SECONDS, "retry_backoff": 2.0,
-                        "retry_max_delay": 600.0}, now=now)
+    enqueue(SEND_REF, kwargs={"message_id": message_id}, run_after=due_at, retry=retries.webhooks(), timeout=120,
+            now=now)
 
 
 def send_now(message_ids: Iterable[int], now: datetime | None = None) -> int:

@@ -28,14 +28,13 @@ from django.conf import settings
 from django.core.mail import EmailMessage
 from django.db import transaction
 
-from orchestrator import clock, notices, notifications
+from orchestrator import clock, notices, notifications, retries
 from orchestrator.conf import app_settings
 from orchestrator.jobs import enqueue
 from orchestrator.models import NotificationMessage, Run, WebhookDelivery
 from orchestrator.registry import job
 
 DELIVER_REF = "orchestrator.notifier:deliver"
-MAX_ATTEMPTS = 5
 TIMEOUT_SECONDS = 10
 SIGNATURE_HEADER = "X-Orchestrator-Signature"
 
@@ -72,10 +71,8 @@ def _deliveries(calls: list[tuple[int, str, str]]) -> int:
 
 
 def _enqueue(delivery: WebhookDelivery) -> None:
-    """The delivery runs as a one-off job: up to MAX_ATTEMPTS POSTs in all, backing off between them."""
-    enqueue(DELIVER_REF, kwargs={"delivery_id": delivery.pk}, max_attempts=MAX_ATTEMPTS, timeout=60,
-            spec_extra={"retry_delay": app_settings.WEBHOOK_RETRY_SECONDS, "retry_backoff": 2.0,
-                        "retry_max_delay": 600.0})
+    """The delivery runs as a one-off job, retried by the webhooks' policy (``retries.webhooks``)."""
+    enqueue(DELIVER_REF, kwargs={"delivery_id": delivery.pk}, retry=retries.webhooks(), timeout=60)
 
 
 def payload(run: Run, event: str) -> dict:
@@ -116,7 +113,7 @@ def deliver(delivery_id: int) -> dict:
                                               "X-Orchestrator-Delivery": str(delivery.pk)})
     delivered = status is not None and 200 <= status < 300
     attempts = delivery.attempts + 1
-    final = not delivered and attempts >= MAX_ATTEMPTS
+    final = not delivered and attempts >= retries.webhooks().max_attempts
     WebhookDelivery.objects.filter(pk=delivery.pk).update(
         attempts=attempts, status_code=status, last_error=error,
         state=WebhookDelivery.State.DELIVERED if delivered else (

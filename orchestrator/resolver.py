@@ -3,13 +3,9 @@ on) the children, and the end of the run. Set-based SQL, called inside the calle
 (a worker's completion batch, the reaper, the control functions), so an outcome, its children
 and its run change together or not at all.
 
-The retry rule: an attempt that did not succeed schedules the next one after
-
-    delay = min(retry_max_delay, retry_delay * retry_backoff ** (attempt - 1)) * jitter
-
-with jitter uniform in [0.5, 1.0] (so many tasks failing together do not retry together) and
-the defaults retry_delay=10 s, retry_backoff=2, retry_max_delay=3600 s from the task's spec. After
-``max_attempts`` attempts the task run is ``dead``: the dead-letter queue.
+The retry rule (``retries.py``): an attempt that did not succeed schedules the next one after a
+backoff, until ``max_attempts`` attempts were made; then the task run is ``dead``: the dead-letter
+queue.
 
 Trigger rules follow Airflow's: a child is decided as soon as its rule is settled, not only when
 every parent is done (one failed parent settles ``all_success`` as ``upstream_failed``).
@@ -23,7 +19,7 @@ from datetime import datetime
 
 from django.db import connection
 
-from orchestrator import callbacks, clock, datasets, db, deadlines, mapping, notifications, tracing
+from orchestrator import callbacks, clock, datasets, db, deadlines, mapping, notifications, retries, tracing
 from orchestrator.channels import wake_due
 from orchestrator.states import (
     DEFAULT_TRIGGER_RULE,
@@ -82,7 +78,7 @@ RUNS_OF = "SELECT DISTINCT run_id FROM orchestrator_taskrun WHERE id = ANY (%s)"
 # The run of a one-task job (``job_runs``) ends here with its task run: it releases nothing, and
 # the check that no other task run of it is unfinished keeps the rule of FINISH_RUNS. Each row
 # says whether its run maps or branches (for mapping.py) and how a job run ended (run_state).
-END_TASK_RUNS = f"""
+END_TASK_RUNS = db.prepared(f"""
 WITH l AS MATERIALIZED (
     {_LOCK_RUNS.format("%(runs)s::bigint[]")}
 ), d AS (
@@ -104,11 +100,7 @@ UPDATE orchestrator_taskrun t SET
         -- An approval waits for its answer until its timeout (none: NULL, for ever).
         WHEN d.asked THEN %(now)s + make_interval(secs => (t.spec->'approval'->>'timeout')::float8)
         WHEN d.outcome <> '{AttemptOutcome.SUCCEEDED}' AND t.attempts < t.max_attempts
-        THEN %(now)s + make_interval(secs => LEAST(
-                 COALESCE((t.spec->>'retry_max_delay')::float8, 3600),
-                 COALESCE((t.spec->>'retry_delay')::float8, 10)
-                   * power(COALESCE((t.spec->>'retry_backoff')::float8, 2), t.attempts - 1))
-             * (0.5 + random() * 0.5))
+        THEN %(now)s + make_interval(secs => {retries.delay_sql("t", "t.attempts")})
         ELSE t.due_at END,
     finished_at = CASE WHEN d.not_yet OR d.asked
                          OR (d.outcome <> '{AttemptOutcome.SUCCEEDED}' AND t.attempts < t.max_attempts) THEN NULL
@@ -139,7 +131,7 @@ RETURNING t.id, t.run_id, t.state, t.spec ? 'produces' AS produces, t.spec ? 'ca
 )
 SELECT t.id, t.run_id, t.state, t.produces, t.calls, l.dynamic, j.state AS run_state, j.workflow_id
 FROM t JOIN l ON l.id = t.run_id LEFT JOIN j ON j.id = t.run_id
-"""
+""")
 
 # Decide waiting children of the given runs whose trigger rule is settled by their parents'
 # states (the rules are the table states.TRIGGER_RULE_DECISIONS, one CASE branch per rule):

@@ -24,7 +24,8 @@ from django.db.models import CASCADE, DO_NOTHING, SET_NULL
 from orchestrator import notifications
 from orchestrator.clock import system
 from orchestrator.conf import log_storage
-from orchestrator.models import ACTIVE_TASK_STATES, FINISHED_RUN_STATES, Attempt, Run, TaskRun, TaskState
+from orchestrator.models import Attempt, Run, TaskRun
+from orchestrator.states import ACTIVE_TASK_STATES, FINISHED_RUN_STATES, TaskState
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,13 @@
 """Creating runs: every run and its task runs are inserted here, with the database deciding
-duplicates (a unique constraint and ``ON CONFLICT DO NOTHING``, never a check beforehand).
+duplicates (a unique constraint and ``ON CONFLICT DO NOTHING``, never a check beforehand), and
+every run that is to start asks admission first (``admission.py``: ``max_active_runs``), so a
+trigger, a schedule, a data event, a backfill, a callback and a job follow one rule.
 
-* ``create_run``: one run (a manual or API trigger, a one-off job, a ``django.tasks`` task), in
-  its own transaction, answering the existing run for a repeated idempotency key or logical date.
-* ``insert_runs``: many runs in the caller's transaction (a scheduler batch, a backfill), one
-  INSERT per 2,000 runs and one COPY for their task runs.
+* ``create_run``: one run (a manual or API trigger, a data event, a one-off job, a
+  ``django.tasks`` task, a ``wf.test()``), in its own transaction, answering the existing run for a
+  repeated idempotency key or logical date.
+* ``insert_runs``: many runs in the caller's transaction (a scheduler batch, a backfill, the
+  callbacks of a batch of outcomes), one INSERT per 2,000 runs and one COPY for their task runs.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
+from psycopg import pq
 
-from orchestrator import clock, tracing
+from orchestrator import admission, clock, retries, tracing
 from orchestrator.channels import wake_due
-from orchestrator.models import Lane, Run, RunState, TaskRun, TaskState, Workflow, WorkflowVersion
+from orchestrator.models import Run, TaskRun, Workflow, WorkflowVersion
+from orchestrator.states import Lane, RunState, TaskState, Trigger
 
 # Runs recorded as already over (a skipped or missed fire time, a run cancelled at once): no task runs.
 FINISHED_AT_BIRTH = (RunState.SKIPPED, RunState.MISSED, RunState.CANCELLED)
@@ -73,7 +78,7 @@ def apply_graph_options(run: Run, spec: dict, now: datetime) -> None:
     ``run_timeout``), and whether the resolver's mapping and branch steps apply. Backfills have no
     deadline: their logical dates are in the past by design."""
     run.dynamic = any(task.get("map_over") or task.get("branch") for task in spec.get("tasks", {}).values())
-    if spec.get("deadline") and run.lane != Lane.BACKFILL and run.trigger != "backfill":
+    if spec.get("deadline") and run.lane != Lane.BACKFILL and run.trigger != Trigger.BACKFILL:
         run.deadline_at = run.logical_date + timedelta(seconds=float(spec["deadline"]))
     if spec.get("run_timeout") and run.state == RunState.RUNNING:
         run.timeout_at = now + timedelta(seconds=float(spec["run_timeout"]))
@@ -90,7 +95,7 @@ def task_runs_for(run: Run, tasks: dict[str, dict], due_at: datetime | None, hol
             state=TaskState.SCHEDULED if root and not hold else TaskState.WAITING,
             due_at=due_at if root and not hold else None,
             queue=spec.get("queue", "default"), priority=run.priority + int(spec.get("priority", 0)),
-            tenant=run.tenant, lane=run.lane, max_attempts=max(1, int(spec.get("max_attempts", 1))),
+            tenant=run.tenant, lane=run.lane, max_attempts=retries.allowance(spec),
             timeout=spec.get("timeout"),
         ))
     return rows
@@ -104,6 +109,7 @@ class NewRun:
     run: Run
     tasks: dict
     due_at: datetime | None = None
+    admitted: bool = False  # the caller asked admission already (the scheduler, while planning)
 
 
 RUN_CHUNK = 2000  # runs per INSERT statement
@@ -116,10 +122,12 @@ def insert_runs(new_runs: list[NewRun], now: datetime) -> list[NewRun]:
     RETURNING`` per chunk, so runs whose (schedule, logical_date) already exists are left out by the
     database, not by a check beforehand. Arrays per column rather than a multi-row VALUES list: a
     query with a handful of parameters instead of tens of thousands is parsed and sent far faster.
-    Task runs of new runs cannot conflict, so they go in by COPY. Returns the entries that were
-    created (their ``run.pk`` set)."""
+    Task runs of new runs cannot conflict, so they go in by COPY. A run to start (``running``) that
+    the caller did not admit is admitted here, in order. Returns the entries that were created
+    (their ``run.pk`` set)."""
     if not new_runs:
         return []
+    _admit([entry for entry in new_runs if not entry.admitted and entry.run.state == RunState.RUNNING])
     created: list[NewRun] = []
     for start in range(0, len(new_runs), RUN_CHUNK):
         created += _insert_run_chunk(new_runs[start:start + RUN_CHUNK], now)
@@ -128,6 +136,15 @@ def insert_runs(new_runs: list[NewRun], now: datetime) -> list[NewRun]:
         _copy(TaskRun, task_rows)
     wake_for(task_rows)
     return created
+
+
+def _admit(entries: list[NewRun]) -> None:
+    door = admission.Door(entry.run.workflow for entry in entries if entry.run.workflow_id)
+    for entry in entries:
+        if entry.run.workflow_id:
+            decision = door.admit(entry.run.workflow, entry.run.lane)
+            entry.run.state, entry.run.reason = decision.state, decision.reason
+        entry.admitted = True
 
 
 def _run_fields():
@@ -145,7 +162,7 @@ def _insert_runs_sql(run_fields) -> str:
 def _insert_run_chunk(chunk: list[NewRun], now: datetime) -> list[NewRun]:
     """One INSERT for the chunk; the entries the database created, their primary keys set."""
     run_fields = _run_fields()
-    by_key = {}
+    by_key: dict[tuple, NewRun | None] = {}
     values: list[list] = [[] for _ in run_fields]
     for entry in chunk:
         run = entry.run
@@ -155,13 +172,25 @@ def _insert_run_chunk(chunk: list[NewRun], now: datetime) -> list[NewRun]:
             apply_graph_options(run, run.version.spec, now)
         for column, f in zip(values, run_fields, strict=True):
             column.append(f.get_db_prep_save(f.pre_save(run, add=True), connection))
-        by_key[(run.schedule_id, run.logical_date)] = entry
+        key = (run.schedule_id, run.logical_date)
+        by_key[key] = None if key in by_key else entry  # None: the key is not unique in the chunk
     with connection.cursor() as cursor:
         cursor.execute(_insert_runs_sql(run_fields), values)
         rows = cursor.fetchall()
+    if len(rows) == len(chunk):
+        # Every row was new: the rows come back in the order they were given (as Django's own
+        # bulk_create relies on), which tells apart runs of the same key (the callback jobs of one
+        # batch have no schedule and one logical date).
+        entries = chunk
+    else:
+        # Some already existed: only runs of a schedule can (the (schedule, logical date) unique
+        # constraint), and their key tells which.
+        entries = [by_key[(schedule_id, logical_date)] for _, schedule_id, logical_date in rows]
+        if None in entries:
+            raise RunError("runs without a unique (schedule, logical date) cannot be inserted in one batch "
+                           "with runs that already exist")
     created = []
-    for pk, schedule_id, logical_date in rows:
-        entry = by_key[(schedule_id, logical_date)]
+    for (pk, _, _), entry in zip(rows, entries, strict=True):
         entry.run.pk = pk
         entry.run._state.adding = False
         created.append(entry)
@@ -190,6 +219,10 @@ def wake_for(task_rows: list[TaskRun]) -> None:
 
 def _copy(model, objs) -> None:
     """COPY rows in (they cannot conflict): the fastest way PostgreSQL takes many rows."""
+    if connection.connection.info.pipeline_status != pq.PipelineStatus.OFF:
+        # COPY cannot run in pipeline mode (the callbacks of a worker's batch): INSERT there.
+        model.objects.bulk_create(objs, batch_size=RUN_CHUNK)
+        return
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
     columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
     with connection.cursor() as cursor, cursor.copy(
@@ -224,8 +257,9 @@ def create_run(
     ``params`` must already be checked (``params.clean_params``). A run whose (schedule,
     logical_date) or idempotency key exists is not created again: the existing run is returned
     with created=False. An idempotency key reused with a different ``request_payload`` raises
-    IdempotencyConflict. ``state=PENDING`` holds every task back until the run is released;
-    SKIPPED and MISSED runs are recorded without task runs.
+    IdempotencyConflict. A run of a workflow to start (``state=RUNNING``, the default) is admitted
+    first, and may be created PENDING (``admission.py``); ``state=PENDING`` holds every task back
+    until the run is released; SKIPPED and MISSED runs are recorded without task runs.
     """
     now = now or clock.now()
     version, tasks = _graph(workflow, version, tasks)
@@ -237,11 +271,10 @@ def create_run(
         state=state, reason=reason, idempotency_key=idempotency_key or None, payload_hash=digest,
         created_by=created_by,
     )
-    apply_graph_options(run, version.spec if version is not None else {"tasks": tasks}, now)
     if state in FINISHED_AT_BIRTH:
         run.finished_at = now
     tasks = tracing.new_run(tasks)
-    run, created = _insert_run(run, tasks, due_at or now)
+    run, created = _insert_run(run, version.spec if version is not None else {"tasks": tasks}, tasks, due_at or now, now)
     if created:
         tracing.enqueued(run, tasks)
     return run, created
@@ -261,10 +294,15 @@ def _graph(workflow: Workflow | None, version: WorkflowVersion | None,
     return version, tasks
 
 
-def _insert_run(run: Run, tasks: dict, due_at: datetime) -> tuple[Run, bool]:
-    """Insert the run and, unless it is over at birth, its task runs, in one transaction; an
-    existing run of the same idempotency key or (schedule, logical date) is answered instead."""
+def _insert_run(run: Run, spec: dict, tasks: dict, due_at: datetime, now: datetime) -> tuple[Run, bool]:
+    """Admit the run (when it is to start) and insert it and, unless it is over at birth, its task
+    runs, in one transaction; an existing run of the same idempotency key or (schedule, logical
+    date) is answered instead."""
     with transaction.atomic():
+        if run.state == RunState.RUNNING and run.workflow is not None:
+            decision = admission.admit_one(run.workflow, run.lane)
+            run.state, run.reason = decision.state, decision.reason
+        apply_graph_options(run, spec, now)
         if insert_ignoring_conflicts(run) is None:
             existing = _existing(run)
             if (run.idempotency_key and run.payload_hash and existing.payload_hash
@@ -292,12 +330,12 @@ def release_pending_run(run: Run, now: datetime | None = None) -> bool:
     timeout_at = now + timedelta(seconds=float(timeout)) if timeout else None
     with transaction.atomic():
         if not Run.objects.filter(pk=run.pk, state=RunState.PENDING).update(
-                state=RunState.RUNNING, timeout_at=timeout_at):
+                state=RunState.RUNNING, timeout_at=timeout_at, reason=""):
             return False
         TaskRun.objects.filter(run=run, state=TaskState.WAITING, upstream=[]).update(
             state=TaskState.SCHEDULED, due_at=now
         )
-    run.state, run.timeout_at = RunState.RUNNING, timeout_at
+    run.state, run.timeout_at, run.reason = RunState.RUNNING, timeout_at, ""
     return True
 
 
@@ -305,7 +343,7 @@ def trigger_workflow(
     workflow: Workflow,
     params: dict | None = None,
     *,
-    trigger: str = "manual",
+    trigger: str = Trigger.MANUAL,
     created_by=None,
     idempotency_key: str | None = None,
     logical_date: datetime | None = None,
@@ -327,16 +365,9 @@ def trigger_workflow(
     cleaned = clean_params(workflow.current_version.spec.get("params", {}), params)
     request = {"workflow": workflow.name, "params": cleaned,
                "logical_date": logical_date.isoformat() if logical_date else None}
-    state, reason = RunState.RUNNING, ""
-    if workflow.max_active_runs and (
-        Run.objects.filter(workflow=workflow, state__in=(RunState.PENDING, RunState.RUNNING)).count()
-        >= workflow.max_active_runs
-    ):
-        # Held back, not refused: the scheduler starts it when a run of the workflow ends.
-        state = RunState.PENDING
-        reason = f"waiting: the workflow's max_active_runs ({workflow.max_active_runs}) is reached"
+    # A run past the workflow's max_active_runs is held back (pending), not refused: admission.
     return create_run(
         workflow, trigger=trigger, params=cleaned, logical_date=logical_date, created_by=created_by,
         idempotency_key=idempotency_key, request_payload=request if idempotency_key else None,
-        priority=priority, now=now, state=state, reason=reason,
+        priority=priority, now=now,
     )

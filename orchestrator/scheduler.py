@@ -5,11 +5,11 @@
 
 1. reads the schedules whose ``next_fire_at`` has come (the ``schedule_due`` index), in batches
    locked with ``FOR UPDATE SKIP LOCKED``, works out their fire times with ``cron.fire_times``,
-   applies the missed-run (catchup), start-deadline, overlap and max-active-runs policies and
-   jitter, inserts the runs with ``ON CONFLICT DO NOTHING`` on (schedule, logical_date) and
+   applies the missed-run (catchup), start-deadline and overlap policies, admission
+   (``admission.py``: max_active_runs) and jitter, inserts the runs with ``ON CONFLICT DO NOTHING`` on (schedule, logical_date) and
    advances ``next_fire_at``, all in one transaction per batch that first checks the lease;
 2. records as missed the runs whose first task has not started within their start deadline;
-3. releases held-back (pending) runs that may start now;
+3. starts the held-back (pending) runs that may start now (``admission.releasable``);
 4. starts the runs of workflows triggered by new dataset events (``datasets.py``), records runs
    that missed their deadline and cancels runs past their run timeout (``deadlines.py``);
 5. runs the leader-only maintenance jobs (``MAINTENANCE``).
@@ -26,18 +26,18 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connection
-from django.db.models import Count, Min
+from django.db.models import Min
 
-from orchestrator import cron
+from orchestrator import admission, cron
 from orchestrator.channels import SCHEDULES_CHANNEL, wake_due
 from orchestrator.clock import system
 from orchestrator.conf import app_settings
 from orchestrator.lease import LeaderLease, LeaseLost, NoLease
 from orchestrator.loop import DATABASE_ERRORS, Loop, Role, Together
-from orchestrator.models import Run, Schedule, TaskRun, Trigger, WorkflowVersion
+from orchestrator.models import Run, Schedule, TaskRun, WorkflowVersion
 from orchestrator.params import ParamError, clean_params
 from orchestrator.runs import NewRun, insert_runs, release_pending_run
-from orchestrator.states import ACTIVE_RUN_STATES, RunState, TaskState, sql_list
+from orchestrator.states import ACTIVE_RUN_STATES, Lane, RunState, TaskState, Trigger, sql_list
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ LOOKBACK = timedelta(hours=1)
 UNSTARTED_PAST_DEADLINE = f"""
 SELECT r.id, s.start_deadline FROM orchestrator_run r
   JOIN orchestrator_schedule s ON s.id = r.schedule_id
- WHERE r.state IN ({sql_list(ACTIVE_RUN_STATES)}) AND r.trigger = 'schedule'
+ WHERE r.state IN ({sql_list(ACTIVE_RUN_STATES)}) AND r.trigger = '{Trigger.SCHEDULE}'
    AND r.started_at IS NULL AND s.start_deadline IS NOT NULL
    AND r.logical_date + make_interval(secs => s.start_deadline) < %s
    AND NOT EXISTS (SELECT 1 FROM orchestrator_taskrun t WHERE t.run_id = r.id
@@ -150,39 +150,6 @@ class _Due:
     next_at: datetime | None
 
 
-def _pending_runs() -> list[Run]:
-    """Held-back runs, oldest first, locked (skipping those another scheduler or a cancel holds)."""
-    return list(
-        Run.objects.filter(state=RunState.PENDING)
-        .select_related("workflow", "schedule").select_for_update(skip_locked=True, of=("self",))
-        .order_by("logical_date", "id")[:500]
-    )
-
-
-class _Holds:
-    """What keeps a pending run waiting: an active run of its schedule (any overlap policy but
-    allow) or its workflow's max_active_runs. Counts the runs released meanwhile."""
-
-    def __init__(self, pending: list[Run]):
-        self.workflows = {r.workflow_id for r in pending if r.workflow_id}
-        self.limits = _WorkflowLimits([r.workflow for r in pending if r.workflow_id], pending_blocks=False)
-        self.busy_schedules = set(
-            Run.objects.filter(schedule_id__in={r.schedule_id for r in pending if r.schedule_id},
-                               state=RunState.RUNNING).values_list("schedule_id", flat=True)
-        )
-
-    def keeps(self, run: Run) -> bool:
-        if run.schedule_id and run.schedule.overlap != Schedule.Overlap.ALLOW and run.schedule_id in self.busy_schedules:
-            return True
-        return run.workflow_id in self.workflows and not self.limits.may_start(run.workflow)
-
-    def started(self, run: Run) -> None:
-        if run.schedule_id:
-            self.busy_schedules.add(run.schedule_id)
-        if run.workflow_id:
-            self.limits.started(run.workflow)
-
-
 class Scheduler:
     def __init__(self, clock=None, holder: str | None = None, *, lease=None, use_lease: bool = True,
                  batch_size: int = 1000, max_batches: int = 20, maintenance=None):
@@ -245,7 +212,7 @@ class Scheduler:
             versions = {v.pk: v for v in WorkflowVersion.objects.filter(
                 pk__in={s.workflow.current_version_id for s in schedules})}
             active = _active_runs_by_schedule([s.pk for s in schedules if s.overlap != Schedule.Overlap.ALLOW])
-            limits = _WorkflowLimits([s.workflow for s in schedules])
+            door = admission.Door(s.workflow for s in schedules)
             new_runs: list[NewRun] = []
             advance = []
             for schedule in schedules:
@@ -253,7 +220,7 @@ class Scheduler:
                 advance.append((schedule.pk, due.next_at, due.last))
                 if due.fires or due.passed_over or due.gap:
                     version = versions[schedule.workflow.current_version_id]
-                    new_runs.extend(self._plan(schedule, version, due, active[schedule.pk], limits, now))
+                    new_runs.extend(self._plan(schedule, version, due, active[schedule.pk], door, now))
             created = insert_runs(new_runs, now)
             _advance(advance)
             self.created += len(created)
@@ -285,10 +252,10 @@ class Scheduler:
             gap = _Gap(begin, fires[0], None if truncated else total - len(fires))
         return _Due(fires[split:], fires[:split], gap, last, next_at)
 
-    def _plan(self, schedule, version, due: _Due, active: list, limits, now) -> list[NewRun]:
+    def _plan(self, schedule, version, due: _Due, active: list, door, now) -> list[NewRun]:
         """The runs of one schedule's due fire times, in named steps: what the catchup policy passes
         over, what missed its start deadline, what bad params stop, what overlap=replace
-        supersedes; the rest start, or wait for a max_active_runs or buffer_one slot."""
+        supersedes; the rest start, or wait for a buffer_one slot or for admission."""
         rows = _Rows(schedule, version)
         planned = self._passed_over(rows, due, now)
         startable = []
@@ -311,7 +278,7 @@ class Scheduler:
             reason = f"superseded by the later fire time {fmt(startable[-1])} (overlap=replace)"
             planned += [rows.not_run(at, RunState.SKIPPED, reason) for at in startable[:-1]]
             startable = startable[-1:]
-        return planned + [self._start(rows, at, active, limits, params) for at in startable]
+        return planned + [self._start(rows, at, active, door, params) for at in startable]
 
     def _passed_over(self, rows: _Rows, due: _Due, now: datetime) -> list[NewRun]:
         """A skipped run, with the reason, for each fire time the catchup policy does not run; one
@@ -331,9 +298,9 @@ class Scheduler:
                      extra={"action": "fire_times_skipped", "schedule_id": schedule.pk})
         return planned
 
-    def _start(self, rows: _Rows, at: datetime, active: list, limits, params: dict) -> NewRun:
-        """A run of a startable fire time: running, or pending (buffer_one, max_active_runs), or
-        skipped (overlap=forbid); ``active`` and ``limits`` then count it."""
+    def _start(self, rows: _Rows, at: datetime, active: list, door, params: dict) -> NewRun:
+        """A run of a startable fire time: running, or pending (buffer_one, or as admission
+        decides), or skipped (overlap=forbid); ``active`` and ``door`` then count it."""
         schedule, workflow = rows.schedule, rows.schedule.workflow
         overlap = schedule.overlap
         if overlap == Schedule.Overlap.FORBID and active:
@@ -343,16 +310,14 @@ class Scheduler:
         if overlap == Schedule.Overlap.REPLACE and active:
             _cancel_replaced(active, at)
             active.clear()
-        state, reason = RunState.RUNNING, ""
         if overlap == Schedule.Overlap.BUFFER_ONE and active:
             if any(r["state"] == RunState.PENDING for r in active):
                 return rows.not_run(at, RunState.SKIPPED, "a run is already waiting for the active one (overlap=buffer_one)")
+            # Held by its schedule, not waiting for room: admission is asked when it is released.
             state, reason = RunState.PENDING, "waiting for the active run of this schedule to end (overlap=buffer_one)"
-        elif not limits.may_start(workflow):
-            state = RunState.PENDING
-            reason = f"waiting: the workflow's max_active_runs ({workflow.max_active_runs}) is reached"
-        if state == RunState.RUNNING:
-            limits.started(workflow)
+        else:
+            decision = door.admit(workflow, Lane.LIVE)
+            state, reason = decision.state, decision.reason
         active.append({"id": None, "state": state, "at": at})
         return rows.to_run(at, state, reason, params)
 
@@ -389,19 +354,12 @@ class Scheduler:
 
     def _release_pending(self, now: datetime) -> int:
         with self.lease.fence():
-            pending = _pending_runs()
-            if not pending:
+            ids = admission.releasable()
+            if not ids:
                 return 0
-            hold = _Holds(pending)
-            released = 0
-            for run in pending:
-                if hold.keeps(run):
-                    continue
-                if release_pending_run(run, now=now):
-                    released += 1
-                    hold.started(run)
+            runs = Run.objects.filter(pk__in=ids).only("id", "version_id", "state").in_bulk()
+            released = sum(release_pending_run(runs[pk], now=now) for pk in ids)
             if released:
-                Run.objects.filter(pk__in=[r.pk for r in pending if r.state == RunState.RUNNING]).update(reason="")
                 wake_due()
                 log.info("released %d pending runs", released, extra={"action": "runs_released"})
             return released
@@ -451,7 +409,7 @@ class _Rows:
 
     def to_run(self, at: datetime, state: str, reason: str, params: dict) -> NewRun:
         return NewRun(self.run(at, state, reason if state != RunState.RUNNING else "", params),
-                      self.version.spec["tasks"], at + self.jitter)
+                      self.version.spec["tasks"], at + self.jitter, admitted=True)
 
 
 def _catchup_runs(schedule: Schedule) -> int:
@@ -588,30 +546,3 @@ class SchedulerRole(Role):
             log.warning("could not release the lease: the database is unavailable", extra={"action": "lease_kept"})
         log.info("scheduler %s stopped: created %s runs", self.scheduler.holder, self.scheduler.created,
                  extra={"action": "scheduler_stop"})
-
-
-class _WorkflowLimits:
-    """max_active_runs per workflow: running runs counted once per batch, then tracked in memory.
-    While a workflow has runs waiting, new ones wait behind them (first come, first started)."""
-
-    def __init__(self, workflows, pending_blocks: bool = True):
-        limited = {w.pk for w in workflows if w.max_active_runs}
-        self.running: Counter = Counter()
-        self.waiting: Counter = Counter()
-        if limited:
-            rows = (Run.objects.filter(workflow_id__in=limited, state__in=ACTIVE_RUN_STATES)
-                    .values("workflow_id", "state").annotate(n=Count("id")))
-            for row in rows:
-                if row["state"] == RunState.RUNNING:
-                    self.running[row["workflow_id"]] = row["n"]
-                elif pending_blocks:
-                    self.waiting[row["workflow_id"]] = row["n"]
-
-    def may_start(self, workflow) -> bool:
-        if not workflow.max_active_runs:
-            return True
-        return not self.waiting[workflow.pk] and self.running[workflow.pk] < workflow.max_active_runs
-
-    def started(self, workflow) -> None:
-        self.running[workflow.pk] += 1
-

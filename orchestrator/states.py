@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import TextChoices
+from django.db.models import IntegerChoices, TextChoices
 
 
 class TaskState(TextChoices):
@@ -61,13 +61,32 @@ class TaskState(TextChoices):
 
 
 class RunState(TextChoices):
-    PENDING = "pending", "pending"  # created, held back (overlap buffer, max active runs)
+    PENDING = "pending", "pending"  # held back (overlap buffer, max active runs): created so, or reprocessed
     RUNNING = "running", "running"
     SUCCEEDED = "succeeded", "succeeded"
     FAILED = "failed", "failed"
     CANCELLED = "cancelled", "cancelled"
     SKIPPED = "skipped", "skipped"  # recorded, never started (overlap forbid, catchup limit)
     MISSED = "missed", "missed"  # could not start within the schedule's start deadline
+
+
+class Trigger(TextChoices):
+    """What created a run (``Run.trigger``)."""
+
+    SCHEDULE = "schedule", "schedule"
+    MANUAL = "manual", "manual"
+    API = "api", "api"
+    BACKFILL = "backfill", "backfill"
+    JOB = "job", "job"
+    DATASET = "dataset", "dataset"  # started by another workflow's data (a dataset event)
+    TEST = "test", "test"  # wf.test(): run in the calling process
+
+
+class Lane(IntegerChoices):
+    """Dispatch lanes (``Run.lane``, ``TaskRun.lane``): live work always goes before backfills."""
+
+    LIVE = 0, "live"
+    BACKFILL = 1, "backfill"
 
 
 class AttemptOutcome(TextChoices):
@@ -173,6 +192,8 @@ RUN_TRANSITIONS = [
     (R.FAILED, R.RUNNING, "control: a task run of it is retried"),
     (R.SUCCEEDED, R.RUNNING, "control: a task run of it is retried"),
     *[(state, R.RUNNING, "backfill: reprocessed; control: a task run of it is cleared")
+      for state in FINISHED_RUN_STATES],
+    *[(state, R.PENDING, "backfill: reprocessed, and held back by admission (max_active_runs)")
       for state in FINISHED_RUN_STATES],
 ]
 

@@ -48,8 +48,9 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils.json import normalize_json
 
-from orchestrator import clock, limits, registry
-from orchestrator.models import AttemptOutcome, TaskRun, TaskState, Trigger
+from orchestrator import clock, limits, registry, retries
+from orchestrator.models import TaskRun
+from orchestrator.states import AttemptOutcome, TaskState, Trigger
 
 STATUS = {
     TaskState.WAITING: TaskResultStatus.READY,
@@ -162,14 +163,13 @@ class OrchestratorBackend(BaseTaskBackend):
             "backend": self.alias, "takes_context": task.takes_context, "priority": task.priority,
             "queue_name": task.queue_name, "run_after": task.run_after.isoformat() if task.run_after else None,
         }}
-        for key in ("retry_delay", "retry_backoff", "retry_max_delay"):
-            if key in options:
-                spec_extra[key] = options[key]
+        # OPTIONS name the retry policy's values as a spec does; enqueue checks them.
+        retry = {key: options[key] for key in retries.SPEC_KEYS.values() if key in options}
         try:
             run, _created = jobs.enqueue(
                 task_ref(task), args=args, kwargs=kwargs, run_after=task.run_after,
-                queue=task.queue_name, priority=task.priority, max_attempts=int(options.get("max_attempts", 1)),
-                timeout=options.get("timeout"), spec_extra=spec_extra,
+                queue=task.queue_name, priority=task.priority, spec_extra={**spec_extra, **retry},
+                timeout=options.get("timeout"),
             )
         except jobs.JobError as exc:
             raise InvalidTask(str(exc)) from exc

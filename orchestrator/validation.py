@@ -12,15 +12,16 @@ error of the database.
 
 from __future__ import annotations
 
+import graphlib
 import inspect
 import math
 import re
+from collections import deque
 
-import networkx
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 
-from orchestrator import cron, limits
+from orchestrator import cron, limits, retries
 from orchestrator.definition import (
     CATCHUP_POLICIES,
     NOTIFY_EVENTS,
@@ -200,14 +201,12 @@ def _check_task(wf, name, task, children: set, error) -> list[str]:
 
 
 def _check_task_retries(where: str, task, error) -> None:
-    if not _is_number(task.retries, integer=True):
-        error(f"{where}.retries", task.retries, "must be a whole number, 0 or more")
-    if not _is_number(task.retry_delay):
-        error(f"{where}.retry_delay", task.retry_delay, "must be a number of seconds, 0 or more")
-    if not _is_number(task.retry_backoff, minimum=1):
-        error(f"{where}.retry_backoff", task.retry_backoff, "must be a number, 1 or more")
-    if not _is_number(task.retry_max_delay):
-        error(f"{where}.retry_max_delay", task.retry_max_delay, "must be a number of seconds, 0 or more")
+    if limits.int_problem(task.retries, 0, limits.MAX_ATTEMPTS - 1):
+        error(f"{where}.retries", task.retries, f"must be a whole number from 0 to {limits.MAX_ATTEMPTS - 1}")
+    for option in ("retry_delay", "retry_backoff", "retry_max_delay"):
+        value = getattr(task, option)
+        if message := retries.problem(option, value):
+            error(f"{where}.{option}", value, message)
     if task.timeout is not None and not (_is_number(task.timeout) and task.timeout > 0):
         error(f"{where}.timeout", task.timeout, "must be a positive number of seconds, or None")
 
@@ -281,46 +280,66 @@ def _check_mapping(where: str, name: str, task, error) -> None:
 
 
 def _check_cycle(wf, error) -> None:
-    """A task that depends on itself, through any number of others."""
-    graph = networkx.DiGraph()
-    graph.add_nodes_from(wf.tasks)
-    graph.add_edges_from((parent, child) for child, parents in wf.upstream_of().items()
-                         for parent in parents if parent in wf.tasks)
+    """A task that depends on itself, through any number of others: the message names the cycle,
+    from the task of it declared first."""
+    order = list(wf.tasks)
+    graph = {name: [parent for parent in parents if parent in wf.tasks] for name, parents in wf.upstream_of().items()}
     try:
-        cycle = networkx.find_cycle(graph)
-    except networkx.NetworkXNoCycle:
-        return
-    path = [edge[0] for edge in cycle] + [cycle[0][0]]
-    error("tasks", " -> ".join(path), f"the graph has a cycle: {' -> '.join(path)}")
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        cycle = exc.args[1][:-1]  # each task a parent of the next, the first one repeated at the end
+        start = cycle.index(min(cycle, key=order.index))
+        path = [*cycle[start:], *cycle[:start], cycle[start]]
+        error("tasks", " -> ".join(path), f"the graph has a cycle: {' -> '.join(path)}")
 
 
 def dataset_cycles(workflows: list) -> dict[str, str]:
     """Workflows that would start themselves again through other workflows' data (a loop
-    workflow -> dataset -> workflow -> ...): {workflow name: message}."""
-    graph = networkx.DiGraph()
+    workflow -> dataset -> workflow -> ...): {workflow name: message}. Each message names the
+    shortest such loop through its own workflow."""
+    edges: dict[tuple, set] = {}
     for wf in workflows:
         for task in wf.tasks.values():
             for dataset in task.produces if isinstance(task.produces, list | tuple) else ():
                 if isinstance(dataset, str):
-                    graph.add_edge(("workflow", wf.name), ("dataset", dataset))
+                    edges.setdefault(("workflow", wf.name), set()).add(("dataset", dataset))
         for on in wf.triggers:
             datasets = getattr(on, "datasets", [])
             for dataset in datasets if isinstance(datasets, list | tuple) else ():
                 if isinstance(dataset, str):
-                    graph.add_edge(("dataset", dataset), ("workflow", wf.name))
+                    edges.setdefault(("dataset", dataset), set()).add(("workflow", wf.name))
     found: dict[str, str] = {}
-    # A loop lies inside one strongly connected component; one cycle per component is enough to
-    # explain it (listing every cycle can grow exponentially).
-    for component in networkx.strongly_connected_components(graph):
-        names = sorted(name for kind, name in component if kind == "workflow")
-        if len(names) < 2:
-            continue  # a workflow consuming its own data is reported by validate()
-        cycle = [edge[0] for edge in networkx.find_cycle(graph.subgraph(component))]
-        start = cycle.index(min(node for node in cycle if node[0] == "workflow"))
-        path = " -> ".join(name for _, name in cycle[start:] + cycle[:start] + [cycle[start]])
-        for name in names:
-            found[name] = str(DefinitionError(name, "triggers", path, f"data triggers form a loop: {path}"))
+    for wf in workflows:
+        loop = _loop_through(("workflow", wf.name), edges)
+        if loop:
+            path = " -> ".join(name for _, name in loop)
+            found[wf.name] = str(DefinitionError(wf.name, "triggers", path, f"data triggers form a loop: {path}"))
     return found
+
+
+def _loop_through(start: tuple, edges: dict[tuple, set]) -> list[tuple] | None:
+    """The shortest path from ``start`` back to it through at least one other workflow (a workflow
+    consuming its own data is reported by validate()), or None: a breadth-first search whose
+    state is (node, whether another workflow was passed)."""
+    first = (start, False)
+    came_from: dict = {first: None}
+    queue = deque([first])
+    while queue:
+        state = queue.popleft()
+        node, other = state
+        for nxt in sorted(edges.get(node, ())):
+            passed = other or (nxt[0] == "workflow" and nxt != start)
+            if nxt == start and passed:
+                path = [nxt]
+                while state is not None:
+                    path.append(state[0])
+                    state = came_from[state]
+                return path[::-1]
+            following = (nxt, passed)
+            if nxt != start and following not in came_from:
+                came_from[following] = state
+                queue.append(following)
+    return None
 
 
 # --- params, schedules, data ------------------------------------------------------------------------

@@ -1,5 +1,8 @@
 """Checks every SQL statement and every ORM state update of the product against the state table
 of ``orchestrator.states`` (used by tests/test_states.py, and by conftest's database trigger).
+The names of triggers and lanes are held to the same rule as states: taken from
+``orchestrator.states``, never written out in SQL or compared as literals in Python; and the
+product imports them from that one module, not through ``orchestrator.models``.
 
 Two ways of finding statements, because neither alone sees them all:
 
@@ -32,6 +35,13 @@ PRODUCT = ROOT / "orchestrator"
 NOT_PRODUCT = ("migrations", "bench")
 
 ALL_NAMES = {value for machine in MACHINES.values() for value in machine.states.values}
+TRIGGER_NAMES = set(states.Trigger.values)
+LANE_VALUES = set(states.Lane.values)
+# Columns (SQL) and attributes or arguments (Python) that hold a trigger or a lane.
+NAMED = {"trigger": TRIGGER_NAMES, "lane": LANE_VALUES}
+# What orchestrator.states defines: imported from there, never through orchestrator.models.
+STATE_MODULE_NAMES = {name for name, value in vars(states).items() if not name.startswith("_") and (
+    getattr(value, "__module__", None) == states.__name__ or isinstance(value, tuple | list | dict | frozenset))}
 SQL_WORDS = re.compile(r"\b(SELECT|UPDATE|INSERT\s+INTO|DELETE\s+FROM)\b", re.IGNORECASE)
 TABLE_NAMES = re.compile(r"\borchestrator_(\w+)\b")
 CHOICES = {"TaskState": states.TaskState, "RunState": states.RunState, "AttemptOutcome": states.AttemptOutcome,
@@ -80,6 +90,18 @@ def _string_parts(node) -> list[str]:
     return []
 
 
+def written_out_triggers_and_lanes(text: str) -> list[str]:
+    """Trigger names and lane numbers that SQL text compares a ``trigger`` or ``lane`` column with."""
+    found = []
+    for match in re.finditer(r"(?<![\w.])(?:\w+\.)?trigger\s*(?:=|<>|!=|IN|NOT\s+IN)\s*(\([^)]*\)|'\w+')",
+                             text, re.IGNORECASE):
+        found += [f"trigger '{name}'" for name in sorted(_literals(match.group(1)) & TRIGGER_NAMES)]
+    for match in re.finditer(r"(?<![\w.])(?:\w+\.)?lane\s*(?:=|<>|!=|<=|>=|<|>|IN|NOT\s+IN)\s*(\([^)]*\)|\d+)",
+                             text, re.IGNORECASE):
+        found += [f"lane {number}" for number in re.findall(r"\d+", match.group(1))]
+    return found
+
+
 def source_problems(path: Path, source: str | None = None) -> list[Problem]:
     source = path.read_text() if source is None else source
     tree = ast.parse(source)
@@ -92,8 +114,62 @@ def source_problems(path: Path, source: str | None = None) -> list[Problem]:
             for name in sorted(written_out_names(text)):
                 problems.append(Problem(f"{where}:{node.lineno}",
                                         f"SQL names the state '{name}' itself: take it from orchestrator.states"))
+            for name in written_out_triggers_and_lanes(text):
+                problems.append(Problem(f"{where}:{node.lineno}",
+                                        f"SQL names the {name} itself: take it from orchestrator.states"))
         if isinstance(node, ast.Call):
             problems += _orm_update_problems(node, f"{where}:{node.lineno}")
+        problems += _named_in_python(node, f"{where}:{getattr(node, 'lineno', 0)}")
+    return problems
+
+
+def _constants(node) -> list:
+    """The constant values of an expression: itself, or the items of a literal list, tuple or set."""
+    if isinstance(node, ast.Constant):
+        return [node.value]
+    if isinstance(node, ast.List | ast.Tuple | ast.Set):
+        return [element.value for element in node.elts if isinstance(element, ast.Constant)]
+    return []
+
+
+def _held(node) -> str | None:
+    """``trigger`` or ``lane`` when the expression is such an attribute or variable."""
+    name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
+    return name if name in NAMED else None
+
+
+def _literal_problems(kind: str, values: list, where: str) -> list[Problem]:
+    return [Problem(where, f"{kind} {value!r} is written out: take it from orchestrator.states.{kind.title()}")
+            for value in values if value in NAMED[kind] and not isinstance(value, bool)]
+
+
+def _named_in_python(node, where: str) -> list[Problem]:
+    """A trigger name or a lane number written out where Python passes, defaults, compares a trigger
+    or a lane (``trigger="manual"``, ``trigger__in=[...]``, ``run.lane == 1``), and a name of the
+    state module imported through orchestrator.models."""
+    problems = []
+    if isinstance(node, ast.Call):
+        for keyword in node.keywords:
+            kind = (keyword.arg or "").removesuffix("__in")
+            if kind in NAMED:
+                problems += _literal_problems(kind, _constants(keyword.value), where)
+    elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        arguments = node.args.posonlyargs + node.args.args
+        defaults = list(zip(arguments[len(arguments) - len(node.args.defaults):], node.args.defaults, strict=True))
+        defaults += [(a, d) for a, d in zip(node.args.kwonlyargs, node.args.kw_defaults, strict=True) if d is not None]
+        for argument, default in defaults:
+            if argument.arg in NAMED:
+                problems += _literal_problems(argument.arg, _constants(default), where)
+    elif isinstance(node, ast.Compare):
+        sides = [node.left, *node.comparators]
+        for kind in {_held(side) for side in sides} - {None}:
+            for side in sides:
+                problems += _literal_problems(kind, _constants(side), where)
+    elif isinstance(node, ast.ImportFrom) and node.module == "orchestrator.models":
+        for alias in node.names:
+            if alias.name in STATE_MODULE_NAMES:
+                problems.append(Problem(where, f"{alias.name} is imported from orchestrator.models: import it from "
+                                               "orchestrator.states, the one module of state names"))
     return problems
 
 

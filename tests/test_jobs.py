@@ -35,6 +35,14 @@ def test_a_delayed_job_is_a_run_of_one_task_due_at_run_after():
     }
 
 
+def test_spec_extra_adds_to_a_jobs_spec_but_never_replaces_what_enqueue_checked():
+    run, _ = enqueue(REF, args=[1], queue="batch", now=NOW, spec_extra={
+        "ref": "os:system", "call": "workflow", "args": ["rm -rf /"], "queue": "default", "note": "kept"})
+    spec = run.task_runs.get().spec
+    assert (spec["ref"], spec["call"], spec["args"], spec["queue"], spec["note"]) == (REF, "job", [1], "batch", "kept")
+    assert run.task_runs.get().queue == "batch"
+
+
 def test_a_job_without_run_after_is_due_now():
     run, _ = enqueue("workflows.jobs:noop", now=NOW)
     assert run.task_runs.get().due_at == NOW

@@ -7,7 +7,9 @@ import pytest
 
 from orchestrator.dsl import Param, Workflow
 from orchestrator.localrun import LocalRunError
-from orchestrator.models import Run
+from orchestrator.models import Run, TaskRun
+from orchestrator.runs import create_run
+from orchestrator.states import TaskState, Trigger
 
 pytestmark = pytest.mark.django_db
 
@@ -176,3 +178,30 @@ def test_a_local_run_of_a_sensor_without_timeout_that_never_answers_gives_up_wit
 
     with pytest.raises(LocalRunError, match="gave up after too many attempts"):
         wf.test(max_attempts_total=50)
+
+
+def test_a_local_run_goes_through_the_workers_claim_and_takes_no_other_work():
+    # Work of another run is due in the same queue; a local run claims only its own.
+    other, _ = create_run(None, trigger=Trigger.JOB, tasks={"tests.tasks_for_tests:add": {
+        "kind": "python", "ref": "tests.tasks_for_tests:add", "call": "job", "args": [1], "kwargs": {}}})
+    wf = Workflow("claimed_like_a_worker")
+
+    @wf.task(queue="batch")
+    def first(ctx):
+        return 1
+
+    @wf.task
+    def second(ctx):
+        return ctx.upstream["first"] + 1
+
+    first >> second
+    result = wf.test(keep=True)
+    assert (result.state, result["second"].result) == ("succeeded", 2)
+    run = Run.objects.get(pk=result.run_id)
+    # The worker's claim starts the run (its start and schedule delay) and stamps each task run
+    # as admitted and claimed at once (queued_at); the task runs keep the queues they declare.
+    assert run.started_at is not None and run.schedule_delay is not None
+    task_runs = {t.task: t for t in TaskRun.objects.filter(run=run)}
+    assert all(t.queued_at == t.started_at for t in task_runs.values())
+    assert (task_runs["first"].queue, task_runs["second"].queue) == ("batch", "default")
+    assert TaskRun.objects.get(run=other).state == TaskState.SCHEDULED

@@ -61,11 +61,26 @@ def test_the_check_finds_a_bad_statement(sql, complaint):
 @pytest.mark.parametrize(("source", "complaint"), [
     ('cursor.execute("UPDATE orchestrator_run SET reason = %s WHERE state = \'failed\'")',
      "SQL names the state 'failed' itself"),
-    ("Run.objects.filter(pk=1, state=RunState.SUCCEEDED).update(state=RunState.PENDING)",
-     "succeeded -> pending is not in the state table"),
+    ("Run.objects.filter(pk=1, state=RunState.RUNNING).update(state=RunState.PENDING)",
+     "running -> pending is not in the state table"),
     ("TaskRun.objects.filter(pk=1).update(state=TaskState.QUEUED)", "the update has no state guard"),
     ('TaskRun.objects.filter(state="dead").update(state=TaskState.SCHEDULED)', "state= names a state itself"),
     ("Run.objects.filter(pk=1, state__in=mine).update(state=RunState.RUNNING)", "cannot be told from the source"),
+    # Trigger and lane names are held to the rule of states.
+    ('cursor.execute("SELECT id FROM orchestrator_run WHERE trigger = \'backfill\'")',
+     "SQL names the trigger 'backfill' itself"),
+    ('SQL = "SELECT 1 FROM orchestrator_run r WHERE r.trigger IN (\'schedule\', \'job\') AND r.lane = 0"',
+     "SQL names the trigger 'job' itself"),
+    ('SQL = "SELECT 1 FROM orchestrator_taskrun WHERE lane = 1"', "SQL names the lane 1 itself"),
+    ('trigger_workflow(wf, {}, trigger="manual")', "trigger 'manual' is written out"),
+    ('Run.objects.filter(trigger__in=["api", "job"])', "trigger 'api' is written out"),
+    ("Run.objects.filter(lane=1)", "lane 1 is written out"),
+    ('def start(workflow, trigger: str = "api"): pass', "trigger 'api' is written out"),
+    ('if run.trigger != "backfill": pass', "trigger 'backfill' is written out"),
+    ("if task_run.lane == 0: pass", "lane 0 is written out"),
+    # States come from one module.
+    ("from orchestrator.models import Run, RunState", "RunState is imported from orchestrator.models"),
+    ("from orchestrator.models import Trigger", "Trigger is imported from orchestrator.models"),
 ])
 def test_the_check_finds_a_bad_line_of_source(source, complaint):
     problems = [str(p) for p in state_check.source_problems(Path("example.py"), source)]

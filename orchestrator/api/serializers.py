@@ -25,6 +25,7 @@ from orchestrator.api.fields import (
     WholeNumber,
 )
 from orchestrator.limits import (
+    MAX_ATTEMPTS,
     MAX_ID,
     MAX_LOG_OFFSET,
     MAX_REF_LENGTH,
@@ -35,19 +36,8 @@ from orchestrator.limits import (
     REF_RE,
     REF_RULE,
 )
-from orchestrator.models import (
-    Attempt,
-    AuditEvent,
-    Backfill,
-    DatasetEvent,
-    Run,
-    RunState,
-    Schedule,
-    TaskRun,
-    TaskState,
-    Trigger,
-    Workflow,
-)
+from orchestrator.models import Attempt, AuditEvent, Backfill, DatasetEvent, Run, Schedule, TaskRun, Workflow
+from orchestrator.states import RunState, TaskState, Trigger
 
 PRIORITY_RANGE = (PRIORITY_MIN, PRIORITY_MAX)
 
@@ -265,7 +255,7 @@ class JobRequestSerializer(serializers.Serializer):
                                    help_text="Not before this time (with timezone); now when omitted.")
     queue = TextMatching(QUEUE_RE.pattern, max_length=QUEUE, required=False, default="default")
     priority = WholeNumber(required=False, default=0, min_value=PRIORITY_RANGE[0], max_value=PRIORITY_RANGE[1])
-    max_attempts = WholeNumber(required=False, default=1, min_value=1, max_value=100)
+    max_attempts = WholeNumber(required=False, default=1, min_value=1, max_value=MAX_ATTEMPTS)
     timeout = Number(required=False, allow_null=True, default=None, min_value=0.001, max_value=7 * 24 * 3600,
                      help_text="seconds before the attempt is killed")
     idempotency_key = IdempotencyKeyField()

@@ -47,11 +47,11 @@ from orchestrator.models import (
     Run,
     Schedule,
     TaskRun,
-    Trigger,
     Workflow,
 )
 from orchestrator.params import clean_params
 from orchestrator.runs import trigger_workflow
+from orchestrator.states import Trigger
 
 # --- workflows ------------------------------------------------------------------------------------
 

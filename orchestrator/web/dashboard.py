@@ -10,7 +10,8 @@ from django.db.models import Count
 
 from orchestrator import clock, reads
 from orchestrator.conf import app_settings
-from orchestrator.models import ACTIVE_RUN_STATES, Lease, Run, RunState, Trigger, Worker
+from orchestrator.models import Lease, Run, Worker
+from orchestrator.states import ACTIVE_RUN_STATES, RunState, Trigger
 from orchestrator.web.kit import page, viewer_required
 
 # A backfill's runs start long after their logical dates by design: their delay says nothing about

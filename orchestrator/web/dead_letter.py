@@ -9,7 +9,8 @@ from django.contrib import messages
 from django.urls import reverse
 
 from orchestrator import audit, control, reads
-from orchestrator.models import TaskRun, TaskState
+from orchestrator.models import TaskRun
+from orchestrator.states import TaskState
 from orchestrator.web import zones
 from orchestrator.web.forms import BulkTaskRunForm, DeadLetterFilterForm
 from orchestrator.web.kit import (

@@ -12,7 +12,8 @@ from django.utils import timezone
 
 from orchestrator import reads
 from orchestrator.limits import MAX_ID
-from orchestrator.models import Backfill, RunState, TaskState, Trigger, Workflow
+from orchestrator.models import Backfill, Workflow
+from orchestrator.states import RunState, TaskState, Trigger
 
 JOBS = "-jobs"  # the workflow filter's value for one-off jobs (runs without a workflow)
 PARAM_PREFIX = "param."

@@ -17,7 +17,8 @@ from django.shortcuts import get_object_or_404
 
 from orchestrator import clock
 from orchestrator.limits import MAX_ID
-from orchestrator.models import TaskRun, TaskState
+from orchestrator.models import TaskRun
+from orchestrator.states import TaskState
 from orchestrator.web.errors import InvalidInput, query_int
 
 INSTANCES_SHOWN = 20  # under the mapped task's row on the run page

@@ -11,7 +11,8 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 
 from orchestrator import approvals, audit, clock, control, reads
-from orchestrator.models import Attempt, Run, TaskRun, TaskState
+from orchestrator.models import Attempt, Run, TaskRun
+from orchestrator.states import TaskState
 from orchestrator.web import mapped, svg, zones
 from orchestrator.web.forms import RunFilterForm
 from orchestrator.web.kit import (

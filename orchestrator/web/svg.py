@@ -7,9 +7,9 @@ stylesheet.
 
 from __future__ import annotations
 
+import graphlib
 from dataclasses import dataclass
 
-import networkx
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
@@ -21,17 +21,17 @@ PAD = 8
 def layers(upstream: dict[str, list[str]]) -> list[list[str]]:
     """Tasks grouped by topological generation (roots first), ordered inside a layer by the mean
     position of their parents so that edges cross less."""
-    graph = networkx.DiGraph()
-    graph.add_nodes_from(upstream)
-    for child, parents in upstream.items():
-        for parent in parents:
-            if parent in upstream:
-                graph.add_edge(parent, child)
+    sorter = graphlib.TopologicalSorter({child: [p for p in parents if p in upstream] for child, parents in upstream.items()})
     try:
-        generations = [sorted(layer) for layer in networkx.topological_generations(graph)]
-    except networkx.NetworkXUnfeasible:
+        sorter.prepare()
+    except graphlib.CycleError:
         # A stored graph is validated acyclic at sync; an old or hand-made one still gets drawn.
         return [sorted(upstream)]
+    generations = []
+    while sorter.is_active():  # each round: the tasks whose parents are all in earlier layers
+        layer = sorted(sorter.get_ready())
+        sorter.done(*layer)
+        generations.append(layer)
     position: dict[str, float] = {}
     ordered = []
     for layer in generations:

@@ -14,8 +14,14 @@ from django.urls import reverse
 from orchestrator import audit, clock, control, logs, tracing
 from orchestrator.conf import app_settings
 from orchestrator.limits import MAX_ID, MAX_LOG_OFFSET
-from orchestrator.models import Attempt, AttemptOutcome, TaskRun, TaskState
-from orchestrator.states import FINISHED_TASK_STATES, MARKABLE_TASK_STATES, RETRYABLE_TASK_STATES
+from orchestrator.models import Attempt, TaskRun
+from orchestrator.states import (
+    FINISHED_TASK_STATES,
+    MARKABLE_TASK_STATES,
+    RETRYABLE_TASK_STATES,
+    AttemptOutcome,
+    TaskState,
+)
 from orchestrator.web import mapped
 from orchestrator.web.errors import InvalidInput, query_int
 from orchestrator.web.kit import POLL, back, operator_action, page, seconds, viewer_required

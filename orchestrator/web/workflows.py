@@ -14,9 +14,10 @@ from django.urls import reverse
 
 from orchestrator import audit, clock, control, cron
 from orchestrator.limits import MAX_ID
-from orchestrator.models import Run, RunState, TaskRun, Trigger, Workflow
+from orchestrator.models import Run, TaskRun, Workflow
 from orchestrator.params import ParamError
 from orchestrator.runs import RunError, trigger_workflow
+from orchestrator.states import RunState, Trigger
 from orchestrator.web import grid, lineage, mapped, svg
 from orchestrator.web.errors import query_int
 from orchestrator.web.forms import param_fields, submitted_params
@@ -214,7 +215,7 @@ def workflow_trigger(request, name):
     wf = get_object_or_404(Workflow.objects.select_related("current_version"), name=name)
     values = submitted_params(wf.spec.get("params", {}), request.POST)
     try:
-        run, _created = trigger_workflow(wf, values, trigger="manual", created_by=request.user)
+        run, _created = trigger_workflow(wf, values, trigger=Trigger.MANUAL, created_by=request.user)
     except ParamError as exc:
         return page(request, "orchestrator/web/workflow.html",
                     _page_context(request, wf, submitted=values, errors=exc.errors), status=400)

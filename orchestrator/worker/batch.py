@@ -21,7 +21,7 @@ from orchestrator import clock, db, due, resolver, taskcontext, tracing
 from orchestrator.channels import wake_dispatchers
 from orchestrator.loop import SHORT_TRANSACTION
 from orchestrator.resolver import Ending
-from orchestrator.states import AttemptOutcome, TaskState
+from orchestrator.states import AttemptOutcome, TaskState, Trigger
 
 log = logging.getLogger(__package__)  # the worker's records under one name, orchestrator.worker
 
@@ -49,7 +49,7 @@ RECENT_OUTCOMES_BYTES = 8 * 1024 * 1024
 # scheduled, in dispatch order (orchestrator.due: live lane first, tenants in turn, priority).
 # Rows another worker is claiming are skipped. The attempt number is incremented here, so it
 # identifies this claim.
-CLAIM = f"""
+CLAIM = db.prepared(f"""
 WITH RECURSIVE admitted AS MATERIALIZED (
     -- One ordered index scan per queue (taskrun_queued), so the cost does not grow with the
     -- backlog; "queue = ANY (…)" would read and sort every queued row.
@@ -95,7 +95,7 @@ direct AS MATERIALIZED (
     -- other (a manual or backfill run's logical date can be any date in the past or future).
     -- Run rows are locked in id order, like every other writer does (see resolver.LOCK_RUNS).
     UPDATE orchestrator_run SET started_at = %(now)s, schedule_delay = EXTRACT(EPOCH FROM %(now)s
-        - CASE WHEN trigger IN ('schedule', 'job') THEN logical_date ELSE created_at END)
+        - CASE WHEN trigger IN ('{Trigger.SCHEDULE}', '{Trigger.JOB}') THEN logical_date ELSE created_at END)
     WHERE id = ANY (ARRAY(SELECT id FROM orchestrator_run WHERE id = ANY (ARRAY(SELECT run_id FROM t))
                           AND started_at IS NULL ORDER BY id FOR NO KEY UPDATE))
 ), upcoming AS (
@@ -108,7 +108,7 @@ direct AS MATERIALIZED (
 -- due time when nothing was claimed.
 SELECT t.id, t.run_id, t.task, t.attempts, t.spec, t.timeout, t.has_parents, upcoming.next_due
 FROM upcoming LEFT JOIN t ON true
-"""
+""")
 
 # How many candidates each key offers a claim of n: enough that workers claiming at the same
 # moment each find n that the others do not hold.
