@@ -12,10 +12,15 @@ import re
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
 
+from orchestrator import clock
 from orchestrator.channels import parse_wake, queue_channel
+from orchestrator.clock import FakeClock
+from orchestrator.worker import Worker as WorkerLoop
 from orchestrator.worker.wakeup import BACKOFF_MAX_SECONDS, Ring, Wakeup
 from tests.conftest import ROOT, process_env, wait_for
 from tests.pgcluster import OwnCluster
@@ -62,6 +67,30 @@ def test_polls_take_turns_one_interval_each():
     assert turns == [1001.0, 1002.0, 1003.0, 1004.0]
     # And after its turn, the next one is a whole round later.
     assert rings[1].next_poll(rings[1].next_poll(1000.3, 1.0), 1.0) == rings[1].next_poll(1000.3, 1.0) + 4
+
+
+def test_reading_the_rings_again_never_puts_off_a_planned_poll():
+    # A worker that listens plans its poll for its next turn after each claim. Its heartbeat
+    # reads the rings again as often as every poll interval (here: twice per interval); each
+    # read may move the turn, but never past a poll already planned, or the poll would never come
+    # and a row whose notification was missed (a retry due in 50 ms) would wait for ever.
+    start = datetime.fromtimestamp(1000.3, UTC)
+    with clock.pinned(FakeClock(start)) as fake:
+        worker = WorkerLoop(["default"], poll=1.0)
+        worker.loop = SimpleNamespace(listener=object())
+        worker.wakeup.rings = {queue_channel("default"): _fleet([2])[0]}
+        mono = 50.0
+        worker.last_claim = mono
+        worker.plan_poll(mono)  # after a claim: the next turn, the interval starting at 1001.0
+        assert worker.next_poll == pytest.approx(50.7)
+        for _ in range(4):
+            mono += 0.5
+            fake.advance(0.5)
+            worker.plan_poll(mono, keep_sooner=True)  # a heartbeat read the rings
+            assert worker.next_poll == pytest.approx(50.7)
+        assert mono >= worker.next_poll  # due: the next tick looks for work
+        worker.plan_poll(mono)  # that look was a claim: the turn after it
+        assert worker.next_poll == pytest.approx(mono + 1.0 - 0.3)
 
 
 def test_a_notification_that_counted_nothing_or_a_ring_unknown_wakes_everyone():

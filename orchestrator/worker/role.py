@@ -150,7 +150,7 @@ class Worker(Role):
         self.pool.recycle(now)
         if self.wakeup.stale:
             self.wakeup.refresh(self.id, self.queues)
-            self.plan_poll(now)
+            self.plan_poll(now, keep_sooner=True)
         did = self.record_and_claim(now)
         self.resize_pool(now)
         self.heartbeat_if_due(now)
@@ -234,11 +234,17 @@ class Worker(Role):
             self.next_due = now + RECHECK_SECONDS
         self.plan_poll(now)
 
-    def plan_poll(self, now: float) -> None:
+    def plan_poll(self, now: float, keep_sooner: bool = False) -> None:
         """When to look for work unasked: a poll interval after the latest claim, or, while
-        listening, at this worker's next turn (``worker.wakeup``)."""
+        listening, at this worker's next turn (``worker.wakeup``).
+
+        ``keep_sooner``: the rings were read again (a heartbeat, a worker came or went), not a
+        claim made; a poll already planned (or due) before the new turn stays. Without it, a
+        heartbeat at least as frequent as the poll interval would push the poll one turn further
+        at every beat, and a row whose notification was missed would never be looked for."""
         listening = self.loop is not None and self.loop.listener is not None
-        self.next_poll = self.wakeup.next_poll(now, self.last_claim, listening)
+        planned = self.wakeup.next_poll(now, self.last_claim, listening)
+        self.next_poll = min(self.next_poll, planned) if keep_sooner else planned
 
     def resize_pool(self, now: float) -> None:
         """Grow when work waits and no child is free; shrink to the minimum after idling."""
@@ -328,7 +334,7 @@ class Worker(Role):
         generation, rings = heartbeat.beat(self.id, self.queues)
         self.pool.saw_generation(generation, read=True)
         self.wakeup.rings = rings
-        self.plan_poll(time.monotonic())
+        self.plan_poll(time.monotonic(), keep_sooner=True)
         self.check_ownership()
 
     def check_ownership(self) -> None:
