@@ -196,6 +196,13 @@ class Task:
             spec["env"] = self.env
         # The options below are written only when used, so a graph that uses none of them keeps
         # the hash (and version) it had before they existed.
+        spec.update(self._options_spec(children, mapped_by))
+        return spec
+
+    def _options_spec(self, children: Iterable[str], mapped_by: Iterable[str]) -> dict:
+        """The spec's keys of the options this task uses (mapping, branching, sensing, approval,
+        datasets, callbacks)."""
+        spec = {}
         if self.map_over is not None:
             spec["map_over"] = self.map_over.name
             if self.max_parallel is not None:

@@ -106,6 +106,40 @@ def _full(cursor, limits: dict[str, int], default: int | None, busy_sql: str) ->
                   if (limit := limits.get(name, default)) is not None and busy.get(name, 0) >= limit)
 
 
+def _room(bound, keys: list[str], limits: dict, default, busy_sql: str) -> dict[str, int]:
+    """The room left under each limited key (a queue or a tenant): its limit less its running
+    work, read under the limits' locks."""
+    if not keys:
+        return {}
+    db.execute(bound, busy_sql, {"keys": keys})
+    busy = dict(bound.fetchall())
+    return {key: limits.get(key, default) - busy.get(key, 0) for key in keys}
+
+
+def _admit(bound, rows, limits: Limits) -> tuple[list[int], Counter]:
+    """The candidates (task run, queue, tenant) the room under their limits admits, in order, and
+    how many of them each queue got."""
+    limited_queues = sorted({q for _, q, _ in rows if limits.queues.get(q, limits.queue_default) is not None})
+    limited_tenants = sorted({t for _, _, t in rows if limits.tenants.get(t, limits.tenant_default) is not None})
+    room_q: dict[str, int] = {}
+    room_t: dict[str, int] = {}
+    if limited_queues or limited_tenants:
+        _lock_limits(bound, limited_queues, limited_tenants)
+        room_q = _room(bound, limited_queues, limits.queues, limits.queue_default, BUSY_QUEUES)
+        room_t = _room(bound, limited_tenants, limits.tenants, limits.tenant_default, BUSY_TENANTS)
+    admitted, queues = [], Counter()
+    for task_run_id, queue, tenant in rows:
+        if room_q.get(queue, 1) <= 0 or room_t.get(tenant, 1) <= 0:
+            continue
+        if queue in room_q:
+            room_q[queue] -= 1
+        if tenant in room_t:
+            room_t[tenant] -= 1
+        admitted.append(task_run_id)
+        queues[queue] += 1
+    return admitted, queues
+
+
 def tick(now: datetime | None = None, batch: int = 1000, limits: Limits | None = None) -> int:
     """Queue the due task runs under a limit that the limits allow; returns how many were queued.
     Work no limit applies to is the workers' to claim (``worker.batch.CLAIM``). ``limits`` (as
@@ -114,45 +148,19 @@ def tick(now: datetime | None = None, batch: int = 1000, limits: Limits | None =
     limits = limits or load_limits()
     if limits.none:
         return 0
-    queue_limits, queue_default = limits.queues, limits.queue_default
-    tenant_limits, tenant_default = limits.tenants, limits.tenant_default
     with transaction.atomic(), db.cursor() as bound:
         # Not waiting for the WAL flush: a queued mark lost in a database crash leaves the task
         # run scheduled, and the next tick queues it again. No JIT: the candidate query's row
         # estimates grow with the backlog (each key could hold it all) past jit_above_cost.
         db.execute(bound, SHORT_TRANSACTION)
-        full_queues = _full(bound, queue_limits, queue_default, BUSY_ALL_QUEUES)
-        full_tenants = _full(bound, tenant_limits, tenant_default, BUSY_ALL_TENANTS)
+        full_queues = _full(bound, limits.queues, limits.queue_default, BUSY_ALL_QUEUES)
+        full_tenants = _full(bound, limits.tenants, limits.tenant_default, BUSY_ALL_TENANTS)
         db.execute(bound, CANDIDATES, {"now": now, "batch": batch, **limits.params(),
                                        "full_queues": full_queues, "full_tenants": full_tenants})
         rows = bound.fetchall()
         if not rows:
             return 0
-        limited_queues = sorted({q for _, q, _ in rows if queue_limits.get(q, queue_default) is not None})
-        limited_tenants = sorted({t for _, _, t in rows if tenant_limits.get(t, tenant_default) is not None})
-        room_q: dict[str, int] = {}
-        room_t: dict[str, int] = {}
-        if limited_queues or limited_tenants:
-            _lock_limits(bound, limited_queues, limited_tenants)
-            busy_q, busy_t = {}, {}
-            if limited_queues:
-                db.execute(bound, BUSY_QUEUES, {"keys": limited_queues})
-                busy_q = dict(bound.fetchall())
-            if limited_tenants:
-                db.execute(bound, BUSY_TENANTS, {"keys": limited_tenants})
-                busy_t = dict(bound.fetchall())
-            room_q = {q: queue_limits.get(q, queue_default) - busy_q.get(q, 0) for q in limited_queues}
-            room_t = {t: tenant_limits.get(t, tenant_default) - busy_t.get(t, 0) for t in limited_tenants}
-        admitted, queues = [], Counter()
-        for task_run_id, queue, tenant in rows:
-            if room_q.get(queue, 1) <= 0 or room_t.get(tenant, 1) <= 0:
-                continue
-            if queue in room_q:
-                room_q[queue] -= 1
-            if tenant in room_t:
-                room_t[tenant] -= 1
-            admitted.append(task_run_id)
-            queues[queue] += 1
+        admitted, queues = _admit(bound, rows, limits)
         if admitted:
             db.execute(bound, MARK_QUEUED, {"ids": admitted, "now": now})
             wake_queues(queues)

@@ -107,22 +107,28 @@ def json_problem(value, path: str = "", depth: int = 0) -> str | None:
         return None if math.isfinite(value) else f"{value!r} at {where} is not a JSON number"
     if isinstance(value, str):
         return text_error(value, f"the text at {where}")
-    if isinstance(value, list | tuple):
+    if isinstance(value, list | tuple | dict):
+        return _items_problem(value, path, depth)
+    return f"{safe_repr(value)} at {where} is a {type(value).__name__}, which JSON cannot hold"
+
+
+def _items_problem(value: list | tuple | dict, path: str, depth: int) -> str | None:
+    """json_problem of each item of a list or a dict (and of each key, which must be text)."""
+    if not isinstance(value, dict):
         for index, item in enumerate(value):
             problem = json_problem(item, f"{path}[{index}]", depth + 1)
             if problem:
                 return problem
         return None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return f"the key {safe_repr(key)} at {where} is not a string"
-            inner = f"{path}.{shown(key)}" if path else shown(key)
-            problem = json_problem(key, inner, depth + 1) or json_problem(item, inner, depth + 1)
-            if problem:
-                return problem
-        return None
-    return f"{safe_repr(value)} at {where} is a {type(value).__name__}, which JSON cannot hold"
+    where = path or "the top level"
+    for key, item in value.items():
+        if not isinstance(key, str):
+            return f"the key {safe_repr(key)} at {where} is not a string"
+        inner = f"{path}.{shown(key)}" if path else shown(key)
+        problem = json_problem(key, inner, depth + 1) or json_problem(item, inner, depth + 1)
+        if problem:
+            return problem
+    return None
 
 
 def routable(name) -> bool:

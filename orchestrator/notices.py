@@ -88,34 +88,47 @@ def single(notification: Notification) -> Notice:
     run = Run.objects.select_related("workflow").filter(pk=notification.run_id).first()
     title = TITLES.get(notification.event, notification.event)
     label = f"{notification.workflow}.{notification.task}" if notification.task else notification.workflow
-    subject = one_line(f"[orchestrator] {title}: {label}" + (f" (run #{run.pk})" if run else ""))
-    lines = [f"{title}: {label}"]
-    if run is not None:
-        lines += [f"Run #{run.pk} of {notification.workflow}, logical date {_when(run.logical_date)}, "
-                  f"now {run.state}."]
-    if notification.event == "run_failed" and run is not None:
-        lines += _failed_tasks(run)
-        if run.reason:
-            lines.append(f"Reason: {one_line(run.reason, ERROR_CHARS)}")
-    elif notification.event == "deadline_missed" and run is not None:
-        lines.append(f"It was to end by {_when(run.deadline_at)}.")
-    elif notification.event == "approval_requested":
+    if notification.event == "approval_requested":
         approval = (Approval.objects.filter(task_run_id=notification.task_run_id).order_by("-number").first()
                     if notification.task_run_id else None)
         if approval is not None:
-            subject = one_line(f"[orchestrator] {title}: {approval.question}")
-            lines += [f"Question: {approval.question}", f"Answers: {', '.join(approval.options)}"]
-            if approval.due_at:
-                lines.append(f"Without an answer by {_when(approval.due_at)} it times out.")
-            return Notice(subject=subject, lines=lines, link=url("orchestrator:web:approvals"),
-                          link_label="Waiting for you", approval=approval)
-    elif notification.detail.get("error"):
-        lines.append(f"Error: {one_line(notification.detail['error'], ERROR_CHARS)}")
+            return _approval_notice(notification, run, title, label, approval)
+    subject = one_line(f"[orchestrator] {title}: {label}" + (f" (run #{run.pk})" if run else ""))
+    lines = [f"{title}: {label}", *_run_lines(notification, run), *_event_lines(notification, run)]
     if notification.task_run_id is not None:
         link = url("orchestrator:web:task_run", notification.task_run_id)
     else:
         link = url("orchestrator:web:run", run.pk) if run is not None else ""
     return Notice(subject=subject, lines=lines, link=link)
+
+
+def _run_lines(notification: Notification, run: Run | None) -> list[str]:
+    if run is None:
+        return []
+    return [f"Run #{run.pk} of {notification.workflow}, logical date {_when(run.logical_date)}, now {run.state}."]
+
+
+def _event_lines(notification: Notification, run: Run | None) -> list[str]:
+    """What the event adds: a failed run's failed tasks and reason, a missed deadline's time, a
+    task's error."""
+    if notification.event == "run_failed" and run is not None:
+        return _failed_tasks(run) + ([f"Reason: {one_line(run.reason, ERROR_CHARS)}"] if run.reason else [])
+    if notification.event == "deadline_missed" and run is not None:
+        return [f"It was to end by {_when(run.deadline_at)}."]
+    if notification.event != "approval_requested" and notification.detail.get("error"):
+        return [f"Error: {one_line(notification.detail['error'], ERROR_CHARS)}"]
+    return []
+
+
+def _approval_notice(notification: Notification, run: Run | None, title: str, label: str,
+                     approval: Approval) -> Notice:
+    """An approval request's notice: the question, the answers, when it times out."""
+    lines = [f"{title}: {label}", *_run_lines(notification, run),
+             f"Question: {approval.question}", f"Answers: {', '.join(approval.options)}"]
+    if approval.due_at:
+        lines.append(f"Without an answer by {_when(approval.due_at)} it times out.")
+    return Notice(subject=one_line(f"[orchestrator] {title}: {approval.question}"), lines=lines,
+                  link=url("orchestrator:web:approvals"), link_label="Waiting for you", approval=approval)
 
 
 def _failed_tasks(run: Run) -> list[str]:

@@ -40,22 +40,32 @@ def require_configured(launcher: str, production_advice: str = "") -> list[check
     The deployment checks' warnings (HSTS, secure cookies) are left to ``check --deploy``: only
     what would stop a role (a web server without host names refuses every request) is an error.
     ``production_advice`` ends the message when DEBUG is off (e.g. how to start for development)."""
+    messages = _check_messages()
+    errors = [m for m in messages if m.is_serious()]
+    if errors:
+        raise CommandError(_refusal(launcher, errors, production_advice), returncode=CONFIG_ERROR)
+    return [m for m in messages if not m.is_serious()]
+
+
+def _check_messages() -> list[checks.CheckMessage]:
+    """The system checks' messages and the deployment checks' errors, silenced ones left out."""
     messages = [m for m in checks.run_checks() if not m.is_silenced()]
     for check in registry.get_checks(include_deployment_checks=True):
         if check in registry.deployment_checks:
             messages += [m for m in check(app_configs=None, databases=None) if m.is_serious() and not m.is_silenced()]
-    errors = [m for m in messages if m.is_serious()]
-    if errors:
-        mode = " (DEBUG is off: this is a production start)" if not settings.DEBUG else ""
-        lines = [f"{launcher} started nothing: {len(errors)} problem(s) of the configuration to fix first{mode}:"]
-        for error in errors:
-            lines.append(f"  {error.id}: {error.msg}")
-            if error.hint:
-                lines.append(f"      {error.hint}")
-        if production_advice and not settings.DEBUG:
-            lines.append(production_advice)
-        raise CommandError("\n".join(lines), returncode=CONFIG_ERROR)
-    return [m for m in messages if not m.is_serious()]
+    return messages
+
+
+def _refusal(launcher: str, errors: list[checks.CheckMessage], production_advice: str) -> str:
+    mode = " (DEBUG is off: this is a production start)" if not settings.DEBUG else ""
+    lines = [f"{launcher} started nothing: {len(errors)} problem(s) of the configuration to fix first{mode}:"]
+    for error in errors:
+        lines.append(f"  {error.id}: {error.msg}")
+        if error.hint:
+            lines.append(f"      {error.hint}")
+    if production_advice and not settings.DEBUG:
+        lines.append(production_advice)
+    return "\n".join(lines)
 
 
 def require_free_address(host: str, port: int, option: str) -> None:

@@ -153,16 +153,16 @@ def discover(directory: Path | None = None, package: str | None = None):
         for module_name in _module_names(directory, package):
             load(module_name)
         return found, failed
+    _load_each(_module_queue(failed), load)
+    # A package that imports its own modules created their workflows too: each belongs to the
+    # module that defines it, which was imported on its own.
+    for name, workflows in found.items():
+        found[name] = [wf for wf in workflows if wf.module == name or wf.module not in found]
+    return found, failed
 
-    queue = [(name, True) for name in workflow_modules()]
-    for name in _configured_packages():
-        package_module, _, error = _bounded_import(name, lambda name=name: importlib.import_module(name))
-        if error is not None:
-            failed[name] = error
-            continue
-        queue += [(sub, False) for sub in _submodules(package_module)] if hasattr(package_module, "__path__") \
-            else [(name, False)]
-    queue += [(name, False) for name in app_settings.WORKFLOW_MODULES]
+
+def _load_each(queue: list[tuple[str, bool]], load) -> None:
+    """Import each module of the queue once (and a package's submodules where asked)."""
     seen = set()
     for name, expand in queue:
         if name in seen:
@@ -174,11 +174,21 @@ def discover(directory: Path | None = None, package: str | None = None):
                 if sub not in seen:
                     seen.add(sub)
                     load(sub)
-    # A package that imports its own modules created their workflows too: each belongs to the
-    # module that defines it, which was imported on its own.
-    for name, workflows in found.items():
-        found[name] = [wf for wf in workflows if wf.module == name or wf.module not in found]
-    return found, failed
+
+
+def _module_queue(failed: dict) -> list[tuple[str, bool]]:
+    """The modules to import, in order, each with whether its submodules are imported too: the
+    apps' workflows packages, the configured package's modules, the configured modules. A
+    configured package that fails to import is recorded in ``failed``."""
+    queue = [(name, True) for name in workflow_modules()]
+    for name in _configured_packages():
+        package_module, _, error = _bounded_import(name, lambda name=name: importlib.import_module(name))
+        if error is not None:
+            failed[name] = error
+            continue
+        queue += [(sub, False) for sub in _submodules(package_module)] if hasattr(package_module, "__path__") \
+            else [(name, False)]
+    return queue + [(name, False) for name in app_settings.WORKFLOW_MODULES]
 
 
 def sync_workflows(directory: Path | None = None, package: str | None = None, now=None) -> SyncReport:

@@ -148,17 +148,23 @@ def check_notify_rule(where: str, rule, error) -> None:
         if event not in NOTIFY_EVENTS:
             error(f"{where}.on", event, f"unknown event: use {', '.join(NOTIFY_EVENTS)}")
     for address in rule.email:
-        try:
-            if not isinstance(address, str) or len(address) > limits.EMAIL:
-                raise ValidationError("too long")
-            validate_email(address)
-        except ValidationError:
+        if not _is_email(address):
             error(f"{where}.email", address, f"must be an email address (at most {limits.EMAIL} characters)")
     for kind in ("slack", "teams"):
         for url in getattr(rule, kind):
             _check_url(f"{where}.{kind}", url, error)
     if not (rule.email or rule.slack or rule.teams):
         error(where, rule, "tells nobody: give email=, slack= or teams=")
+
+
+def _is_email(address) -> bool:
+    if not isinstance(address, str) or len(address) > limits.EMAIL:
+        return False
+    try:
+        validate_email(address)
+    except ValidationError:
+        return False
+    return True
 
 
 def _check_callbacks(where: str, callbacks: dict, error) -> None:
@@ -177,14 +183,7 @@ def _check_task(wf, name, task, children: set, error) -> list[str]:
     where = f"tasks.{name}"
     if not isinstance(name, str) or not limits.NAME_RE.match(name):
         error(f"{where}.name", name, "use letters, digits, '_', '-' or '.'")
-    if task.fn is not None and "<locals>" in task.fn.__qualname__:
-        error(f"{where}.fn", task.fn.__qualname__, f"a task function must be {MODULE_LEVEL}")
-    if task.approval is not None:
-        _check_approval(where, task, error)
-    elif task.fn is None and (not isinstance(task.command, str) or not task.command.strip()):
-        error(f"{where}.command", task.command, "a shell task needs a non-empty command")
-    elif task.fn is None and (problem := limits.text_error(task.command, "the command")):
-        error(f"{where}.command", task.command, problem)
+    _check_task_body(where, task, error)
     _check_task_retries(where, task, error)
     _check_task_placement(wf, where, task, error)
     _check_callbacks(f"{where}.", task.callbacks, error)
@@ -198,6 +197,18 @@ def _check_task(wf, name, task, children: set, error) -> list[str]:
     if task.map_over is not None:
         _check_mapping(where, name, task, error)
     return produced
+
+
+def _check_task_body(where: str, task, error) -> None:
+    """What the task runs: a module-level function, an approval, or a shell command."""
+    if task.fn is not None and "<locals>" in task.fn.__qualname__:
+        error(f"{where}.fn", task.fn.__qualname__, f"a task function must be {MODULE_LEVEL}")
+    if task.approval is not None:
+        _check_approval(where, task, error)
+    elif task.fn is None and (not isinstance(task.command, str) or not task.command.strip()):
+        error(f"{where}.command", task.command, "a shell task needs a non-empty command")
+    elif task.fn is None and (problem := limits.text_error(task.command, "the command")):
+        error(f"{where}.command", task.command, problem)
 
 
 def _check_task_retries(where: str, task, error) -> None:
@@ -241,6 +252,19 @@ def _check_approval(where: str, task, error) -> None:
     approval = task.approval
     if problem := limits.text_problem(approval["ask"], 2000, allow_empty=False):
         error(f"{where}.ask", approval["ask"], problem)
+    _check_approval_options(where, approval, error)
+    _check_approval_form(where, approval, error)
+    if not _positive(approval["timeout"]):
+        error(f"{where}.timeout", approval["timeout"], "must be a positive number of seconds, or None (no timeout)")
+    for group in approval["groups"]:
+        if limits.text_problem(group, 150, allow_empty=False):
+            error(f"{where}.groups", group, "a group is named by a non-empty string of at most 150 characters")
+    if task.map_over is not None or task.branch or task.sensor is not None:
+        error(where, task.name, "an approval is neither mapped, a branch nor a sensor")
+
+
+def _check_approval_options(where: str, approval: dict, error) -> None:
+    """The answers to choose from, and which of them reject."""
     options = approval["options"]
     if not options:
         error(f"{where}.options", options, "give at least one answer to choose from")
@@ -252,6 +276,9 @@ def _check_approval(where: str, task, error) -> None:
     for option in approval["reject"]:
         if option not in options:
             error(f"{where}.reject", option, f"not one of the options ({', '.join(map(str, options))})")
+
+
+def _check_approval_form(where: str, approval: dict, error) -> None:
     for name, param in approval["form"].items():
         if not isinstance(param, Param):
             error(f"{where}.form.{name}", param, "a form field is a Param(type, default=..., choices=...)")
@@ -259,13 +286,6 @@ def _check_approval(where: str, task, error) -> None:
             error(f"{where}.form.{name}.type", param.type, f"must be one of {', '.join(PARAM_TYPE_NAMES)}")
         elif not limits.NAME_RE.match(str(name)):
             error(f"{where}.form", name, f"a field name must {limits.NAME_RULE}")
-    if not _positive(approval["timeout"]):
-        error(f"{where}.timeout", approval["timeout"], "must be a positive number of seconds, or None (no timeout)")
-    for group in approval["groups"]:
-        if limits.text_problem(group, 150, allow_empty=False):
-            error(f"{where}.groups", group, "a group is named by a non-empty string of at most 150 characters")
-    if task.map_over is not None or task.branch or task.sensor is not None:
-        error(where, task.name, "an approval is neither mapped, a branch nor a sensor")
 
 
 def _check_mapping(where: str, name: str, task, error) -> None:

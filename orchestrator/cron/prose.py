@@ -120,22 +120,27 @@ def _hour_span_phrase(schedule: Parsed, minute: str, hour: str) -> tuple[str, bo
     return None
 
 
+def _restricted(schedule: Parsed) -> tuple[bool, bool]:
+    """Whether the days of the month, and the days of the week, restrict the days it runs on."""
+    both_must_match = schedule.dom_star or schedule.dow_star
+    dom_restricted, dow_restricted = len(schedule.doms) < 31, len(schedule.dows) < 7
+    if not both_must_match and not (dom_restricted and dow_restricted):
+        # Either may match and one of them matches every day: every day it is.
+        return False, False
+    if dom_restricted and dow_restricted and both_must_match:
+        raise _Undescribable  # "*/2" with a weekday: odd-numbered days that are also Mondays
+    return dom_restricted, dow_restricted
+
+
 def _day_phrases(schedule: Parsed) -> list[str]:
     months = sorted(schedule.months)
     doms, dows = sorted(schedule.doms), schedule.dows
-    both_must_match = schedule.dom_star or schedule.dow_star
-    dom_restricted, dow_restricted = len(doms) < 31, len(dows) < 7
-    if not both_must_match and not (dom_restricted and dow_restricted):
-        # Either may match and one of them matches every day: every day it is.
-        dom_restricted = dow_restricted = False
-    if dom_restricted and dow_restricted and both_must_match:
-        raise _Undescribable  # "*/2" with a weekday: odd-numbered days that are also Mondays
-    parts = []
+    dom_restricted, dow_restricted = _restricted(schedule)
     if dom_restricted and not dow_restricted and len(doms) == 1 and len(months) == 1:
         return [f"on {doms[0]} {MONTH_FULL[months[0]]}"]
-    dom_phrase = None
-    if dom_restricted:
-        dom_phrase = f"on day{'s' if len(doms) > 1 else ''} {join(_runs(doms, str))} of the month"
+    parts = []
+    dom_phrase = f"on day{'s' if len(doms) > 1 else ''} {join(_runs(doms, str))} of the month" \
+        if dom_restricted else None
     if dow_restricted:
         # Monday first, Sunday last: "Saturday and Sunday" reads better than "Sunday and Saturday".
         iso = sorted((d - 1) % 7 for d in dows)

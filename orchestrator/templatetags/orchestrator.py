@@ -121,6 +121,22 @@ def _blocks(text: str) -> list[list[str]]:
     return blocks
 
 
+def _is_list(block: list[str]) -> bool:
+    """A block of bullets, each perhaps continued on indented lines."""
+    return bool(_BULLET.match(block[0])) and all(_BULLET.match(line) or line.startswith(("  ", "\t"))
+                                                 for line in block)
+
+
+def _list_html(block: list[str]) -> str:
+    items: list[str] = []
+    for line in block:
+        if _BULLET.match(line):
+            items.append(_BULLET.sub("", line))
+        else:
+            items[-1] += " " + line.strip()
+    return "<ul>" + "".join(f"<li>{_inline(item)}</li>" for item in items) + "</ul>"
+
+
 @register.filter
 def prose(text) -> str:
     """A description or docstring as safe HTML: paragraphs, bullet lists and literal blocks
@@ -134,14 +150,8 @@ def prose(text) -> str:
             parts.append(f"<pre>{escape(inspect.cleandoc(chr(10).join(lines)))}</pre>")
             literal_next = False
             continue
-        if all(_BULLET.match(line) or line.startswith(("  ", "\t")) for line in block) and _BULLET.match(block[0]):
-            items: list[str] = []
-            for line in block:
-                if _BULLET.match(line):
-                    items.append(_BULLET.sub("", line))
-                else:
-                    items[-1] += " " + line.strip()
-            parts.append("<ul>" + "".join(f"<li>{_inline(item)}</li>" for item in items) + "</ul>")
+        if _is_list(block):
+            parts.append(_list_html(block))
             continue
         paragraph = " ".join(line.strip() for line in block)
         if paragraph.endswith("::"):

@@ -83,15 +83,7 @@ class Command(BaseCommand):
     def handle(self, *args, bind, web_workers, schedulers, dispatchers, workers, concurrency, grace, log_dir,
                migrate, **options):
         workers = workers if workers is not None else ["default", "default", "batch"]
-        for name, value in (("--web-workers", web_workers), ("--schedulers", schedulers),
-                            ("--dispatchers", dispatchers)):
-            if value < 0:
-                raise CommandError(f"{name} must be 0 or more, got {value}")
-        if concurrency < 1:
-            raise CommandError(f"--concurrency must be at least 1, got {concurrency}")
-        for queues in workers:
-            if not [q for q in queues.split(",") if q.strip()]:
-                raise CommandError(f"--worker {queues!r}: name at least one queue, e.g. --worker default,batch")
+        _check_counts(web_workers, schedulers, dispatchers, concurrency, workers)
         children = plan(bind=bind, web_workers=web_workers, schedulers=schedulers, dispatchers=dispatchers,
                         workers=workers, concurrency=concurrency, grace=grace)
         if not children:
@@ -104,14 +96,7 @@ class Command(BaseCommand):
         address = preflight.bind_address(bind) if web_workers else None
         if address:
             preflight.require_free_address(*address, "--bind (or BIND)")
-        if migrate:
-            call_command("migrate", interactive=False, verbosity=0)
-            call_command("sync_workflows")
-        else:
-            try:
-                require_migrated()
-            except CommandError as exc:
-                raise CommandError(f"{exc} Or start deploy_local with --migrate.", returncode=exc.returncode) from None
+        _prepare_database(migrate)
         if web_workers:
             preflight.collect_static_files(self.say)
         if log_dir:
@@ -127,3 +112,27 @@ class Command(BaseCommand):
 
     def say(self, message: str) -> None:
         write_line(self.stderr, f"[deploy_local] {message}")
+
+
+def _check_counts(web_workers: int, schedulers: int, dispatchers: int, concurrency: int, workers: list[str]) -> None:
+    for name, value in (("--web-workers", web_workers), ("--schedulers", schedulers),
+                        ("--dispatchers", dispatchers)):
+        if value < 0:
+            raise CommandError(f"{name} must be 0 or more, got {value}")
+    if concurrency < 1:
+        raise CommandError(f"--concurrency must be at least 1, got {concurrency}")
+    for queues in workers:
+        if not [q for q in queues.split(",") if q.strip()]:
+            raise CommandError(f"--worker {queues!r}: name at least one queue, e.g. --worker default,batch")
+
+
+def _prepare_database(migrate: bool) -> None:
+    """Migrate and sync first (--migrate), or refuse to start on a database not migrated."""
+    if migrate:
+        call_command("migrate", interactive=False, verbosity=0)
+        call_command("sync_workflows")
+        return
+    try:
+        require_migrated()
+    except CommandError as exc:
+        raise CommandError(f"{exc} Or start deploy_local with --migrate.", returncode=exc.returncode) from None
