@@ -4,6 +4,7 @@ bounded wait for conditions that another process makes true."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -80,8 +81,30 @@ def pinned_process_clock(request):
         yield None
         return
     at = getattr(request, "param", None) or test_instants()[0]
-    with process_clock.pinned(FakeClock(at)) as pinned:
+    audit = os.environ.get(CLOCK_AUDIT_ENV)
+    with process_clock.pinned(_ReadCounting(at) if audit else FakeClock(at)) as pinned:
         yield pinned
+    if audit:
+        with open(audit, "a") as record:
+            record.write(json.dumps({"test": request.node.nodeid, "reads": pinned.reads}) + "\n")
+
+
+# ORCHESTRATOR_CLOCK_AUDIT=<file>: each time-sensitive test appends to the file how often it read
+# the pinned clock, to tell which tests need the mark (a test that never reads it runs the same
+# at any instant, and need not run again at each instant of CI's clock pass).
+CLOCK_AUDIT_ENV = "ORCHESTRATOR_CLOCK_AUDIT"
+
+
+class _ReadCounting(FakeClock):
+    reads = 0
+
+    def now(self):
+        self.reads += 1
+        return super().now()
+
+    def db_now(self):
+        self.reads += 1
+        return super().db_now()
 
 
 def alive(pid: int) -> bool:
