@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo
 import psycopg
 import pytest
 
-import tests.tasks_for_tests  # noqa: F401 - registers the test jobs in this process
+import tests.support.tasks_for_tests  # noqa: F401 - registers the test jobs in this process
 from orchestrator import clock as process_clock
 from orchestrator.clock import FakeClock
 from orchestrator.database_url import format_database_url
@@ -168,7 +168,7 @@ def process_env(**extra) -> dict:
         "PYTHONUNBUFFERED": "1",
         "ORCHESTRATOR_DATA_DIR": str(data_dir()),
         # The functions the tests' workers may run.
-        "ORCHESTRATOR_JOB_MODULES": "workflows.jobs,tests.tasks_for_tests",
+        "ORCHESTRATOR_JOB_MODULES": "workflows.jobs,tests.support.tasks_for_tests",
     })
     env.update({key: str(value) for key, value in extra.items()})
     return env
@@ -269,7 +269,7 @@ def django_db_setup(embedded_database, django_db_setup, django_db_blocker):
     made by any process (workers and schedulers the tests start included), for the whole suite."""
     from django.db import connection
 
-    from tests.state_check import transition_trigger_sql
+    from tests.support.state_check import transition_trigger_sql
 
     with django_db_blocker.unblock(), connection.cursor() as cursor:
         for statement in transition_trigger_sql():
@@ -306,7 +306,7 @@ def _set_up_by_tests() -> bool:
 def _let_set_up_through(execute, sql, params, many, context):
     if not _WRITE.match(sql) or not _set_up_by_tests():
         return execute(sql, params, many, context)
-    from tests.state_check import FIXTURE_SETTING
+    from tests.support.state_check import FIXTURE_SETTING
 
     raw = context["connection"].connection
     with raw.cursor() as cursor:

@@ -1,4 +1,4 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.api_support
+# ruff: noqa: F811 - pytest fixtures imported from tests.support.api_support
 """Admission (orchestrator/admission.py): every creator of runs follows one max_active_runs rule.
 A run starts at once when the workflow has room for it after the runs waiting ahead of it (first
 come, first started; a run held by its schedule's overlap policy waits for its schedule, not for
@@ -15,8 +15,8 @@ from orchestrator.models import Dataset, DatasetEvent, Run, Schedule, TaskRun, W
 from orchestrator.runs import trigger_workflow
 from orchestrator.scheduler import Scheduler
 from orchestrator.states import Lane, Overlap, RunState, TaskState, Trigger
-from tests.api_support import api, operator  # noqa: F401 - fixtures
 from tests.conftest import wait_for
+from tests.support.api_support import api, operator  # noqa: F401 - fixtures
 
 TASKS = {
     "extract": {"kind": "python", "ref": "workflows.jobs:noop", "upstream": []},

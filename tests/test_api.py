@@ -1,4 +1,4 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.api_support
+# ruff: noqa: F811 - pytest fixtures imported from tests.support.api_support
 """The REST API's workflows and runs: reading, triggering with params and idempotency keys,
 permissions, and JSON errors for every kind of bad input."""
 
@@ -12,7 +12,8 @@ from django.core.management import call_command
 from orchestrator import clock
 from orchestrator.models import Run, RunState, TaskRun, Trigger
 from orchestrator.runs import trigger_workflow
-from tests.api_support import (  # noqa: F401 - fixtures
+from tests.conftest import daily_fire_times
+from tests.support.api_support import (  # noqa: F401 - fixtures
     anonymous,
     api,
     client_for,
@@ -23,7 +24,6 @@ from tests.api_support import (  # noqa: F401 - fixtures
     viewer_api,
     workflow,
 )
-from tests.conftest import daily_fire_times
 
 pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
 

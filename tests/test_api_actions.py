@@ -1,4 +1,4 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.api_support
+# ruff: noqa: F811 - pytest fixtures imported from tests.support.api_support
 """The API's operator actions: pause and resume, cancel and retry runs, the dead-letter queue, and
 attempt logs. Each with its success, its permissions and its bad inputs."""
 
@@ -7,7 +7,7 @@ import pytest
 from orchestrator import clock
 from orchestrator.models import Attempt, AttemptOutcome, Run, RunState, TaskRun, TaskState, Workflow
 from orchestrator.runs import trigger_workflow
-from tests.api_support import (  # noqa: F401 - fixtures
+from tests.support.api_support import (  # noqa: F401 - fixtures
     anonymous,
     api,
     operator,

@@ -1,4 +1,4 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.api_support
+# ruff: noqa: F811 - pytest fixtures imported from tests.support.api_support
 """The API's jobs and backfills: enqueue and read jobs, plan and start backfills; idempotency,
 permissions and bad input for each."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator import clock
 from orchestrator.models import Backfill, Run, RunState, TaskRun, TaskState
-from tests.api_support import (  # noqa: F401 - fixtures
+from tests.support.api_support import (  # noqa: F401 - fixtures
     anonymous,
     api,
     operator,

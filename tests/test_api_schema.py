@@ -1,7 +1,7 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.api_support
+# ruff: noqa: F811 - pytest fixtures imported from tests.support.api_support
 """The API answers what its OpenAPI schema says, in both directions: what the schema refuses, the
 server refuses; what it allows is answered as described. Each case here is one schemathesis found
-(tests/test_api_fuzz.py runs it against a live server); these ask the test client and the schema."""
+(tests/processes/test_api_fuzz.py runs it against a live server); these ask the test client and the schema."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from orchestrator.api import schema
 from orchestrator.models import TaskRun, TaskState
 from orchestrator.runs import trigger_workflow
-from tests.api_support import api, operator, workflow  # noqa: F401 - fixtures
+from tests.support.api_support import api, operator, workflow  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.django_db
 

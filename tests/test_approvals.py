@@ -18,9 +18,9 @@ from orchestrator import access, approvals
 from orchestrator import clock as process_clock
 from orchestrator.models import Approval, Attempt, AuditEvent, Run, TaskRun
 from orchestrator.runs import trigger_workflow
-from tests.api_support import client_for, make_user
-from tests.features_support import sync_module, worker_loop
-from tests.inbox_support import Mailbox, SmtpServer
+from tests.support.api_support import client_for, make_user
+from tests.support.features_support import sync_module, worker_loop
+from tests.support.inbox_support import Mailbox, SmtpServer
 from tests.test_execution_rules import execute_claimed
 
 MODULE = '''

@@ -1,4 +1,4 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.api_support
+# ruff: noqa: F811 - pytest fixtures imported from tests.support.api_support
 """The audit log: every operator action from the UI, the API, the admin and the command line is
 recorded with who, when, what and from where; operators read it on a page and through the API;
 retention never deletes it."""
@@ -18,7 +18,7 @@ from orchestrator.clock import FakeClock
 from orchestrator.models import AuditEvent, QueueLimit, Run, RunState, TaskRun, TaskState, TenantLimit
 from orchestrator.retention import prune
 from orchestrator.runs import create_run
-from tests.api_support import (  # noqa: F401 - fixtures
+from tests.support.api_support import (  # noqa: F401 - fixtures
     api,
     client_for,
     make_user,

@@ -1,4 +1,4 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.api_support
+# ruff: noqa: F811 - pytest fixtures imported from tests.support.api_support
 """Bad input never reaches a server error: each request below once answered 500 (a Django debug
 page under ./dev run). The API answers a 400 (or 404) in JSON that names what is wrong, the pages
 answer a 400 page in the site's style, and nothing stored changes.
@@ -23,7 +23,7 @@ from orchestrator import dispatcher, logs
 from orchestrator.models import Attempt, Run, TaskRun, Workflow
 from orchestrator.runs import create_run, trigger_workflow
 from orchestrator.sync import sync_workflows
-from tests.api_support import api, operator, stored, workflow  # noqa: F401 - fixtures
+from tests.support.api_support import api, operator, stored, workflow  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.django_db
 
@@ -255,7 +255,7 @@ def test_the_schedule_delay_of_a_triggered_run_counts_from_its_creation_not_its_
     # created_at is the database row's own time, so this test runs on real time; an hour later at the
     # claim stands out from any slowness of the machine.
     now = timezone.now()
-    spec = {"kind": "python", "ref": "tests.tasks_for_tests:add", "call": "job", "args": [1, 2], "kwargs": {}}
+    spec = {"kind": "python", "ref": "tests.support.tasks_for_tests:add", "call": "job", "args": [1, 2], "kwargs": {}}
     past, _ = create_run(None, trigger="api", tasks={"a": spec}, now=now, logical_date=datetime(2000, 1, 1, tzinfo=UTC))
     future, _ = create_run(None, trigger="manual", tasks={"a": spec}, now=now,
                            logical_date=datetime(2199, 1, 1, tzinfo=UTC))

@@ -7,7 +7,7 @@ import pytest
 
 from orchestrator.models import Run, TaskRun
 from orchestrator.runs import trigger_workflow
-from tests.features_support import run_to_end, sync_module, worker_loop
+from tests.support.features_support import run_to_end, sync_module, worker_loop
 
 pytestmark = pytest.mark.django_db
 

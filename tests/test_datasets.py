@@ -11,7 +11,7 @@ from django.db import connection, transaction
 from orchestrator import datasets
 from orchestrator.models import ConsumerRun, DatasetEvent, Run, TaskRun, Workflow
 from orchestrator.runs import trigger_workflow
-from tests.features_support import run_to_end, scheduler_tick, sync_module, worker_loop
+from tests.support.features_support import run_to_end, scheduler_tick, sync_module, worker_loop
 
 MODULE = '''
 from orchestrator.dsl import On, Param, Workflow

@@ -15,14 +15,14 @@ from orchestrator.models import QueueLimit, TaskRun
 from orchestrator.resolver import Ending
 from orchestrator.runs import create_run
 from orchestrator.states import TaskState, Trigger
-from tests.features_support import worker_loop
-from tests.state_check import module_name, product_files
+from tests.support.features_support import worker_loop
+from tests.support.state_check import module_name, product_files
 
 pytestmark = pytest.mark.django_db
 
 
 def job(queue="default"):
-    return {"tests.tasks_for_tests:add": {"kind": "python", "ref": "tests.tasks_for_tests:add", "call": "job",
+    return {"tests.support.tasks_for_tests:add": {"kind": "python", "ref": "tests.support.tasks_for_tests:add", "call": "job",
                                           "args": [1, 2], "kwargs": {}, "queue": queue}}
 
 

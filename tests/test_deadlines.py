@@ -8,7 +8,7 @@ import pytest
 from orchestrator import dispatcher
 from orchestrator.models import Run, TaskRun, WebhookDelivery, Workflow
 from orchestrator.runs import trigger_workflow
-from tests.features_support import run_to_end, scheduler_tick, sync_module, worker_loop
+from tests.support.features_support import run_to_end, scheduler_tick, sync_module, worker_loop
 
 pytestmark = pytest.mark.django_db
 

@@ -8,7 +8,7 @@ import pytest
 from orchestrator.models import Run, TaskRun, Workflow
 from orchestrator.runs import trigger_workflow
 from orchestrator.sync import sync_workflows
-from tests.features_support import run_to_end, scheduler_tick, worker_loop
+from tests.support.features_support import run_to_end, scheduler_tick, worker_loop
 from workflows import regional_sales
 
 pytestmark = pytest.mark.django_db

@@ -18,7 +18,7 @@ from orchestrator.worker import Worker as WorkerLoop
 
 pytestmark = pytest.mark.django_db
 
-REF = "tests.tasks_for_tests"
+REF = "tests.support.tasks_for_tests"
 
 
 def job_spec(fn="add", args=(1, 2), **extra):
@@ -403,7 +403,7 @@ def test_calling_conventions(clock):
     rows = {t.task: t for t in TaskRun.objects.filter(run=run)}
     assert rows["job"].result == 42
     assert rows["bare"].result == "no argument"
-    assert rows["missing"].state == "dead" and "unknown job 'tests.tasks_for_tests:does_not_exist'" in rows["missing"].error
+    assert rows["missing"].state == "dead" and "unknown job 'tests.support.tasks_for_tests:does_not_exist'" in rows["missing"].error
 
 
 # --- trigger rules --------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from orchestrator.clock import FakeClock
 from orchestrator.worker import Worker as WorkerLoop
 from orchestrator.worker.wakeup import BACKOFF_MAX_SECONDS, Ring, Wakeup
 from tests.conftest import ROOT, process_env, wait_for
-from tests.pgcluster import OwnCluster
+from tests.support.pgcluster import OwnCluster
 
 # --- the ring, alone ------------------------------------------------------------------------------
 
@@ -191,7 +191,7 @@ def logged_server():
 
 
 def _start_fleet(processes, server, workers: int, queue: str = "default", **env):
-    fleet = processes.start_python("-m", "tests.fleet_for_tests", str(workers), "1", queue,
+    fleet = processes.start_python("-m", "tests.support.fleet_for_tests", str(workers), "1", queue,
                                    env=process_env(DATABASE_URL=server.url, **env), name=f"fleet{workers}")
 
     def ready():
@@ -203,7 +203,7 @@ def _start_fleet(processes, server, workers: int, queue: str = "default", **env)
 
 
 def _arrive(processes, server, jobs: int, rate: float, queue: str = "default") -> None:
-    arrivals = processes.start_python("-m", "tests.arrivals_for_tests", str(jobs), str(rate), queue,
+    arrivals = processes.start_python("-m", "tests.support.arrivals_for_tests", str(jobs), str(rate), queue,
                                       env=process_env(DATABASE_URL=server.url), name="arrivals")
     assert arrivals.wait(timeout=120) == 0, processes.output(arrivals)
 
@@ -266,8 +266,8 @@ WITH r AS (
 )
 INSERT INTO orchestrator_taskrun (run_id, task, state, spec, upstream, queue, priority, tenant, lane, attempts,
                                   max_attempts, due_at, error, created_at)
-SELECT id, 'tests.tasks_for_tests:no_argument', 'scheduled',
-       '{"kind": "python", "ref": "tests.tasks_for_tests:no_argument", "call": "job", "args": [], "kwargs": {}}',
+SELECT id, 'tests.support.tasks_for_tests:no_argument', 'scheduled',
+       '{"kind": "python", "ref": "tests.support.tasks_for_tests:no_argument", "call": "job", "args": [], "kwargs": {}}',
        '{}', 'default', 0, 'default', 0, 0, 1, now(), '', now()
 FROM r RETURNING id
 """

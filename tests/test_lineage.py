@@ -14,8 +14,8 @@ from orchestrator import access
 from orchestrator import clock as process_clock
 from orchestrator.models import DatasetEvent, Run
 from orchestrator.runs import trigger_workflow
-from tests.api_support import client_for, make_user
-from tests.features_support import scheduler_tick, worker_loop
+from tests.support.api_support import client_for, make_user
+from tests.support.features_support import scheduler_tick, worker_loop
 from tests.test_datasets import MODULE, consumer_runs, produce
 
 pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
 
 @pytest.fixture
 def wfs(tmp_path):
-    from tests.features_support import sync_module
+    from tests.support.features_support import sync_module
 
     return sync_module(tmp_path, MODULE.format(consumer_options=""))
 

@@ -182,8 +182,8 @@ def test_a_local_run_of_a_sensor_without_timeout_that_never_answers_gives_up_wit
 
 def test_a_local_run_goes_through_the_workers_claim_and_takes_no_other_work():
     # Work of another run is due in the same queue; a local run claims only its own.
-    other, _ = create_run(None, trigger=Trigger.JOB, tasks={"tests.tasks_for_tests:add": {
-        "kind": "python", "ref": "tests.tasks_for_tests:add", "call": "job", "args": [1], "kwargs": {}}})
+    other, _ = create_run(None, trigger=Trigger.JOB, tasks={"tests.support.tasks_for_tests:add": {
+        "kind": "python", "ref": "tests.support.tasks_for_tests:add", "call": "job", "args": [1], "kwargs": {}}})
     wf = Workflow("claimed_like_a_worker")
 
     @wf.task(queue="batch")

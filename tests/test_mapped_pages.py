@@ -14,7 +14,7 @@ from orchestrator import access
 from orchestrator.models import TaskRun
 from orchestrator.runs import trigger_workflow
 from orchestrator.web import mapped
-from tests.features_support import run_to_end, sync_module, worker_loop
+from tests.support.features_support import run_to_end, sync_module, worker_loop
 from tests.test_mapping import MODULE
 
 pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]

@@ -12,7 +12,7 @@ from django.test.utils import override_settings
 from orchestrator import control, dispatcher
 from orchestrator.models import Attempt, Run, TaskRun
 from orchestrator.runs import trigger_workflow
-from tests.features_support import run_to_end, sync_module, worker_loop
+from tests.support.features_support import run_to_end, sync_module, worker_loop
 from tests.test_execution_rules import execute_claimed
 
 pytestmark = pytest.mark.django_db

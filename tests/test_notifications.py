@@ -4,7 +4,7 @@ chat posts, gathered per recipient so that a storm sends one digest, sent as ret
 
 Here runs are executed in this process with an injected clock (claims and completions like a
 worker's); the emails reach a real SMTP server and the chat posts a real HTTP server.
-tests/test_notifications_processes.py does the same with real worker processes."""
+tests/processes/test_notifications_processes.py does the same with real worker processes."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from orchestrator import deadlines, notifications
 from orchestrator.models import Notification, NotificationMessage, NotificationRule, Run, TaskRun
 from orchestrator.runs import trigger_workflow
 from orchestrator.validation import validate
-from tests.features_support import sync_module, worker_loop
-from tests.inbox_support import ChatReceiver, Mailbox, SmtpServer
+from tests.support.features_support import sync_module, worker_loop
+from tests.support.inbox_support import ChatReceiver, Mailbox, SmtpServer
 from tests.test_execution_rules import execute_claimed
 
 pytestmark = pytest.mark.django_db

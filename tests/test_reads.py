@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator import access, clock, reads
 from orchestrator.models import Run, TaskRun, Workflow
-from tests.api_support import client_for, make_user
+from tests.support.api_support import client_for, make_user
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,4 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.api_support
+# ruff: noqa: F811 - pytest fixtures imported from tests.support.api_support
 """The retry policy is stated once (orchestrator.retries): every maker of task runs writes the
 policy it states, one cap on attempts holds at every door, and the SQL that grants attempts and
 computes the backoff is generated from the policy, never spelled out again."""
@@ -31,12 +31,12 @@ from orchestrator.retries import RetryPolicy
 from orchestrator.runs import create_run
 from orchestrator.validation import validate
 from orchestrator.worker import Worker as WorkerLoop
-from tests.api_support import api, operator  # noqa: F401 - fixtures
+from tests.support.api_support import api, operator  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.django_db
 
 PRODUCT = Path(__file__).resolve().parent.parent / "orchestrator"
-FAILS = "tests.tasks_for_tests:always_fails"
+FAILS = "tests.support.tasks_for_tests:always_fails"
 
 
 def retry_values(spec: dict) -> dict:
@@ -52,10 +52,10 @@ def test_every_maker_of_task_runs_writes_the_policy_it_states(settings):
     wf.task(noop)
     assert retry_values(wf.to_spec()["tasks"]["noop"]) == retries.DEFAULT.spec()
 
-    run, _ = jobs.enqueue("tests.tasks_for_tests:add", args=[1])
+    run, _ = jobs.enqueue("tests.support.tasks_for_tests:add", args=[1])
     spec = run.task_runs.get().spec
     assert retry_values(spec) == retries.DEFAULT.spec()
-    run, _ = jobs.enqueue("tests.tasks_for_tests:add", args=[2], max_attempts=4,
+    run, _ = jobs.enqueue("tests.support.tasks_for_tests:add", args=[2], max_attempts=4,
                           retry=RetryPolicy(delay=1.0, backoff=3.0, max_delay=30.0))
     assert retry_values(run.task_runs.get().spec) == RetryPolicy(4, 1.0, 3.0, 30.0).spec()
     assert run.task_runs.get().max_attempts == 4
@@ -82,13 +82,13 @@ def test_one_cap_on_attempts_holds_for_the_dsl_jobs_and_the_api(api):
     assert validate(wf) == []
 
     with pytest.raises(jobs.JobError, match=f"max_attempts must be a whole number of at least 1 and at most {cap}"):
-        jobs.enqueue("tests.tasks_for_tests:add", max_attempts=cap + 1)
-    run, _ = jobs.enqueue("tests.tasks_for_tests:add", max_attempts=cap)
+        jobs.enqueue("tests.support.tasks_for_tests:add", max_attempts=cap + 1)
+    run, _ = jobs.enqueue("tests.support.tasks_for_tests:add", max_attempts=cap)
     assert run.task_runs.get().max_attempts == cap
 
-    refused = api.post("/api/jobs/", {"ref": "tests.tasks_for_tests:add", "max_attempts": cap + 1}, format="json")
+    refused = api.post("/api/jobs/", {"ref": "tests.support.tasks_for_tests:add", "max_attempts": cap + 1}, format="json")
     assert refused.status_code == 400 and "max_attempts" in refused.json()
-    accepted = api.post("/api/jobs/", {"ref": "tests.tasks_for_tests:add", "max_attempts": cap}, format="json")
+    accepted = api.post("/api/jobs/", {"ref": "tests.support.tasks_for_tests:add", "max_attempts": cap}, format="json")
     assert accepted.status_code == 201, accepted.json()
     assert accepted.json()["max_attempts"] == cap
 
@@ -102,7 +102,7 @@ def test_one_cap_on_attempts_holds_for_the_dsl_jobs_and_the_api(api):
 def test_a_jobs_retry_values_are_checked_wherever_they_come_from(extra, field, message):
     # Unchecked, such a value reaches the SQL of the retry rule and fails the worker's whole batch.
     with pytest.raises(jobs.JobError, match=message) as caught:
-        jobs.enqueue("tests.tasks_for_tests:add", spec_extra=extra)
+        jobs.enqueue("tests.support.tasks_for_tests:add", spec_extra=extra)
     assert caught.value.field == field
     assert not TaskRun.objects.exists()
 

@@ -11,7 +11,7 @@ from django.db import connection, transaction
 
 from orchestrator import dsl, resolver, runs, states
 from orchestrator.models import Attempt, Run, Schedule, TaskRun, Worker
-from tests import state_check
+from tests.support import state_check
 
 
 def test_no_statement_of_the_product_names_a_state_or_a_transition_the_table_does_not_allow():

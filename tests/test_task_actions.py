@@ -1,4 +1,4 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.api_support
+# ruff: noqa: F811 - pytest fixtures imported from tests.support.api_support
 """Task-level actions, as Airflow users know them: retry a task run, clear it (and everything
 downstream: they run again in the same run, the old attempts stay in the history) and mark it
 succeeded or failed (its downstream follows its trigger rules). Through the control functions,
@@ -10,7 +10,7 @@ from django.urls import reverse
 from orchestrator import clock, control
 from orchestrator.models import Attempt, AttemptOutcome, AuditEvent, Run, RunState, TaskRun, TaskState
 from orchestrator.runs import trigger_workflow
-from tests.api_support import (  # noqa: F401 - fixtures
+from tests.support.api_support import (  # noqa: F401 - fixtures
     anonymous,
     api,
     operator,

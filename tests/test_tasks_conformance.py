@@ -2,7 +2,7 @@
 backend, run against a live dispatcher and worker: results and their states, times, errors and
 workers; the three signals; arguments JSON cannot hold; .using() options; queues, priorities and
 run_after; transactions; one consistent snapshot per get_result(). The task functions are in
-tests/conformance_tasks.py, which the workers import."""
+tests/support/conformance_tasks.py, which the workers import."""
 
 import asyncio
 import json
@@ -24,8 +24,8 @@ from orchestrator import clock
 from orchestrator.models import Run, TaskRun, Worker
 from orchestrator.runs import create_run
 from orchestrator.tasks_backend import OrchestratorBackend
-from tests import conformance_tasks as t
 from tests.conftest import process_env, wait_for
+from tests.support import conformance_tasks as t
 
 FAST = {"ORCHESTRATOR_HEARTBEAT_SECONDS": "0.5", "ORCHESTRATOR_POLL_SECONDS": "0.2"}
 BACKEND = "orchestrator.tasks_backend.OrchestratorBackend"
@@ -33,7 +33,7 @@ BACKEND = "orchestrator.tasks_backend.OrchestratorBackend"
 
 def live_env(tmp_path, **extra):
     return process_env(ORCHESTRATOR_DATA_DIR=str(tmp_path / "data"), **FAST,
-                       ORCHESTRATOR_JOB_MODULES="workflows.jobs,tests.conformance_tasks",
+                       ORCHESTRATOR_JOB_MODULES="workflows.jobs,tests.support.conformance_tasks",
                        CONFORMANCE_SIGNALS=str(tmp_path / "signals.jsonl"), **extra)
 
 
@@ -315,7 +315,7 @@ def test_a_live_worker_reports_results_errors_and_signals_as_django_defines_them
     # The class comes from the exception object, not from the text of its message.
     multiline = only_error("multiline")
     assert multiline.exception_class is t.ShopError
-    assert multiline.exception_class_path == "tests.conformance_tasks.ShopError"
+    assert multiline.exception_class_path == "tests.support.conformance_tasks.ShopError"
     assert multiline.traceback.endswith("DETAIL: not a class name\n")
     from django.db import IntegrityError
 
@@ -370,7 +370,7 @@ def test_a_live_worker_reports_results_errors_and_signals_as_django_defines_them
     attempt = Attempt.objects.get(task_run_id=cases["value_error"].id)
     with override_settings(ORCHESTRATOR_DATA_DIR=tmp_path / "data"):  # where the worker wrote it
         text = logs.read(attempt)[0]
-    assert f"Task id={cases['value_error'].id} path=tests.conformance_tasks.raises_value_error state=RUNNING" in text
+    assert f"Task id={cases['value_error'].id} path=tests.support.conformance_tasks.raises_value_error state=RUNNING" in text
     assert "state=FAILED" in text and "ValueError: This task failed due to ValueError" in text
 
 

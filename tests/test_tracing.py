@@ -20,7 +20,7 @@ from orchestrator import logs, tracing
 from orchestrator.models import Attempt, QueueLimit, Run, TaskRun, Workflow, WorkflowVersion
 from orchestrator.runs import create_run
 from tests.conftest import process_env, wait_for
-from tests.features_support import worker_loop
+from tests.support.features_support import worker_loop
 from tests.test_execution_rules import execute_claimed
 
 
@@ -88,7 +88,7 @@ def otlp(monkeypatch):
 
 
 def task(name, upstream=(), queue="traced"):
-    return {"kind": "python", "ref": "tests.tasks_for_tests:traced_work", "upstream": list(upstream), "queue": queue,
+    return {"kind": "python", "ref": "tests.support.tasks_for_tests:traced_work", "upstream": list(upstream), "queue": queue,
             "max_attempts": 1}
 
 
@@ -169,10 +169,10 @@ def test_off_a_worker_imports_no_opentelemetry(processes, tmp_path):
 
     env = process_env(ORCHESTRATOR_POLL_SECONDS="0.2", ORCHESTRATOR_DATA_DIR=str(tmp_path))
     processes.start("worker", "--concurrency", "1", env=env)
-    run, _ = enqueue("tests.tasks_for_tests:loaded_modules", args=["opentelemetry"])
+    run, _ = enqueue("tests.support.tasks_for_tests:loaded_modules", args=["opentelemetry"])
     job = wait_for(lambda: TaskRun.objects.filter(run=run, state="succeeded").first(), 30, message="the job")
     assert job.result == []
-    with_os, _ = enqueue("tests.tasks_for_tests:loaded_modules", args=["os"])
+    with_os, _ = enqueue("tests.support.tasks_for_tests:loaded_modules", args=["os"])
     # The same job does find what is loaded: the check can fail.
     assert "os" in wait_for(lambda: TaskRun.objects.filter(run=with_os, state="succeeded").first(), 30,
                             message="the second job").result
@@ -188,7 +188,7 @@ def test_off_a_job_costs_no_statement_more(clock, monkeypatch):
 
     def one_job():
         with CaptureQueriesContext(connection) as queries:
-            run, _ = enqueue("tests.tasks_for_tests:add", args=[1, 2], now=clock.now())
+            run, _ = enqueue("tests.support.tasks_for_tests:add", args=[1, 2], now=clock.now())
             execute_claimed(loop, 1, clock)
         assert TaskRun.objects.get(run=run).state == "succeeded"
         return [query["sql"] for query in queries]

@@ -1,4 +1,4 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.api_support
+# ruff: noqa: F811 - pytest fixtures imported from tests.support.api_support
 """Only registered functions run as jobs: an operator naming any importable function through the
 API is refused with a 400 that names it, nothing is imported or run, and a worker refuses a task
 run naming unregistered code however its row was written."""
@@ -17,14 +17,14 @@ from orchestrator import dispatcher, executor, registry
 from orchestrator.jobs import JobError, enqueue, job
 from orchestrator.models import Run, TaskRun, Workflow, WorkflowVersion
 from orchestrator.runs import create_run
-from tests import tasks_for_tests
-from tests.api_support import (  # noqa: F401 - fixtures
+from tests.conftest import process_env, wait_for
+from tests.support import tasks_for_tests
+from tests.support.api_support import (  # noqa: F401 - fixtures
     api,
     operator,
     stored,
     workflow,
 )
-from tests.conftest import process_env, wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -73,7 +73,7 @@ def test_a_module_that_sleeps_at_import_is_neither_imported_nor_waited_for(api, 
 
 
 def test_registered_jobs_django_tasks_and_workflow_tasks_can_be_enqueued_by_name(api, workflow):
-    for ref in ["workflows.jobs:send_welcome_email", "tests.tasks_for_tests:add",
+    for ref in ["workflows.jobs:send_welcome_email", "tests.support.tasks_for_tests:add",
                 f"{workflow.current_version.spec['tasks']['extract']['ref']}"]:
         response = api.post("/api/jobs/", {"ref": ref}, format="json")
         assert response.status_code == 201, (ref, response.json())
@@ -82,7 +82,7 @@ def test_registered_jobs_django_tasks_and_workflow_tasks_can_be_enqueued_by_name
 
 def test_python_enqueue_takes_a_registered_function_and_refuses_any_other():
     run, created = enqueue(tasks_for_tests.add, args=[1, 2])
-    assert created and run.task_runs.get().spec["ref"] == "tests.tasks_for_tests:add"
+    assert created and run.task_runs.get().spec["ref"] == "tests.support.tasks_for_tests:add"
     with pytest.raises(JobError, match="os:system"):
         enqueue("os:system", args=["true"])
     with pytest.raises(JobError, match="not a registered job: decorate it with @job") as caught:

@@ -17,8 +17,8 @@ from orchestrator import checks, logs
 from orchestrator.conf import app_settings
 from orchestrator.models import Attempt, Run, TaskRun, Worker, Workflow, WorkflowVersion
 from orchestrator.runs import create_run
-from tests.api_support import client_for, make_user
 from tests.conftest import ROOT, process_env, wait_for
+from tests.support.api_support import client_for, make_user
 
 # --- the SECRET_KEY --------------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@ its lists, and the cursor and page size of their pages.
 
 Every rule here is also written into the OpenAPI schema (the patterns and ranges of the parameters
 below), so a client can tell a good request from a bad one without sending it; the fuzz test
-(tests/test_api_fuzz.py) checks that the server and the schema agree.
+(tests/processes/test_api_fuzz.py) checks that the server and the schema agree.
 
 Pages are the keyset pages of ``reads.Keyset``, newest first, as the web pages' are. A cursor
 names the row a page starts after: ``older.<id>`` lists the rows older than run (or job,

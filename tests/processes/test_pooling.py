@@ -30,7 +30,7 @@ from orchestrator.channels import LISTEN_APPLICATION_NAME, listen_params
 from orchestrator.database_url import format_database_url, is_transaction_pooled, parse_database_url
 from orchestrator.loop import Loop, Role
 from tests.conftest import ROOT, process_env, wait_for
-from tests.pgcluster import OwnCluster
+from tests.support.pgcluster import OwnCluster
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 
@@ -213,7 +213,7 @@ def test_fifty_workers_share_a_pool_of_ten_server_connections_and_run_every_job_
         env = process_env(DATABASE_URL=bouncer.url(), ORCHESTRATOR_LISTEN_DATABASE_URL=direct)
         record = tmp_path / "executions.jsonl"
 
-        fleet = processes.start_python("-m", "tests.fleet_for_tests", str(WORKERS), "2", env=env, name="fleet")
+        fleet = processes.start_python("-m", "tests.support.fleet_for_tests", str(WORKERS), "2", env=env, name="fleet")
         dispatcher = processes.start("dispatcher", env=env)
         enqueuer = processes.start("shell", "-c", (
             "from django.db import transaction\n"
@@ -221,7 +221,7 @@ def test_fifty_workers_share_a_pool_of_ten_server_connections_and_run_every_job_
             f"for start in range(0, {JOBS}, 250):\n"
             "    with transaction.atomic():\n"
             f"        for i in range(start, min(start + 250, {JOBS})):\n"
-            f"            enqueue('tests.tasks_for_tests:record_job', kwargs={{'path': {str(record)!r}, 'tag': f'j{{i}}'}})\n"
+            f"            enqueue('tests.support.tasks_for_tests:record_job', kwargs={{'path': {str(record)!r}, 'tag': f'j{{i}}'}})\n"
         ), env=env, name="enqueue")
 
         most_listen = most_work = 0

@@ -46,7 +46,7 @@ def receiver():
 def test_a_finished_run_posts_a_signed_webhook_and_retries_after_a_500(processes, receiver, tmp_path):
     url, received = receiver
     workflow = Workflow.objects.create(name="hooked", webhooks=[url])
-    spec = {"tasks": {"only": {"kind": "python", "ref": "tests.tasks_for_tests:no_argument", "upstream": []}}}
+    spec = {"tasks": {"only": {"kind": "python", "ref": "tests.support.tasks_for_tests:no_argument", "upstream": []}}}
     workflow.current_version = WorkflowVersion.objects.create(workflow=workflow, number=1, hash="h1", spec=spec)
     workflow.save()
     env = process_env(ORCHESTRATOR_WEBHOOK_SECRET=SECRET, ORCHESTRATOR_WEBHOOK_RETRY_SECONDS="0.2",

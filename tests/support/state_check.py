@@ -29,7 +29,7 @@ from pathlib import Path
 from orchestrator import states
 from orchestrator.states import MACHINES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ROOT / "orchestrator"
 # Tooling, not the product: the benchmarks seed rows in any state on purpose.
 NOT_PRODUCT = ("migrations", "bench")

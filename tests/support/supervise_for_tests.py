@@ -1,5 +1,5 @@
 """A supervisor over small children with a fast restart policy, run as its own process by the
-supervisor tests: ``python -m tests.supervise_for_tests '<json spec>'``."""
+supervisor tests: ``python -m tests.support.supervise_for_tests '<json spec>'``."""
 
 import json
 import sys

@@ -1,4 +1,4 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.api_support
+# ruff: noqa: F811 - pytest fixtures imported from tests.support.api_support
 """The API against a real server: concurrent requests with one idempotency key create one run,
 and the README's curl examples work as printed."""
 
@@ -16,8 +16,8 @@ import pytest
 from orchestrator.api.permissions import create_token
 from orchestrator.models import Backfill, Run, TaskRun, Trigger
 from orchestrator.sync import sync_workflows
-from tests.api_support import operator, start_server, workflow  # noqa: F401 - fixtures
 from tests.conftest import ROOT, process_env
+from tests.support.api_support import operator, start_server, workflow  # noqa: F401 - fixtures
 
 THREADS = 8
 

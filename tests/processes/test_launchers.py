@@ -38,7 +38,7 @@ import pytest
 
 from orchestrator import embedded
 from tests.conftest import ROOT, wait_for
-from tests.pgcluster import OwnCluster
+from tests.support.pgcluster import OwnCluster
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psycopg
 
-HOSTPROJECT = Path(__file__).resolve().parent / "hostproject"
+HOSTPROJECT = Path(__file__).resolve().parent.parent / "hostproject"
 PREFIX = "/ops/orchestrator/"
 
 
@@ -55,7 +55,7 @@ class HostProject:
             # own top-level packages the shop must not see).
             only_app = tmp_path / "app-of-this-checkout"
             only_app.mkdir(exist_ok=True)
-            (only_app / "orchestrator").symlink_to(Path(__file__).resolve().parent.parent / "orchestrator")
+            (only_app / "orchestrator").symlink_to(Path(__file__).resolve().parents[2] / "orchestrator")
             self.env["PYTHONPATH"] = str(only_app)
 
     # --- the database ------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Mapping, sensors and data triggers with real worker, reaper and scheduler processes, crashes by
-real signals; what ran is recorded by the tasks themselves (tests/feature_tasks.py)."""
+real signals; what ran is recorded by the tasks themselves (tests/support/feature_tasks.py)."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ from tests.conftest import process_env, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-REF = "tests.feature_tasks"
+REF = "tests.support.feature_tasks"
 FAST = {
     "ORCHESTRATOR_HEARTBEAT_SECONDS": "0.5",
     "ORCHESTRATOR_HEARTBEAT_TIMEOUT_SECONDS": "3",
     "ORCHESTRATOR_POLL_SECONDS": "0.5",
-    "ORCHESTRATOR_JOB_MODULES": f"workflows.jobs,tests.tasks_for_tests,{REF}",
+    "ORCHESTRATOR_JOB_MODULES": f"workflows.jobs,tests.support.tasks_for_tests,{REF}",
 }
 
 
@@ -105,7 +105,7 @@ def test_a_thousand_waiting_sensors_hold_no_worker_slot_while_other_jobs_run(pro
     assert not sensor_rows.filter(state__in=["queued", "running"]).exists()
     with transaction.atomic():
         jobs = [create_run(None, trigger="job", tasks={"job": {
-            "kind": "python", "ref": "tests.tasks_for_tests:record_job", "call": "job",
+            "kind": "python", "ref": "tests.support.tasks_for_tests:record_job", "call": "job",
             "args": [str(jobs_record)], "kwargs": {"tag": f"job-{i}"}}})[0] for i in range(20)]
     submitted = time.time()
     wait_for(lambda: Run.objects.filter(pk__in=[j.pk for j in jobs], state="succeeded").count() == 20, 60,

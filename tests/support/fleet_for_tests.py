@@ -1,5 +1,5 @@
 """Many worker processes from one start-up, run as its own process by the pooling test:
-``python -m tests.fleet_for_tests WORKERS CONCURRENCY [QUEUE]`` (QUEUE: ``default``).
+``python -m tests.support.fleet_for_tests WORKERS CONCURRENCY [QUEUE]`` (QUEUE: ``default``).
 
 Django is set up once and the workers are forked from it: fifty interpreters each importing Django
 would take most of a minute on a small machine. Each worker is then a process of its own with its

@@ -17,10 +17,10 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.hostproject_support import HOSTPROJECT, HostProject
-from tests.test_hostproject import run_the_shop
+from tests.processes.test_hostproject import run_the_shop
+from tests.support.hostproject_support import HOSTPROJECT, HostProject
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 

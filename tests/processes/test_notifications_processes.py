@@ -10,7 +10,7 @@ from orchestrator import notifications
 from orchestrator.models import Notification, NotificationMessage, Run, TaskRun, Workflow, WorkflowVersion
 from orchestrator.runs import create_run
 from tests.conftest import process_env, wait_for
-from tests.inbox_support import ChatReceiver, Mailbox, SmtpServer
+from tests.support.inbox_support import ChatReceiver, Mailbox, SmtpServer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -20,7 +20,7 @@ def test_200_failures_on_real_workers_send_one_digest_per_recipient(processes, t
     try:
         with SmtpServer() as mailbox:
             spec = {
-                "tasks": {"boom": {"kind": "python", "ref": "tests.tasks_for_tests:always_fails", "upstream": [],
+                "tasks": {"boom": {"kind": "python", "ref": "tests.support.tasks_for_tests:always_fails", "upstream": [],
                                    "max_attempts": 1}},
                 "notify": [{"on": ["run_failed"], "email": ["ops@example.com", "lead@example.com"],
                             "slack": [f"{chat.url}/slack"], "teams": [f"{chat.url}/teams"]}],

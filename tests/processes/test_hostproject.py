@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
-from tests.hostproject_support import HOSTPROJECT, PREFIX, Browser, HostProject
+from tests.support.hostproject_support import HOSTPROJECT, PREFIX, Browser, HostProject
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -9,9 +9,9 @@ import pytest
 from orchestrator import access, notifications
 from orchestrator.models import Approval, NotificationMessage, Run, TaskRun, Workflow, WorkflowVersion
 from orchestrator.runs import create_run
-from tests.api_support import client_for, make_user
 from tests.conftest import process_env, wait_for
-from tests.inbox_support import Mailbox, SmtpServer
+from tests.support.api_support import client_for, make_user
+from tests.support.inbox_support import Mailbox, SmtpServer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -24,7 +24,7 @@ def approval_spec(timeout=None):
 
 
 def payout(timeout=None) -> Workflow:
-    echo = "tests.tasks_for_tests:context_echo"
+    echo = "tests.support.tasks_for_tests:context_echo"
     spec = {"tasks": {"check": {"kind": "python", "ref": echo, "upstream": []},
                       "pay_ok": approval_spec(timeout),
                       "pay": {"kind": "python", "ref": echo, "upstream": ["pay_ok"]}},

@@ -23,8 +23,8 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 
 from orchestrator.database_url import format_database_url
-from tests.api_support import free_port
 from tests.conftest import ROOT, process_env, wait_for
+from tests.support.api_support import free_port
 
 
 @pytest.fixture

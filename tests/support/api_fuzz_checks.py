@@ -1,4 +1,4 @@
-"""A check schemathesis loads for tests/test_api_fuzz.py (the config's ``hooks``): three operations
+"""A check schemathesis loads for tests/processes/test_api_fuzz.py (the config's ``hooks``): three operations
 may refuse a schema-valid request, each for what no OpenAPI schema can state, and for nothing else.
 schemathesis' own positive_data_acceptance check lets them answer 400; this one reads each such
 400 and fails when it names a field the schema could have judged."""

@@ -19,7 +19,7 @@ import pytest
 from orchestrator.jobs import enqueue
 from orchestrator.models import Worker
 from tests.conftest import ROOT, alive, process_env, wait_for
-from tests.pgcluster import OwnCluster
+from tests.support.pgcluster import OwnCluster
 
 TEMPLATE = "orchestrator_template"
 FINISHED = ("succeeded", "failed", "dead", "cancelled", "upstream_failed", "skipped")
@@ -60,7 +60,7 @@ def enqueue_jobs(env, record: Path, tags: list[str], sleep: float) -> None:
             "from orchestrator.jobs import enqueue\n"
             "with transaction.atomic():\n"
             "    for tag in json.loads(os.environ['JOB_TAGS']):\n"
-            f"        enqueue('tests.tasks_for_tests:record_job', kwargs={{'path': {str(record)!r}, 'sleep': {sleep},"
+            f"        enqueue('tests.support.tasks_for_tests:record_job', kwargs={{'path': {str(record)!r}, 'sleep': {sleep},"
             " 'tag': tag}, max_attempts=3)\n")
     subprocess.run([sys.executable, str(ROOT / "manage.py"), "shell", "-c", code], cwd=ROOT,
                    env={**env, "JOB_TAGS": json.dumps(tags)}, check=True, timeout=120, capture_output=True)
@@ -138,7 +138,7 @@ def test_a_draining_worker_exits_as_soon_as_its_last_task_ends(processes, tmp_pa
     processes.start("dispatcher", env=env)
     wait_for(lambda: Worker.objects.filter(pid=worker.pid, state="running").exists(), timeout=60,
              message="the worker to register")
-    enqueue("tests.tasks_for_tests:record_job", kwargs={"path": str(record), "sleep": 1.5, "tag": "last"})
+    enqueue("tests.support.tasks_for_tests:record_job", kwargs={"path": str(record), "sleep": 1.5, "tag": "last"})
     wait_for(lambda: executions(record), timeout=60, message="the task to start")
     os.kill(worker.pid, signal.SIGTERM)
     wait_for(lambda: worker.poll() is not None, timeout=60, interval=0.02, message="the worker to exit")

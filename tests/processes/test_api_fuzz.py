@@ -1,4 +1,4 @@
-# ruff: noqa: F811 - pytest fixtures imported from tests.api_support
+# ruff: noqa: F811 - pytest fixtures imported from tests.support.api_support
 """A schema-driven fuzz run: schemathesis generates requests (valid and invalid) for every
 operation of /api/schema/ and sends them to a real server as an operator. No answer may be a
 5xx, every answer must match the schema (status code, content type, headers, body), and the
@@ -14,20 +14,20 @@ import pytest
 
 from orchestrator.api.permissions import create_token
 from orchestrator.runs import trigger_workflow
-from tests.api_support import operator, start_server, workflow  # noqa: F401 - fixtures
+from tests.support.api_support import operator, start_server, workflow  # noqa: F401 - fixtures
 
 CHECKS = ",".join([
     "not_a_server_error", "status_code_conformance", "content_type_conformance", "response_headers_conformance",
     "response_schema_conformance", "negative_data_rejection", "positive_data_acceptance",
     "missing_required_header", "unsupported_method", "refused_only_for_what_a_schema_cannot_say",
 ])
-HOOKS = Path(__file__).with_name("api_fuzz_checks.py")
+HOOKS = Path(__file__).resolve().parent.parent / "support" / "api_fuzz_checks.py"
 
 # Three operations check what a schema cannot say, so for them a schema-valid request may still be
 # a 400: the params of a trigger are checked against the workflow's own declared params (the
 # schema allows any object), a backfill names a workflow and a schedule that must exist and a
 # cron expression that must parse, and a job names a function that must be registered; an
-# Idempotency-Key header and an idempotency_key field may differ. tests/api_fuzz_checks.py fails
+# Idempotency-Key header and an idempotency_key field may differ. tests/support/api_fuzz_checks.py fails
 # such a 400 when it names anything else. Every other operation must accept every request its
 # schema allows.
 CONFIG = textwrap.dedent(f"""

@@ -110,7 +110,7 @@ class Code:
     def env(self, data_dir, **extra) -> dict:
         return process_env(
             ORCHESTRATOR_DATA_DIR=str(data_dir), PYTHONPATH=str(self.root), RELOAD_IMPORTS=str(self.imports),
-            ORCHESTRATOR_JOB_MODULES=f"workflows.jobs,tests.tasks_for_tests,{self.jobs}", **FAST, **extra,
+            ORCHESTRATOR_JOB_MODULES=f"workflows.jobs,tests.support.tasks_for_tests,{self.jobs}", **FAST, **extra,
         )
 
 
@@ -261,7 +261,7 @@ def test_a_job_module_that_no_longer_imports_is_logged_and_the_worker_keeps_runn
     code.sync()
     said(processes, worker, f"job module {code.jobs} could not be imported again (SyntaxError")
     # The worker survives; other jobs run, and the broken module's functions as registered at start.
-    run, _ = create_run(None, trigger="job", tasks={"add": {"kind": "python", "ref": "tests.tasks_for_tests:add",
+    run, _ = create_run(None, trigger="job", tasks={"add": {"kind": "python", "ref": "tests.support.tasks_for_tests:add",
                                                             "call": "job", "args": [2, 3]}})
     assert result(run) == 5
     assert result(run_job(code, "value"))["value"] == "one"

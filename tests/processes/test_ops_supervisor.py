@@ -72,7 +72,7 @@ def test_it_rejects_bad_options_before_starting_anything(options, message):
 
 def supervise(processes, policy: dict, children: list) -> object:
     spec = {"policy": policy, "children": children, "grace": 5}
-    return processes.start_python("-m", "tests.supervise_for_tests", json.dumps(spec), name="supervisor",
+    return processes.start_python("-m", "tests.support.supervise_for_tests", json.dumps(spec), name="supervisor",
                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
@@ -162,7 +162,7 @@ def test_a_role_that_cannot_run_as_configured_is_not_restarted_into_the_same_err
         ["scheduler", [sys.executable, "manage.py", "scheduler"]],
         ["steady", python("import time; time.sleep(300)")],
     ]}
-    supervisor = processes.start_python("-m", "tests.supervise_for_tests", json.dumps(spec), name="supervisor",
+    supervisor = processes.start_python("-m", "tests.support.supervise_for_tests", json.dumps(spec), name="supervisor",
                                         env=process_env(ORCHESTRATOR_POLL_SECONDS="-1"))
     code = supervisor.wait(timeout=60)
     output = processes.output(supervisor)

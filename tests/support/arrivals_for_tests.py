@@ -1,5 +1,5 @@
 """Jobs arriving at a steady rate, one ``enqueue`` (one transaction, one notification) each, run as
-its own process by the fleet tests: ``python -m tests.arrivals_for_tests JOBS PER_SECOND [QUEUE]``."""
+its own process by the fleet tests: ``python -m tests.support.arrivals_for_tests JOBS PER_SECOND [QUEUE]``."""
 
 import os
 import sys
@@ -19,7 +19,7 @@ def main(argv: list[str]) -> int:
     for i in range(jobs):
         # On a schedule, not a fixed pause: a slow enqueue does not lower the rate.
         time.sleep(max(0.0, started + i / rate - time.monotonic()))
-        enqueue("tests.tasks_for_tests:no_argument", queue=queue)
+        enqueue("tests.support.tasks_for_tests:no_argument", queue=queue)
     print(f"arrivals: {jobs} jobs in {time.monotonic() - started:.2f} s", flush=True)
     return 0
 

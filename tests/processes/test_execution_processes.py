@@ -28,7 +28,7 @@ from tests.conftest import process_env, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-REF = "tests.tasks_for_tests"
+REF = "tests.support.tasks_for_tests"
 FAST = {
     "ORCHESTRATOR_HEARTBEAT_SECONDS": "0.5",
     "ORCHESTRATOR_HEARTBEAT_TIMEOUT_SECONDS": "3",
