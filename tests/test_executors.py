@@ -12,9 +12,11 @@ import pytest
 from django.test.utils import override_settings
 
 from orchestrator import control, logs
+from orchestrator.executor import READY
 from orchestrator.jobs import enqueue
 from orchestrator.models import Attempt, Run, TaskRun, Worker
 from orchestrator.registry import executor_of, job
+from orchestrator.worker import Worker as WorkerRole
 from tests import inprocess_jobs
 from tests.conftest import process_env, wait_for
 
@@ -95,6 +97,133 @@ def test_each_job_keeps_the_executor_it_declared():
     assert executor_of(f"{REF}:hang_thread") == "thread"
     assert executor_of(f"{REF}:plain_job") == "process"
     assert inprocess_jobs.plain_job.__name__ == "plain_job"  # the decorator returns the function itself
+
+
+# --- where a worker places what it claimed (fake children, no process, no database) -------------
+
+
+class FakeConn:
+    def __init__(self):
+        self.sent, self.inbox = [], []
+
+    def send(self, message):
+        self.sent.append(message)
+
+    def poll(self):
+        return bool(self.inbox)
+
+    def recv(self):
+        if not self.inbox:
+            raise EOFError
+        return self.inbox.pop(0)
+
+    def close(self):
+        pass
+
+
+class FakeChildren:
+    def __init__(self, first_pid):
+        self.next_pid, self.conns, self.killed = first_pid, {}, []
+
+    def fork(self):
+        self.next_pid += 1
+        self.conns[self.next_pid] = FakeConn()
+        return self.next_pid, self.conns[self.next_pid]
+
+    def kill(self, pid):
+        self.killed.append(pid)
+
+    def exited(self, pid):
+        return pid in self.killed
+
+    def how_it_ended(self, pid):
+        return "signal 9"
+
+
+class FakeLoop:
+    def __init__(self):
+        self.watched = {}
+
+    def watch(self, conn, callback):
+        self.watched[id(conn)] = callback
+
+    def unwatch(self, conn):
+        self.watched.pop(id(conn), None)
+
+    def wake(self, conn):
+        self.watched[id(conn)](conn)
+
+
+def ready_worker(children=1, places=10):
+    """A worker whose children and in-process host are forked (fakes) and said they are ready."""
+    worker = WorkerRole(["default"], concurrency=children, inprocess=places)
+    worker.pool.children, worker.inprocess.children = FakeChildren(100), FakeChildren(900)
+    worker.loop = loop = FakeLoop()
+    worker.pool.start(loop)
+    worker.inprocess.start(loop)
+    for conn in [*worker.pool.children.conns.values(), *worker.inprocess.children.conns.values()]:
+        conn.inbox.append(READY)
+        loop.wake(conn)
+    return worker
+
+
+def message(task_run_id, fn, timeout=None):
+    return {"id": task_run_id, "run_id": task_run_id, "task": fn, "number": 1, "timeout": timeout,
+            "spec": {"kind": "python", "call": "job", "ref": f"{REF}:{fn}", "args": [], "kwargs": {}}}
+
+
+def test_a_worker_offers_in_process_places_as_far_as_its_claims_found_in_process_jobs():
+    worker = ready_worker(children=1, places=10)
+    # Nothing known yet: the idle child and one place, to find out.
+    assert worker.capacity() == 2
+    worker.place([message(1, "pid_async"), message(2, "pid_async")])
+    host = worker.inprocess.host
+    assert [m["id"] for m in host.conn.sent] == [1, 2]  # both on the host, the child still idle
+    # Half the latest claims were in-process jobs: half the 8 free places, and the idle child.
+    assert worker.inprocess_share == 0.5 and worker.capacity() == 1 + 4
+    worker.place([message(3, "pid_thread")] * 1)
+    assert worker.inprocess_share == 0.75 and worker.capacity() == 1 + round(7 * 0.75)
+
+
+def test_default_jobs_claimed_for_in_process_places_wait_for_a_child_and_stop_further_offers():
+    worker = ready_worker(children=1, places=10)
+    worker.place([message(1, "plain_job"), message(2, "plain_job")])
+    [slot] = worker.pool.slots
+    assert slot.message["id"] == 1 and [m["id"] for m in worker.held] == [2]
+    assert worker.inprocess_share == 0.0
+    # While a job waits for a child, a claim takes nothing: no idle child, no place offered.
+    assert worker.capacity() == 0
+    # The child's outcome frees it: the held job starts there, and places are offered again.
+    worker.pool.children.conns[slot.pid].inbox.append((1, 1, "succeeded", None, "", "", "", None, ""))
+    worker.loop.wake(slot.conn)
+    worker.start_held()
+    assert slot.message["id"] == 2 and worker.held == []
+    assert worker.capacity() == 1  # one place, to find in-process jobs; the child is busy
+
+
+def test_an_overdue_thread_job_retires_its_host_and_an_overdue_async_job_is_cancelled():
+    worker = ready_worker(children=1, places=10)
+    worker.place([message(1, "hang_async", timeout=1.0), message(2, "hang_thread", timeout=5.0)])
+    first = worker.inprocess.host
+    ended = worker.inprocess.overdue(float("inf"))
+    assert sorted(m["id"] for m in ended) == [1, 2]
+    assert {"cancel": 1} in first.conn.sent  # the async job is cancelled where it runs
+    # The stuck thread's host ran nothing else: killed, and a fresh one takes the next jobs.
+    assert first.pid in worker.inprocess.children.killed
+    assert worker.inprocess.host is not first and worker.inprocess.hosts == [worker.inprocess.host]
+
+
+def test_a_host_with_a_stuck_thread_finishes_its_other_jobs_before_it_is_killed():
+    worker = ready_worker(children=1, places=10)
+    replies = []
+    worker.inprocess.on_reply = lambda message, reply: replies.append(message["id"])
+    worker.place([message(1, "hang_thread", timeout=1.0), message(2, "pid_async")])
+    first = worker.inprocess.host
+    worker.inprocess.overdue(10**9)
+    assert first.retiring and first.pid not in worker.inprocess.children.killed  # job 2 still runs there
+    first.conn.inbox.append((2, 1, "succeeded", "7", "", "", "", None, ""))
+    worker.loop.wake(first.conn)
+    assert replies == [2] and first.pid in worker.inprocess.children.killed
 
 
 # --- in real workers -----------------------------------------------------------------------------
@@ -223,3 +352,36 @@ def test_without_in_process_places_async_and_thread_jobs_run_in_forked_children(
         assert finished(run).state == "succeeded"
         pids.append(TaskRun.objects.get(run=run).result)
     assert proc.pid not in pids and all(pid != os.getpid() for pid in pids)
+
+
+@processes_db
+@pytest.mark.slow
+def test_a_worker_with_in_process_places_runs_each_job_where_it_declared(processes, env):
+    proc = start_worker(processes, env, inprocess=10, concurrency=1)
+    runs = {name: [enqueue(f"{REF}:{name}")[0] for _ in range(6)] for name in ("plain_job", "pid_async", "pid_thread")}
+    pids = {}
+    for name, group in runs.items():
+        for run in group:
+            assert finished(run).state == "succeeded"
+        pids[name] = {TaskRun.objects.get(run=run).result for run in group}
+    [host] = pids["pid_async"]
+    assert pids["pid_thread"] == {host}  # the in-process jobs share one host process
+    assert host not in pids["plain_job"] and proc.pid not in pids["plain_job"] | {host}
+
+
+@processes_db
+@pytest.mark.slow
+def test_sigterm_lets_in_process_jobs_finish_and_hands_back_what_outlives_the_grace(processes, env, tmp_path):
+    path = tmp_path / "hang.jsonl"
+    proc = processes.start("worker", "--queues", "default", "--concurrency", "1", "--inprocess", "10",
+                           "--grace", "1", env=env)
+    wait_for(lambda: Worker.objects.filter(pid=proc.pid, state="running").exists(), 20, message="the worker")
+    hung, _ = enqueue(f"{REF}:hang_async", args=[str(path)], max_attempts=1)
+    wait_for(lambda: records(path), 20, message="the job to start")
+    assert processes.stop(proc, signal.SIGTERM, timeout=15) == 0
+    task_run = TaskRun.objects.get(run=hung)
+    # Due again at once, the interrupted attempt not counted against its one allowed attempt.
+    assert (task_run.state, task_run.max_attempts) == ("scheduled", 2)
+    [(number, outcome, error)] = attempts(hung)
+    assert outcome == "lost" and "interrupted: the worker shut down" in error
+    assert Worker.objects.get(pid=proc.pid).state == "stopped"

@@ -89,6 +89,9 @@ class Worker(Role):
         # Claimed jobs that wait for a forked child: claimed for in-process places, they turned
         # out to be jobs of the default executor (a claim cannot tell them apart).
         self.held: list[dict] = []
+        # The share of in-process jobs among the latest claims (a moving average): how many of the
+        # free in-process places a claim offers (see capacity).
+        self.inprocess_share = 0.0
         self.batch = Batch(queues, self.poll)
         self.drain = Drain(grace, self.pool, self.batch, self.inprocess)
         self.want_claim = True
@@ -210,10 +213,14 @@ class Worker(Role):
 
     def capacity(self) -> int:
         """How many task runs a claim may take now: one per ready idle child not promised to a held
-        job, and the free in-process places while no job waits for a child (so a claim for them
-        that brought jobs of the default executor holds at most one claim's worth)."""
+        job, and, while no job waits for a child, as many of the free in-process places as the
+        share of in-process jobs among the latest claims says (at least one, to find them). A
+        claim cannot choose the executor of what it takes, so a worker whose queues hold only
+        default jobs offers one place per claim and holds at most one job beyond its children;
+        one whose queues hold only in-process jobs soon offers every place."""
         free_children = max(0, len(self.pool.idle_slots()) - len(self.held))
-        return free_children + (0 if self.held else self.inprocess.free())
+        free = 0 if self.held else self.inprocess.free()
+        return free_children + (max(1, round(free * self.inprocess_share)) if free else 0)
 
     def start_held(self) -> None:
         """Give the held jobs the children that became free."""
@@ -225,6 +232,9 @@ class Worker(Role):
     def place(self, claimed: list[dict]) -> None:
         """Start each claimed task run where it runs: a job declared for the in-process executor
         there while it has places, everything else in an idle child, or held until one is free."""
+        if claimed and self.inprocess.places:
+            share = sum(1 for message in claimed if runs_in_process(message)) / len(claimed)
+            self.inprocess_share = (self.inprocess_share + share) / 2
         idle = self.pool.idle_slots()
         for message in claimed:
             if self.inprocess.free() and runs_in_process(message):
