@@ -101,6 +101,11 @@ def job(fn=None, /, *, executor: str = "process"):
     return decorate(fn) if fn is not None else decorate
 
 
+def in_process_refs() -> list[str]:
+    """The registered jobs declared for the in-process executor (async or thread)."""
+    return sorted(_executors)
+
+
 def executor_of(ref: str) -> str:
     """Where a worker runs the job registered under ``ref``: "process", "async" or "thread"."""
     return _executors.get(ref, "process")

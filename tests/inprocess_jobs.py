@@ -97,3 +97,10 @@ async def fails_async():
 @job
 def plain_job():
     return os.getpid()
+
+
+@job(executor="async")
+async def exit_host():
+    """Ends the interpreter it runs in, as a crashing C extension would."""
+    await asyncio.sleep(0.1)
+    os._exit(3)

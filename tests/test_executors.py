@@ -226,6 +226,18 @@ def test_a_host_with_a_stuck_thread_finishes_its_other_jobs_before_it_is_killed(
     assert replies == [2] and first.pid in worker.inprocess.children.killed
 
 
+def test_after_a_sync_the_host_is_replaced_once_its_jobs_ended():
+    worker = ready_worker(children=1, places=10)
+    worker.place([message(1, "pid_async")])
+    first = worker.inprocess.host
+    worker.inprocess.recycle(first.generation + 1)
+    assert first.retiring and worker.inprocess.host is not first
+    assert first.pid not in worker.inprocess.children.killed  # its job still runs
+    first.conn.inbox.append((1, 1, "succeeded", "7", "", "", "", None, ""))
+    worker.loop.wake(first.conn)
+    assert first.pid in worker.inprocess.children.killed and worker.inprocess.hosts == [worker.inprocess.host]
+
+
 # --- in real workers -----------------------------------------------------------------------------
 
 processes_db = pytest.mark.django_db(transaction=True)
@@ -385,3 +397,20 @@ def test_sigterm_lets_in_process_jobs_finish_and_hands_back_what_outlives_the_gr
     [(number, outcome, error)] = attempts(hung)
     assert outcome == "lost" and "interrupted: the worker shut down" in error
     assert Worker.objects.get(pid=proc.pid).state == "stopped"
+
+
+@processes_db
+@pytest.mark.slow
+def test_a_job_that_ends_the_host_fails_with_the_jobs_beside_it_and_a_new_host_runs_the_next(processes, env, tmp_path):
+    path = tmp_path / "hang.jsonl"
+    start_worker(processes, env)
+    beside, _ = enqueue(f"{REF}:hang_async", args=[str(path)])
+    wait_for(lambda: records(path), 20, message="the job beside it to start")
+    crash, _ = enqueue(f"{REF}:exit_host")
+    for run in (crash, beside):
+        assert finished(run).state == "failed"
+        [(number, outcome, error)] = attempts(run)
+        assert outcome == "failed" and "ended unexpectedly (exit code 3)" in error
+    after, _ = enqueue(f"{REF}:pid_async")
+    assert finished(after).state == "succeeded"
+    assert TaskRun.objects.get(run=after).result != records(path)[0]["pid"]

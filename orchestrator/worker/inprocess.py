@@ -60,6 +60,10 @@ log = logging.getLogger(__package__)  # the worker's records under one name, orc
 
 IN_PROCESS = ("async", "thread")
 
+# How long (in 10 ms polls) a host whose pipe closed is given to exit, to tell how it ended.
+DIED_POLLS = 50
+UNKNOWN_END = "an unknown cause"  # pool.ForkedChildren.how_it_ended, for a child not ended (yet)
+
 
 def runs_in_process(message: dict) -> bool:
     """Whether a claimed task run is a job its function declared for the in-process executor."""
@@ -377,7 +381,13 @@ class InProcess:
             self.end(host)
 
     def died(self, host: HostProcess) -> None:
+        # Its pipe closed as it exited: wait a moment for the exit itself, to say how it ended.
         how = self.children.how_it_ended(host.pid)
+        for _ in range(DIED_POLLS):
+            if how != UNKNOWN_END:
+                break
+            time.sleep(0.01)
+            how = self.children.how_it_ended(host.pid)
         messages = list(host.messages.values())
         host.messages.clear()
         self.end(host)

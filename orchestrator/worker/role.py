@@ -21,7 +21,7 @@ import os
 import socket
 import time
 
-from orchestrator import clock, logs, reload, tracing
+from orchestrator import clock, logs, registry, reload, tracing
 from orchestrator.channels import CANCEL_CHANNEL, CODE_CHANNEL, DUE_CHANNEL, FLEET_CHANNEL, queue_channel
 from orchestrator.conf import app_settings
 from orchestrator.loop import DATABASE_ERRORS, Loop, Role, first_line
@@ -124,6 +124,12 @@ class Worker(Role):
                      (f", max {self.pool.max_tasks_per_child} tasks per child" if self.pool.max_tasks_per_child else "")
                      + (f", {self.inprocess.places} in-process places" if self.inprocess.places else ""),
                      extra={"action": "worker_start"})
+            declared = registry.in_process_refs()
+            if declared and not self.inprocess.places:
+                log.info("%d job(s) declared for the async or thread executor (%s) run in forked children here: "
+                         "start the worker with --inprocess N to run them in-process", len(declared),
+                         ", ".join(declared[:5]) + (", ..." if len(declared) > 5 else ""),
+                         extra={"action": "worker_no_inprocess"})
         self.next_heartbeat = time.monotonic() + self.heartbeat_every
 
     def register(self) -> None:
