@@ -178,7 +178,8 @@ def test_a_worker_offers_in_process_places_as_far_as_its_claims_found_in_process
     assert worker.capacity() == 2
     worker.place([message(1, "pid_async"), message(2, "pid_async")])
     host = worker.inprocess.host
-    assert [m["id"] for m in host.conn.sent] == [1, 2]  # both on the host, the child still idle
+    assert [[m["id"] for m in sent] for sent in host.conn.sent] == [[1, 2]]  # on the host in one message
+    assert worker.pool.idle_slots()  # the child still idle
     # Half the latest claims were in-process jobs: half the 8 free places, and the idle child.
     assert worker.inprocess_share == 0.5 and worker.capacity() == 1 + 4
     worker.place([message(3, "pid_thread")] * 1)
@@ -221,7 +222,7 @@ def test_a_host_with_a_stuck_thread_finishes_its_other_jobs_before_it_is_killed(
     first = worker.inprocess.host
     worker.inprocess.overdue(10**9)
     assert first.retiring and first.pid not in worker.inprocess.children.killed  # job 2 still runs there
-    first.conn.inbox.append((2, 1, "succeeded", "7", "", "", "", None, ""))
+    first.conn.inbox.append([(2, 1, "succeeded", "7", "", "", "", None, "")])
     worker.loop.wake(first.conn)
     assert replies == [2] and first.pid in worker.inprocess.children.killed
 
@@ -233,7 +234,7 @@ def test_after_a_sync_the_host_is_replaced_once_its_jobs_ended():
     worker.inprocess.recycle(first.generation + 1)
     assert first.retiring and worker.inprocess.host is not first
     assert first.pid not in worker.inprocess.children.killed  # its job still runs
-    first.conn.inbox.append((1, 1, "succeeded", "7", "", "", "", None, ""))
+    first.conn.inbox.append([(1, 1, "succeeded", "7", "", "", "", None, "")])
     worker.loop.wake(first.conn)
     assert first.pid in worker.inprocess.children.killed and worker.inprocess.hosts == [worker.inprocess.host]
 

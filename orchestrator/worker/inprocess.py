@@ -26,10 +26,10 @@ What differs from a forked child, per job:
   a job that blocks the event loop (``time.sleep`` in an ``async def``) stalls every async job
   of the host until it returns.
 
-The host and the worker speak over a pipe: the worker sends a claimed job's message (or
-``{"cancel": id}``, or None: exit), the host answers each job with ``executor.run``'s outcome
-tuple. Replies are written by a thread of their own, so a full pipe never stops the event loop
-from reading.
+The host and the worker speak over a pipe: the worker sends the messages of the jobs of one
+claim as a list (or ``{"cancel": id}``, or None: exit), the host answers with lists of
+``executor.run``'s outcome tuples, all those ready at once. Replies are written by a thread of
+their own, so a full pipe never stops the event loop from reading.
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ class Host:
         sys.stdout, sys.stderr = AttemptStream(sys.stdout), AttemptStream(sys.stderr)
         writer = threading.Thread(target=self.write_replies, name="orchestrator-replies", daemon=True)
         writer.start()
-        self.replies.put(executor.READY)
+        self.conn.send(executor.READY)
         self.loop.add_reader(self.conn.fileno(), self.readable)
         try:
             self.loop.run_forever()
@@ -239,10 +239,19 @@ class Host:
                 connections.close_all()
 
     def write_replies(self) -> None:
-        while (reply := self.replies.get()) is not None:
+        """Send the outcomes as they come, all those ready in one message (one pickle, one write)."""
+        while True:
+            batch, last = [self.replies.get()], False
+            while not self.replies.empty():
+                batch.append(self.replies.get_nowait())
+            if None in batch:
+                batch, last = batch[:batch.index(None)], True
             try:
-                self.conn.send(reply)
+                if batch:
+                    self.conn.send(batch)
             except OSError:
+                return
+            if last:
                 return
 
     def readable(self) -> None:
@@ -257,12 +266,13 @@ class Host:
             if message is None:  # recycled or shutting down
                 self.loop.stop()
                 return
-            if "cancel" in message:
+            if isinstance(message, list):  # the jobs of one claim
+                for job_message in message:
+                    self.start(job_message)
+            elif "cancel" in message:
                 task = self.tasks.get(message["cancel"])
                 if task is not None:
                     task.cancel()
-                continue
-            self.start(message)
 
     def start(self, message: dict) -> None:
         fn = registry.get(message["spec"].get("ref", ""))
@@ -365,18 +375,19 @@ class InProcess:
             try:
                 if not host.conn.poll():
                     break
-                reply = host.conn.recv()
+                replies = host.conn.recv()
             except (EOFError, OSError):
                 self.died(host)
                 return
             if not host.ready:
                 host.ready = True
                 continue
-            message = host.messages.pop(reply[0], None)
-            if message is None or message["number"] != reply[1]:
-                continue  # ended already (timed out, cancelled): the late outcome is not recorded
-            host.deadlines.pop(reply[0], None)
-            self.on_reply(message, reply)
+            for reply in replies:
+                message = host.messages.pop(reply[0], None)
+                if message is None or message["number"] != reply[1]:
+                    continue  # ended already (timed out, cancelled): the late outcome is not recorded
+                host.deadlines.pop(reply[0], None)
+                self.on_reply(message, reply)
         if host.retiring and not host.messages:
             self.end(host)
 
@@ -413,13 +424,15 @@ class InProcess:
         if not host.messages:
             self.end(host)
 
-    def run(self, message: dict) -> None:
+    def run(self, messages: list[dict]) -> None:
+        """Start these jobs on the host, sent in one message (one pickle, one write)."""
         host = self.host
-        host.messages[message["id"]] = message
-        timeout = message.get("timeout")
-        if timeout:
-            host.deadlines[message["id"]] = time.monotonic() + timeout
-        self.send(host, message)
+        now = time.monotonic()
+        for message in messages:
+            host.messages[message["id"]] = message
+            if message.get("timeout"):
+                host.deadlines[message["id"]] = now + message["timeout"]
+        self.send(host, messages)
 
     def send(self, host: HostProcess, message) -> None:
         try:

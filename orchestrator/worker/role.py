@@ -242,13 +242,17 @@ class Worker(Role):
             share = sum(1 for message in claimed if runs_in_process(message)) / len(claimed)
             self.inprocess_share = (self.inprocess_share + share) / 2
         idle = self.pool.idle_slots()
+        free = self.inprocess.free()
+        inprocess = []
         for message in claimed:
-            if self.inprocess.free() and runs_in_process(message):
-                self.inprocess.run(message)
+            if len(inprocess) < free and runs_in_process(message):
+                inprocess.append(message)
             elif idle:
                 self.pool.start_task(idle.pop(0), message)
             else:
                 self.held.append(message)
+        if inprocess:
+            self.inprocess.run(inprocess)
 
     def holding(self, now: float) -> bool:
         """Whether the next batch waits: the latest one began less than COALESCE_SECONDS ago and
