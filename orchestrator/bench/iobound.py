@@ -122,9 +122,8 @@ def measure(kind: str, n: int) -> dict:
     try:
         _wait_registered()
         time.sleep(0.5)  # the host or the children forked and ready
-        backends = _backends()
-        cpu_before = (_cpu_seconds(proc.pid), sum(_cpu_seconds(child) for child in _children(proc.pid)),
-                      sum(_cpu_seconds(pid) for pid in backends))
+        backends = {pid: _cpu_seconds(pid) for pid in _backends()}
+        cpu_before = _cpu_seconds(proc.pid), sum(_cpu_seconds(child) for child in _children(proc.pid))
         started = time.time()
         for offset in range(0, n, 500):
             core.enqueue_noops(min(500, n - offset), ref=f"{JOBS_MODULE}:wait_{kind}")
@@ -134,7 +133,9 @@ def measure(kind: str, n: int) -> dict:
             time.sleep(0.05)
         worker_cpu = _cpu_seconds(proc.pid) - cpu_before[0]
         children_cpu = sum(_cpu_seconds(child) for child in _children(proc.pid)) - cpu_before[1]
-        backend_cpu = sum(_cpu_seconds(pid) for pid in backends) - cpu_before[2]
+        # The worker's connections now (a fork closes them: the children must not share them),
+        # those it had at the start counted from then.
+        backend_cpu = sum(_cpu_seconds(pid) - backends.get(pid, 0.0) for pid in _backends())
         done = core._count_done()
         last = core._last_finish()
     finally:
