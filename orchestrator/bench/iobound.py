@@ -83,8 +83,8 @@ def _backends() -> list[int]:
         return [row[0] for row in cursor.fetchall()]
 
 
-def _start_worker(args: list[str]) -> subprocess.Popen:
-    env = core.child_env()
+def _start_worker(args: list[str], env_factory=core.child_env) -> subprocess.Popen:
+    env = env_factory()
     env["ORCHESTRATOR_JOB_MODULES"] = f"{env['ORCHESTRATOR_JOB_MODULES']},{JOBS_MODULE}"
     return subprocess.Popen([sys.executable, str(core.ROOT / "manage.py"), "worker", "--queues", "default",
                              "--grace", "2", *args], cwd=core.ROOT, env=env, stdout=subprocess.DEVNULL,
@@ -108,7 +108,7 @@ def _first_start() -> float:
         return float(cursor.fetchone()[0] or time.time())
 
 
-def measure(kind: str, n: int) -> dict:
+def measure(kind: str, n: int, env_factory=core.child_env) -> dict:
     """For n jobs of one executor: jobs done, seconds from the first enqueue to the last success
     ("wall") and from the first start to the last success ("running"), the enqueuing's seconds,
     the CPU seconds of the worker, of its children and of its PostgreSQL backends."""
@@ -116,7 +116,7 @@ def measure(kind: str, n: int) -> dict:
             "thread": ["--concurrency", "1", "--inprocess", str(THREAD_PLACES)],
             "process": ["--concurrency", str(PROCESS_CHILDREN)]}[kind]
     core.reset_work()
-    proc = _start_worker(args)
+    proc = _start_worker(args, env_factory)
     roles = core.Roles()
     roles.procs.append(proc)  # stopped with the others' care
     try:
@@ -144,15 +144,17 @@ def measure(kind: str, n: int) -> dict:
             "worker_cpu": worker_cpu, "children_cpu": children_cpu, "backend_cpu": backend_cpu}
 
 
-def run(out, n: int = 10_000, forked: int | None = None) -> None:
+def run(out, n: int = 10_000, forked: int | None = None, env_factory=core.child_env) -> dict:
     """Each executor's jobs/s on one worker process; the forked default runs ``forked`` jobs (a
-    fifth of n by default: it is the slow one)."""
+    fifth of n by default: it is the slow one). ``env_factory``: the worker's environment (the
+    benchmark database's by default). Returns the figures by executor."""
     forked = forked or max(1, n // 5)
-    rates = {}
+    rates, figures = {}, {}
     for kind, count, how in (("process", forked, f"{PROCESS_CHILDREN} forked children (the default)"),
                              ("async", n, f"async, {ASYNC_PLACES} places on one event loop"),
                              ("thread", n, f"thread, {THREAD_PLACES} threads")):
-        m = measure(kind, count)
+        m = measure(kind, count, env_factory)
+        figures[kind] = m
         done = m["done"]
         rate = done / m["running"] if m["running"] > 0 else 0.0
         rates[kind] = rate
@@ -163,3 +165,4 @@ def run(out, n: int = 10_000, forked: int | None = None) -> None:
             f"{'' if done == count else f'; only {done} done'}); CPU per 1,000 jobs: worker "
             f"{m['worker_cpu'] * per:.2f} s, its children {m['children_cpu'] * per:.2f} s, its PostgreSQL "
             f"backends {m['backend_cpu'] * per:.2f} s")
+    return figures
