@@ -6,7 +6,9 @@ the outcomes that came back from the children (and resolves their runs) and clai
 task runs as there are idle children that are ready (forked and waiting); it commits before any
 child starts user code. Children (``pool``) are forked ahead and reused; a child whose task
 outlives its timeout, or whose task run was cancelled or reaped (``heartbeat``: ownership), is
-killed (SIGKILL on its process group) and replaced. After a database outage the worker
+killed (SIGKILL on its process group) and replaced. Jobs declared for the in-process executor
+run in its host instead, hundreds at once, when the worker has places for them (``inprocess``;
+``capacity`` and ``place`` say how a claim is sized and split). After a database outage the worker
 reconciles what it runs with what the database says (``reconnect``); SIGTERM drains (``drain``).
 
 Jobs run at least once: a worker can finish a task and die before recording it, and the reaper
