@@ -186,6 +186,21 @@ def test_a_worker_offers_in_process_places_as_far_as_its_claims_found_in_process
     assert worker.inprocess_share == 0.75 and worker.capacity() == 1 + round(7 * 0.75)
 
 
+def test_without_places_a_worker_claims_for_its_idle_children_and_runs_every_job_there():
+    worker = ready_worker(children=2, places=0)
+    assert worker.inprocess.host is None and worker.capacity() == 2
+    worker.place([message(1, "pid_async"), message(2, "pid_thread")])
+    assert sorted(slot.message["id"] for slot in worker.pool.slots) == [1, 2] and worker.held == []
+    assert worker.capacity() == 0
+
+
+def test_an_in_process_job_beyond_the_free_places_takes_an_idle_child():
+    worker = ready_worker(children=1, places=1)
+    worker.place([message(1, "pid_async"), message(2, "pid_async")])
+    assert [[m["id"] for m in sent] for sent in worker.inprocess.host.conn.sent] == [[1]]
+    assert [slot.message["id"] for slot in worker.pool.slots] == [2]
+
+
 def test_default_jobs_claimed_for_in_process_places_wait_for_a_child_and_stop_further_offers():
     worker = ready_worker(children=1, places=10)
     worker.place([message(1, "plain_job"), message(2, "plain_job")])
