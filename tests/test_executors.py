@@ -44,6 +44,10 @@ def start_worker(processes, env, *, inprocess=10, concurrency=1, name=None):
     proc = processes.start("worker", "--queues", "default", "--concurrency", str(concurrency),
                            "--inprocess", str(inprocess), env=env, name=name)
     wait_for(lambda: Worker.objects.filter(pid=proc.pid, state="running").exists(), 20, message="the worker to register")
+    if inprocess:
+        # Until its host is ready a worker claims for its children only (where an async job would
+        # run too): the scenarios below are about jobs on the host.
+        wait_for(lambda: "in-process executor ready" in processes.output(proc), 20, message="the host to be ready")
     return proc
 
 
@@ -404,6 +408,7 @@ def test_sigterm_lets_in_process_jobs_finish_and_hands_back_what_outlives_the_gr
     proc = processes.start("worker", "--queues", "default", "--concurrency", "1", "--inprocess", "10",
                            "--grace", "1", env=env)
     wait_for(lambda: Worker.objects.filter(pid=proc.pid, state="running").exists(), 20, message="the worker")
+    wait_for(lambda: "in-process executor ready" in processes.output(proc), 20, message="the host to be ready")
     hung, _ = enqueue(f"{REF}:hang_async", args=[str(path)], max_attempts=1)
     wait_for(lambda: records(path), 20, message="the job to start")
     assert processes.stop(proc, signal.SIGTERM, timeout=15) == 0

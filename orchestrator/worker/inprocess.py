@@ -381,6 +381,8 @@ class InProcess:
                 return
             if not host.ready:
                 host.ready = True
+                log.info("in-process executor ready: host pid %d, %d places", host.pid, self.places,
+                         extra={"action": "worker_inprocess_ready"})
                 continue
             for reply in replies:
                 message = host.messages.pop(reply[0], None)
