@@ -19,6 +19,7 @@ nothing registered, however the row was written.
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 
 from orchestrator import limits
@@ -58,20 +59,56 @@ def register(obj, ref: str | None = None) -> str:
     return ref
 
 
-def job(fn=None, /):
+# Where a job runs (``@job(executor=...)``): "process", a forked child of the worker (the
+# default: killable, so its timeout holds), "async", an ``async def`` on the worker's event loop
+# process beside hundreds of others, or "thread", a plain function in that process's thread pool
+# (see orchestrator.worker.inprocess).
+EXECUTORS = ("process", "async", "thread")
+
+# ref -> the executor a job declared, for those that declared one other than "process".
+_executors: dict[str, str] = {}
+
+
+def job(fn=None, /, *, executor: str = "process"):
     """Decorator: ``@job`` lets the API, the admin and ``enqueue()`` run this function as a job.
 
     The function stays a plain function. Its module must be imported by every process that
     enqueues or runs it: put it in a ``jobs`` module of an installed app, or name its module in
-    ``ORCHESTRATOR_JOB_MODULES``."""
+    ``ORCHESTRATOR_JOB_MODULES``. ``executor`` says where a worker runs it: "process" (a forked
+    child, the default), "async" (an ``async def``, on the event loop of the worker's in-process
+    executor) or "thread" (a plain function, in its thread pool)."""
+    if executor not in EXECUTORS:
+        raise TypeError(f"@job(executor=...) must be one of {', '.join(map(repr, EXECUTORS))}, "
+                        f"got {limits.safe_repr(executor)}")
 
     def decorate(func):
         if not callable(func):
             raise TypeError(f"@job decorates a function, not {limits.safe_repr(func)}")
-        register(func)
+        is_async = inspect.iscoroutinefunction(func)
+        if executor == "async" and not is_async:
+            raise TypeError(f"@job(executor='async') needs an 'async def' function; {ref_of(func)} is a plain "
+                            "function (use executor='thread' for blocking I/O, or make it 'async def')")
+        if executor == "thread" and is_async:
+            raise TypeError(f"@job(executor='thread') runs a plain function in a thread; {ref_of(func)} is "
+                            "'async def' (use executor='async')")
+        ref = register(func)
+        if executor == "process":
+            _executors.pop(ref, None)
+        else:
+            _executors[ref] = executor
         return func
 
     return decorate(fn) if fn is not None else decorate
+
+
+def in_process_refs() -> list[str]:
+    """The registered jobs declared for the in-process executor (async or thread)."""
+    return sorted(_executors)
+
+
+def executor_of(ref: str) -> str:
+    """Where a worker runs the job registered under ``ref``: "process", "async" or "thread"."""
+    return _executors.get(ref, "process")
 
 
 def get(ref: str):

@@ -55,13 +55,18 @@ def hand_back(messages: list[dict], error: str, *, worker_id: int, queues: list[
 class Drain:
     """The drain of one worker, from the first SIGTERM until nothing is left (``done``)."""
 
-    def __init__(self, grace: float, pool: Pool, batch: Batch):
+    def __init__(self, grace: float, pool: Pool, batch: Batch, inprocess=None):
         self.grace = grace
         self.pool, self.batch = pool, batch
+        # What runs tasks: the forked children and, when the worker has one, the in-process executor.
+        self.runners = [pool] + ([inprocess] if inprocess is not None else [])
         self.deadline: float | None = None  # the end of the grace period (time.monotonic())
         self.marked = False  # the worker's row says "draining"
         self.interrupted: list[dict] = []  # killed at the end of the grace period, not yet handed back
         self.done = False
+
+    def busy_count(self) -> int:
+        return sum(runner.busy_count() for runner in self.runners)
 
     @property
     def active(self) -> bool:
@@ -69,7 +74,7 @@ class Drain:
 
     def begin(self, now: float) -> None:
         self.deadline = now + self.grace
-        log.info("draining: %d running task(s), grace %.0fs", self.pool.busy_count(), self.grace,
+        log.info("draining: %d running task(s), grace %.0fs", self.busy_count(), self.grace,
                  extra={"action": "worker_drain"})
 
     def step(self, now: float, stop_requests: int) -> bool:
@@ -88,7 +93,8 @@ class Drain:
             self.marked = True
         if stop_requests > 1 or now >= self.deadline:
             # The grace period is over: kill what still runs; it is handed back below.
-            self.interrupted += self.pool.interrupt()
+            for runner in self.runners:
+                self.interrupted += runner.interrupt()
         did = False
         if self.batch.endings:
             self.batch.flush()
@@ -99,5 +105,5 @@ class Drain:
                       worker_id=self.batch.worker_id, queues=self.batch.queues)
             self.interrupted = []
             did = True
-        self.done = not self.pool.busy_count() and not self.batch.endings and not self.interrupted
+        self.done = not self.busy_count() and not self.batch.endings and not self.interrupted
         return did

@@ -50,7 +50,11 @@ class Slot:
 
 
 class ForkedChildren:
-    """Children as forked processes, each running ``executor.child_main`` in its own process group."""
+    """Children as forked processes, each running ``main(conn, parent_pid)`` (``executor.child_main``
+    by default) in its own process group."""
+
+    def __init__(self, main: Callable[[object, int], None] | None = None):
+        self.main = main or executor.child_main
 
     def fork(self) -> tuple[int, object]:
         # Django's connection is closed before forking: a child must not share its socket (its
@@ -62,7 +66,7 @@ class ForkedChildren:
         pid = os.fork()
         if pid == 0:
             parent_conn.close()
-            executor.child_main(child_conn, parent)
+            self.main(child_conn, parent)
         child_conn.close()
         return pid, parent_conn
 

@@ -24,15 +24,16 @@ WHERE worker_id = %(worker)s AND state = '{TaskState.RUNNING}' AND id <> ALL (%(
 """
 
 
-def reconcile(pool: Pool, batch: Batch, drain: Drain) -> None:
+def reconcile(pool: Pool, batch: Batch, drain: Drain, also: set[int] = frozenset()) -> None:
     """The task runs the database says this worker runs, but none of its children does, are one
     of two things. An outcome recorded shortly before a crash, lost with the commits the server
     had not flushed yet (outcomes are written without waiting for the flush): recorded again
     from memory. A claim that committed while the connection broke, so the worker never heard
-    back: handed back, it never started."""
+    back: handed back, it never started. ``also``: the task runs the worker runs elsewhere than in
+    its children (the in-process executor) or holds for a child."""
     # Ours and accounted for: running in a child, ended with the outcome not yet recorded, or
     # interrupted by a drain and waiting to be handed back.
-    busy = {slot.message["id"] for slot in pool.busy()}
+    busy = {slot.message["id"] for slot in pool.busy()} | set(also)
     busy |= {ending.task_run_id for ending in batch.endings} | {message["id"] for message in drain.interrupted}
     with connection.cursor() as cursor:
         cursor.execute(CLAIMED_NOT_RUNNING, {"worker": batch.worker_id, "busy": sorted(busy)})

@@ -6,7 +6,9 @@ the outcomes that came back from the children (and resolves their runs) and clai
 task runs as there are idle children that are ready (forked and waiting); it commits before any
 child starts user code. Children (``pool``) are forked ahead and reused; a child whose task
 outlives its timeout, or whose task run was cancelled or reaped (``heartbeat``: ownership), is
-killed (SIGKILL on its process group) and replaced. After a database outage the worker
+killed (SIGKILL on its process group) and replaced. Jobs declared for the in-process executor
+run in its host instead, hundreds at once, when the worker has places for them (``inprocess``;
+``capacity`` and ``place`` say how a claim is sized and split). After a database outage the worker
 reconciles what it runs with what the database says (``reconnect``); SIGTERM drains (``drain``).
 
 Jobs run at least once: a worker can finish a task and die before recording it, and the reaper
@@ -21,7 +23,7 @@ import os
 import socket
 import time
 
-from orchestrator import clock, logs, reload, tracing
+from orchestrator import clock, logs, registry, reload, tracing
 from orchestrator.channels import CANCEL_CHANNEL, CODE_CHANNEL, DUE_CHANNEL, FLEET_CHANNEL, queue_channel
 from orchestrator.conf import app_settings
 from orchestrator.loop import DATABASE_ERRORS, Loop, Role, first_line
@@ -30,6 +32,7 @@ from orchestrator.states import AttemptOutcome, WorkerState
 from orchestrator.worker import heartbeat, reconnect
 from orchestrator.worker.batch import COALESCE_SECONDS, Batch
 from orchestrator.worker.drain import Drain
+from orchestrator.worker.inprocess import InProcess, runs_in_process, runs_on_loop
 from orchestrator.worker.pool import Pool, Slot
 from orchestrator.worker.wakeup import Wakeup
 
@@ -48,7 +51,8 @@ class Worker(Role):
     role = "worker"
 
     def __init__(self, queues: list[str], concurrency: int = 4, grace: float = 30.0, poll: float | None = None,
-                 name: str | None = None, max_tasks_per_child: int | None = None, min_children: int | None = None):
+                 name: str | None = None, max_tasks_per_child: int | None = None, min_children: int | None = None,
+                 inprocess: int = 0):
         if not queues:
             raise ValueError("a worker needs at least one queue (--queues default,batch)")
         if concurrency < 1:
@@ -61,6 +65,8 @@ class Worker(Role):
             min_children = app_settings.WORKER_MIN_CHILDREN
         if min_children < 0:
             raise ValueError(f"--min-children must be 0 (all: a fixed pool) or more, got {min_children}")
+        if inprocess < 0:
+            raise ValueError(f"--inprocess must be 0 (none: every job in a forked child) or more, got {inprocess}")
         self.queues = queues
         # Queue channels: work of these queues became due (claimed here when no limit applies to it)
         # or was admitted under a limit; the due channel: work became due in queues not looked up;
@@ -79,8 +85,17 @@ class Worker(Role):
         self.pool = Pool(concurrency=concurrency, min_children=min_children,
                          idle_seconds=app_settings.WORKER_CHILD_IDLE_SECONDS, max_tasks_per_child=max_tasks_per_child,
                          on_reply=self.child_replied, on_died=self.child_died)
+        # Places for the jobs declared @job(executor="async"/"thread"), in one host process
+        # (worker.inprocess); with none, such jobs run in forked children like any other.
+        self.inprocess = InProcess(places=inprocess, on_reply=self.child_replied, on_died=self.child_died)
+        # Claimed jobs that wait for a forked child: claimed for in-process places, they turned
+        # out to be jobs of the default executor (a claim cannot tell them apart).
+        self.held: list[dict] = []
+        # The share of in-process jobs among the latest claims (a moving average): how many of the
+        # free in-process places a claim offers (see capacity).
+        self.inprocess_share = 0.0
         self.batch = Batch(queues, self.poll)
-        self.drain = Drain(grace, self.pool, self.batch)
+        self.drain = Drain(grace, self.pool, self.batch, self.inprocess)
         self.want_claim = True
         self.last_claim = 0.0
         # Which notifications this worker answers, its back-off, its poll turns (worker.wakeup).
@@ -104,11 +119,19 @@ class Worker(Role):
         if forking:
             reload.snapshot()  # what the children inherit, to tell later what changed on disk
         self.pool.start(loop)
+        self.inprocess.start(loop, self.pool.generation)
         if forking:
             log.info("worker %s started: queues %s, concurrency %d (%d child process(es) forked ahead)%s", self.name,
                      ",".join(self.queues), self.concurrency, self.pool.min_children,
-                     f", max {self.pool.max_tasks_per_child} tasks per child" if self.pool.max_tasks_per_child else "",
+                     (f", max {self.pool.max_tasks_per_child} tasks per child" if self.pool.max_tasks_per_child else "")
+                     + (f", {self.inprocess.places} in-process places" if self.inprocess.places else ""),
                      extra={"action": "worker_start"})
+            declared = registry.in_process_refs()
+            if declared and not self.inprocess.places:
+                log.info("%d job(s) declared for the async or thread executor (%s) run in forked children here: "
+                         "start the worker with --inprocess N to run them in-process", len(declared),
+                         ", ".join(declared[:5]) + (", ..." if len(declared) > 5 else ""),
+                         extra={"action": "worker_no_inprocess"})
         self.next_heartbeat = time.monotonic() + self.heartbeat_every
 
     def register(self) -> None:
@@ -122,6 +145,7 @@ class Worker(Role):
         if self.loop is None:
             return
         self.pool.close()
+        self.inprocess.close()
         tracing.flush()
         if self.id is not None:
             try:
@@ -143,11 +167,15 @@ class Worker(Role):
         self.end_overdue_tasks(now)
         if self.loop.stop_requests and not self.drain.active:
             self.drain.begin(now)
+            self.drain.interrupted += self.held  # never started: handed back at once
+            self.held = []
         if self.drain.active:
             if self.pool.retiring:
                 self.pool.reap_retired(now)
             return self.drain.step(now, self.loop.stop_requests)
         self.pool.recycle(now)
+        self.inprocess.recycle(self.pool.generation)
+        self.start_held()
         if self.wakeup.stale:
             self.wakeup.refresh(self.id, self.queues)
             self.plan_poll(now, keep_sooner=True)
@@ -167,11 +195,11 @@ class Worker(Role):
             timeout = min(timeout, self.next_poll - now, self.next_due - now)
             if self.wakeup.owed or self.wakeup.everyone:
                 timeout = min(timeout, self.wakeup.quiet_until - now)  # the end of the back-off
-        deadlines = self.pool.deadlines(shrinking=not self.drain.active)
+        deadlines = self.pool.deadlines(shrinking=not self.drain.active) + self.inprocess.deadlines()
         if deadlines:
             timeout = min(timeout, min(deadlines) - now)
         asked = self.want_claim or self.wakeup.asked(now)
-        if (self.batch.endings or (asked and self.pool.idle_slots())) and not self.drain.active:
+        if (self.batch.endings or (asked and self.capacity())) and not self.drain.active:
             timeout = min(timeout, self.batch.last_flush + COALESCE_SECONDS - now) if self.holding(now) else 0.0
         return max(0.0, timeout)
 
@@ -182,11 +210,56 @@ class Worker(Role):
                 error=f"timed out after {message['timeout']:g}s: the task's process was killed",
                 log_path=self._existing_log(message), run_id=message["run_id"],
             ))
+        for message in self.inprocess.overdue(now):
+            how = "the job was cancelled" if runs_on_loop(message) else \
+                "a thread cannot be stopped: the in-process executor is replaced once its other jobs end"
+            self.batch.add(Ending(
+                message["id"], message["number"], AttemptOutcome.TIMED_OUT,
+                error=f"timed out after {message['timeout']:g}s: {how}",
+                log_path=self._existing_log(message), run_id=message["run_id"],
+            ))
+
+    def capacity(self) -> int:
+        """How many task runs a claim may take now: one per ready idle child not promised to a held
+        job, and, while no job waits for a child, as many of the free in-process places as the
+        share of in-process jobs among the latest claims says (at least one, to find them). A
+        claim cannot choose the executor of what it takes, so a worker whose queues hold only
+        default jobs offers one place per claim and holds at most one job beyond its children;
+        one whose queues hold only in-process jobs soon offers every place."""
+        free_children = max(0, len(self.pool.idle_slots()) - len(self.held))
+        free = 0 if self.held else self.inprocess.free()
+        return free_children + (max(1, round(free * self.inprocess_share)) if free else 0)
+
+    def start_held(self) -> None:
+        """Give the held jobs the children that became free."""
+        if not self.held:
+            return
+        for slot in self.pool.idle_slots()[:len(self.held)]:
+            self.pool.start_task(slot, self.held.pop(0))
+
+    def place(self, claimed: list[dict]) -> None:
+        """Start each claimed task run where it runs: a job declared for the in-process executor
+        there while it has places, everything else in an idle child, or held until one is free."""
+        if claimed and self.inprocess.places:
+            share = sum(1 for message in claimed if runs_in_process(message)) / len(claimed)
+            self.inprocess_share = (self.inprocess_share + share) / 2
+        idle = self.pool.idle_slots()
+        free = self.inprocess.free()
+        inprocess = []
+        for message in claimed:
+            if len(inprocess) < free and runs_in_process(message):
+                inprocess.append(message)
+            elif idle:
+                self.pool.start_task(idle.pop(0), message)
+            else:
+                self.held.append(message)
+        if inprocess:
+            self.inprocess.run(inprocess)
 
     def holding(self, now: float) -> bool:
         """Whether the next batch waits: the latest one began less than COALESCE_SECONDS ago and
         other children still run (their outcomes will join it). With none running, nothing would."""
-        return self.pool.busy_count() > 0 and not self.drain.active and self.batch.coalescing(now)
+        return self.pool.busy_count() + self.inprocess.busy_count() > 0 and not self.drain.active and self.batch.coalescing(now)
 
     def record_and_claim(self, now: float) -> bool:
         """Record the outcomes gathered so far and refill the idle children, in one transaction.
@@ -200,17 +273,16 @@ class Worker(Role):
         if now >= self.next_poll or now >= self.next_due:
             self.want_claim = True
             self.next_due = float("inf")
-        idle = self.pool.idle_slots()
+        capacity = self.capacity()
         answering = not self.want_claim and self.wakeup.asked(now)
-        claim = len(idle) if self.want_claim else self.wakeup.claim_size(len(idle)) if answering else 0
+        claim = capacity if self.want_claim else self.wakeup.claim_size(capacity) if answering else 0
         if not (self.batch.endings or claim) or self.holding(now):
             return False
         claimed = self.batch.flush(claim)
         if claim:
             self.last_claim = now
             self.after_claim(now, claim, len(claimed), answering)
-            for slot, message in zip(idle, claimed, strict=False):
-                self.pool.start_task(slot, message)
+            self.place(claimed)
         return True
 
     def after_claim(self, now: float, asked: int, claimed: int, answering: bool) -> None:
@@ -248,6 +320,9 @@ class Worker(Role):
 
     def resize_pool(self, now: float) -> None:
         """Grow when work waits and no child is free; shrink to the minimum after idling."""
+        if self.held:
+            self.pool.grow(len(self.held) + len(self.pool.idle_slots()))
+            return
         room = self.pool.room_to_grow() if self.want_claim or self.wakeup.asked(now) else 0
         if room:
             waiting = self.batch.waiting(room)
@@ -270,7 +345,8 @@ class Worker(Role):
         """After a database outage: reconcile what this worker runs with what the database says
         (``worker.reconnect``), then look for work at once (NOTIFYs sent during the outage were
         lost)."""
-        reconnect.reconcile(self.pool, self.batch, self.drain)
+        reconnect.reconcile(self.pool, self.batch, self.drain,
+                            also={message["id"] for message in self.inprocess.messages() + self.held})
         self.want_claim = True
         self.wakeup.stale = True  # workers may have come and gone meanwhile
 
@@ -321,6 +397,20 @@ class Worker(Role):
         for slot in self.pool.busy():
             if slot.message["id"] in ids:
                 self.abandon(slot, "cancelled")
+        for message in self.inprocess.messages() + self.held:
+            if message["id"] in ids:
+                self.give_up(message, "cancelled")
+
+    def give_up(self, message: dict, why: str) -> None:
+        """Stop a job of the in-process executor, or drop a held one, whose attempt is no longer
+        this worker's (cancelled or reaped)."""
+        log.info("stopping task run %s attempt %s: %s", message["id"], message["number"], why,
+                 extra={"action": "task_killed"})
+        if message in self.held:
+            self.held.remove(message)
+        else:
+            self.inprocess.give_up(message["id"])
+        self.batch.forget(message["id"])
 
     def abandon(self, slot: Slot, why: str) -> None:
         """Kill a task whose attempt is no longer this worker's (cancelled or reaped)."""
@@ -340,9 +430,13 @@ class Worker(Role):
     def check_ownership(self) -> None:
         """Kill the tasks whose attempts are no longer this worker's (cancelled or reaped)."""
         busy = self.pool.busy()
-        if not busy:
+        elsewhere = self.inprocess.messages() + self.held
+        if not busy and not elsewhere:
             return
-        mine = heartbeat.still_mine(self.id, [slot.message for slot in busy])
+        mine = heartbeat.still_mine(self.id, [slot.message for slot in busy] + elsewhere)
         for slot in busy:
             if slot.message["id"] not in mine:
                 self.abandon(slot, "its attempt was cancelled or reaped")
+        for message in elsewhere:
+            if message["id"] not in mine:
+                self.give_up(message, "its attempt was cancelled or reaped")

@@ -20,14 +20,21 @@ class Command(RoleCommand):
         parser.add_argument("--max-tasks-per-child", type=int, default=None,
                             help="Replace a child process after this many tasks (default: "
                                  "ORCHESTRATOR_WORKER_MAX_TASKS_PER_CHILD, 0: never).")
+        parser.add_argument("--inprocess", type=int, default=0,
+                            help="Places for jobs declared @job(executor='async') or executor='thread', run "
+                                 "concurrently in one in-process executor child (default 0: none, every job runs "
+                                 "in a forked child). Such a worker claims for these places too: give them to "
+                                 "workers of the queues that hold such jobs.")
         parser.add_argument("--name", default=None, help="Name prefix shown in the UI (default: the host name); the pid is appended.")
 
-    def handle(self, *args, queues, concurrency, grace, name, max_tasks_per_child, min_children, **options):
+    def handle(self, *args, queues, concurrency, grace, name, max_tasks_per_child, min_children, inprocess,
+               **options):
         require_migrated()
         names = [q.strip() for q in queues.split(",") if q.strip()]
         try:
             worker = Worker(names, concurrency=concurrency, grace=grace, name=name,
-                            max_tasks_per_child=max_tasks_per_child, min_children=min_children)
+                            max_tasks_per_child=max_tasks_per_child, min_children=min_children,
+                            inprocess=inprocess)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         worker.serve()

@@ -1,0 +1,198 @@
+"""The in-process executors (``@job(executor="async"/"thread")``) without processes: the
+decorator's checks, and where a worker places what it claimed (fake children and host, no
+database). Their scenarios with real workers: tests/processes/test_executors_processes.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.executor import READY
+from orchestrator.registry import executor_of, job
+from orchestrator.worker import Worker as WorkerRole
+from tests.support import inprocess_jobs
+
+REF = "tests.support.inprocess_jobs"
+
+
+# --- the decorator ----------------------------------------------------------------------------
+
+
+def test_the_async_executor_refuses_a_plain_function_at_definition():
+    with pytest.raises(TypeError, match=r"executor='async'.*needs an 'async def' function.*plain_sync"):
+        @job(executor="async")
+        def plain_sync():
+            pass
+
+
+def test_the_thread_executor_refuses_an_async_function_at_definition():
+    with pytest.raises(TypeError, match=r"executor='thread'.*coroutine_thread.*is 'async def'"):
+        @job(executor="thread")
+        async def coroutine_thread():
+            pass
+
+
+def test_an_unknown_executor_is_refused_naming_the_choices():
+    with pytest.raises(TypeError, match=r"one of 'process', 'async', 'thread', got 'celery'"):
+        job(executor="celery")
+
+
+def test_each_job_keeps_the_executor_it_declared():
+    assert executor_of(f"{REF}:hang_async") == "async"
+    assert executor_of(f"{REF}:hang_thread") == "thread"
+    assert executor_of(f"{REF}:plain_job") == "process"
+    assert inprocess_jobs.plain_job.__name__ == "plain_job"  # the decorator returns the function itself
+
+
+# --- where a worker places what it claimed (fake children, no process, no database) -------------
+
+
+class FakeConn:
+    def __init__(self):
+        self.sent, self.inbox = [], []
+
+    def send(self, message):
+        self.sent.append(message)
+
+    def poll(self):
+        return bool(self.inbox)
+
+    def recv(self):
+        if not self.inbox:
+            raise EOFError
+        return self.inbox.pop(0)
+
+    def close(self):
+        pass
+
+
+class FakeChildren:
+    def __init__(self, first_pid):
+        self.next_pid, self.conns, self.killed = first_pid, {}, []
+
+    def fork(self):
+        self.next_pid += 1
+        self.conns[self.next_pid] = FakeConn()
+        return self.next_pid, self.conns[self.next_pid]
+
+    def kill(self, pid):
+        self.killed.append(pid)
+
+    def exited(self, pid):
+        return pid in self.killed
+
+    def how_it_ended(self, pid):
+        return "signal 9"
+
+
+class FakeLoop:
+    def __init__(self):
+        self.watched = {}
+
+    def watch(self, conn, callback):
+        self.watched[id(conn)] = callback
+
+    def unwatch(self, conn):
+        self.watched.pop(id(conn), None)
+
+    def wake(self, conn):
+        self.watched[id(conn)](conn)
+
+
+def ready_worker(children=1, places=10):
+    """A worker whose children and in-process host are forked (fakes) and said they are ready."""
+    worker = WorkerRole(["default"], concurrency=children, inprocess=places)
+    worker.pool.children, worker.inprocess.children = FakeChildren(100), FakeChildren(900)
+    worker.loop = loop = FakeLoop()
+    worker.pool.start(loop)
+    worker.inprocess.start(loop)
+    for conn in [*worker.pool.children.conns.values(), *worker.inprocess.children.conns.values()]:
+        conn.inbox.append(READY)
+        loop.wake(conn)
+    return worker
+
+
+def message(task_run_id, fn, timeout=None):
+    return {"id": task_run_id, "run_id": task_run_id, "task": fn, "number": 1, "timeout": timeout,
+            "spec": {"kind": "python", "call": "job", "ref": f"{REF}:{fn}", "args": [], "kwargs": {}}}
+
+
+def test_a_worker_offers_in_process_places_as_far_as_its_claims_found_in_process_jobs():
+    worker = ready_worker(children=1, places=10)
+    # Nothing known yet: the idle child and one place, to find out.
+    assert worker.capacity() == 2
+    worker.place([message(1, "pid_async"), message(2, "pid_async")])
+    host = worker.inprocess.host
+    assert [[m["id"] for m in sent] for sent in host.conn.sent] == [[1, 2]]  # on the host in one message
+    assert worker.pool.idle_slots()  # the child still idle
+    # Half the latest claims were in-process jobs: half the 8 free places, and the idle child.
+    assert worker.inprocess_share == 0.5 and worker.capacity() == 1 + 4
+    worker.place([message(3, "pid_thread")] * 1)
+    assert worker.inprocess_share == 0.75 and worker.capacity() == 1 + round(7 * 0.75)
+
+
+def test_without_places_a_worker_claims_for_its_idle_children_and_runs_every_job_there():
+    worker = ready_worker(children=2, places=0)
+    assert worker.inprocess.host is None and worker.capacity() == 2
+    worker.place([message(1, "pid_async"), message(2, "pid_thread")])
+    assert sorted(slot.message["id"] for slot in worker.pool.slots) == [1, 2] and worker.held == []
+    assert worker.capacity() == 0
+
+
+def test_an_in_process_job_beyond_the_free_places_takes_an_idle_child():
+    worker = ready_worker(children=1, places=1)
+    worker.place([message(1, "pid_async"), message(2, "pid_async")])
+    assert [[m["id"] for m in sent] for sent in worker.inprocess.host.conn.sent] == [[1]]
+    assert [slot.message["id"] for slot in worker.pool.slots] == [2]
+
+
+def test_default_jobs_claimed_for_in_process_places_wait_for_a_child_and_stop_further_offers():
+    worker = ready_worker(children=1, places=10)
+    worker.place([message(1, "plain_job"), message(2, "plain_job")])
+    [slot] = worker.pool.slots
+    assert slot.message["id"] == 1 and [m["id"] for m in worker.held] == [2]
+    assert worker.inprocess_share == 0.0
+    # While a job waits for a child, a claim takes nothing: no idle child, no place offered.
+    assert worker.capacity() == 0
+    # The child's outcome frees it: the held job starts there, and places are offered again.
+    worker.pool.children.conns[slot.pid].inbox.append((1, 1, "succeeded", None, "", "", "", None, ""))
+    worker.loop.wake(slot.conn)
+    worker.start_held()
+    assert slot.message["id"] == 2 and worker.held == []
+    assert worker.capacity() == 1  # one place, to find in-process jobs; the child is busy
+
+
+def test_an_overdue_thread_job_retires_its_host_and_an_overdue_async_job_is_cancelled():
+    worker = ready_worker(children=1, places=10)
+    worker.place([message(1, "hang_async", timeout=1.0), message(2, "hang_thread", timeout=5.0)])
+    first = worker.inprocess.host
+    ended = worker.inprocess.overdue(float("inf"))
+    assert sorted(m["id"] for m in ended) == [1, 2]
+    assert {"cancel": 1} in first.conn.sent  # the async job is cancelled where it runs
+    # The stuck thread's host ran nothing else: killed, and a fresh one takes the next jobs.
+    assert first.pid in worker.inprocess.children.killed
+    assert worker.inprocess.host is not first and worker.inprocess.hosts == [worker.inprocess.host]
+
+
+def test_a_host_with_a_stuck_thread_finishes_its_other_jobs_before_it_is_killed():
+    worker = ready_worker(children=1, places=10)
+    replies = []
+    worker.inprocess.on_reply = lambda message, reply: replies.append(message["id"])
+    worker.place([message(1, "hang_thread", timeout=1.0), message(2, "pid_async")])
+    first = worker.inprocess.host
+    worker.inprocess.overdue(10**9)
+    assert first.retiring and first.pid not in worker.inprocess.children.killed  # job 2 still runs there
+    first.conn.inbox.append([(2, 1, "succeeded", "7", "", "", "", None, "")])
+    worker.loop.wake(first.conn)
+    assert replies == [2] and first.pid in worker.inprocess.children.killed
+
+
+def test_after_a_sync_the_host_is_replaced_once_its_jobs_ended():
+    worker = ready_worker(children=1, places=10)
+    worker.place([message(1, "pid_async")])
+    first = worker.inprocess.host
+    worker.inprocess.recycle(first.generation + 1)
+    assert first.retiring and worker.inprocess.host is not first
+    assert first.pid not in worker.inprocess.children.killed  # its job still runs
+    first.conn.inbox.append([(1, 1, "succeeded", "7", "", "", "", None, "")])
+    worker.loop.wake(first.conn)
+    assert first.pid in worker.inprocess.children.killed and worker.inprocess.hosts == [worker.inprocess.host]
