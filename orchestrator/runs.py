@@ -12,6 +12,8 @@ trigger, a schedule, a data event, a backfill, a callback and a job follow one r
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
 from collections import Counter
@@ -20,10 +22,12 @@ from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 from psycopg import pq
+from psycopg.types.json import Jsonb
 
 from orchestrator import admission, clock, retries, tracing
-from orchestrator.channels import wake_due
-from orchestrator.models import Run, TaskRun, Workflow, WorkflowVersion
+from orchestrator.channels import DISPATCH_CHANNEL, MAX_TOKENS, WAKE_SEQUENCE, queue_channel, wake_due
+from orchestrator.conf import app_settings
+from orchestrator.models import QueueLimit, Run, TaskRun, TenantLimit, Workflow, WorkflowVersion
 from orchestrator.states import Lane, RunState, TaskState, Trigger
 
 # Runs recorded as already over (a skipped or missed fire time, a run cancelled at once): no task runs.
@@ -49,27 +53,6 @@ class IdempotencyConflict(RunError):
 
 def payload_hash(payload: dict) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def insert_ignoring_conflicts(obj) -> int | None:
-    """INSERT … ON CONFLICT DO NOTHING RETURNING id: the new primary key, or None when a
-    unique constraint already holds such a row. One round trip, and no exception inside the
-    caller's transaction, so concurrent inserters never have to retry."""
-    meta = obj._meta
-    fields = [f for f in meta.concrete_fields if not f.primary_key]
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    values = [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for f in fields]
-    placeholders = ", ".join(["%s"] * len(fields))
-    sql = (f"INSERT INTO {connection.ops.quote_name(meta.db_table)} ({columns}) VALUES ({placeholders}) "
-           f"ON CONFLICT DO NOTHING RETURNING {connection.ops.quote_name(meta.pk.column)}")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, values)
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    obj.pk = row[0]
-    obj._state.adding = False
-    return row[0]
 
 
 def apply_graph_options(run: Run, spec: dict, now: datetime) -> None:
@@ -280,6 +263,117 @@ def create_run(
     return run, created
 
 
+# --- Runs and their task runs in one statement -------------------------------------------------
+
+
+def insert_new_runs(entries: list[NewRun], now: datetime) -> list[NewRun]:
+    """Insert runs and their task runs in ONE statement (``_insert_new_sql``); returns the entries
+    the database created, their ``run.pk`` set. A run whose idempotency key or (schedule, logical
+    date) exists is left out by the database (``ON CONFLICT DO NOTHING``), not by a check
+    beforehand. The caller admitted the runs that need it. One statement is atomic by itself, so a
+    job's ``create_run`` takes one round trip outside a transaction, and ``jobs.enqueue_many`` one
+    statement for N jobs.
+
+    Run ids are drawn from the run table's sequence inside the statement, so the task runs find
+    their run's id without a second statement. The workers of the queues that received due work
+    are woken by the same statement, and the dispatchers only where a concurrency limit applies to
+    that work: the rest the workers claim directly, and waking every dispatcher for it would cost
+    each of them a look for nothing."""
+    if not entries:
+        return []
+    run_fields, task_fields = _run_fields(), _task_fields()
+    run_values: list[list] = [[] for _ in run_fields]
+    task_values: list[list] = [[] for _ in task_fields]
+    run_numbers: list[int] = []
+    queues: set[str] = set()
+    for number, entry in enumerate(entries, start=1):
+        run = entry.run
+        if run.state in FINISHED_AT_BIRTH and run.finished_at is None:
+            run.finished_at = now
+        for column, f in zip(run_values, run_fields, strict=True):
+            column.append(f.get_db_prep_save(f.pre_save(run, add=True), connection))
+        if run.state in FINISHED_AT_BIRTH:
+            continue
+        for task_run in task_runs_for(run, entry.tasks, entry.due_at or now, hold=run.state == RunState.PENDING):
+            for column, f in zip(task_values, task_fields, strict=True):
+                value = f.pre_save(task_run, add=True)
+                # An array column travels as JSON: an array of arrays would have to be rectangular.
+                column.append(Jsonb(value) if f.name == "upstream" else f.get_db_prep_save(value, connection))
+            run_numbers.append(number)
+            queues.add(task_run.queue)
+    with connection.cursor() as cursor:
+        cursor.execute(_insert_new_sql(), {
+            **{f"r{i}": column for i, column in enumerate(run_values)},
+            **{f"t{i}": column for i, column in enumerate(task_values)}, "run_numbers": run_numbers,
+            "queues": sorted(queues), "channels": [queue_channel(queue) for queue in sorted(queues)],
+            "every": app_settings.DEFAULT_QUEUE_LIMIT is not None or app_settings.DEFAULT_TENANT_LIMIT is not None,
+        })
+        rows = cursor.fetchall()
+    created = []
+    for number, pk in rows:
+        if number is None:
+            continue
+        entry = entries[number - 1]
+        entry.run.pk = pk
+        entry.run._state.adding = False
+        created.append(entry)
+    return created
+
+
+def _task_fields():
+    return [f for f in TaskRun._meta.concrete_fields if not f.primary_key and f.name != "run"]
+
+
+@functools.cache
+def _insert_new_sql() -> str:
+    qn = connection.ops.quote_name
+    run_fields, task_fields = _run_fields(), _task_fields()
+    run_columns = ", ".join(qn(f.column) for f in run_fields)
+    run_names = ", ".join(f"r{i}" for i in range(len(run_fields)))
+    run_arrays = ", ".join(f"%(r{i})s::{f.db_type(connection)}[]" for i, f in enumerate(run_fields))
+    task_columns = ", ".join(qn(f.column) for f in task_fields)
+    task_names = ", ".join(
+        f"ARRAY(SELECT jsonb_array_elements_text(t{i}))::{f.db_type(connection)}" if f.name == "upstream" else f"t{i}"
+        for i, f in enumerate(task_fields))
+    task_arrays = ", ".join(
+        f"%(t{i})s::{'jsonb' if f.name == 'upstream' else f.db_type(connection)}[]" for i, f in enumerate(task_fields))
+    scheduled = f"'{TaskState.SCHEDULED}'"
+    return f"""
+WITH input AS MATERIALIZED (
+    -- Each run's id, drawn here so that its task runs can name it in the same statement.
+    SELECT nextval(pg_get_serial_sequence('{Run._meta.db_table}', 'id')) AS id, u.*
+    FROM unnest({run_arrays}) WITH ORDINALITY AS u({run_names}, number)
+), r AS (
+    INSERT INTO {qn(Run._meta.db_table)} (id, {run_columns})
+    SELECT id, {run_names} FROM input ORDER BY number
+    ON CONFLICT DO NOTHING RETURNING id
+), t AS (
+    -- The task runs of the runs created (none of a run the database left out).
+    INSERT INTO {qn(TaskRun._meta.db_table)} ({qn("run_id")}, {task_columns})
+    SELECT input.id, {task_names}
+    FROM unnest({task_arrays}, %(run_numbers)s::int[]) AS u({", ".join(f"t{i}" for i in range(len(task_fields)))}, number)
+    JOIN input ON input.number = u.number JOIN r ON r.id = input.id
+    RETURNING queue, tenant, state
+), woken AS (
+    -- The workers of each queue that received due work: about as many free slots as rows
+    -- (channels.wake_due's counted payload).
+    SELECT pg_notify(c.channel, CASE WHEN c.n > {MAX_TOKENS} THEN '' ELSE c.n || ' ' || (
+        SELECT max(nextval('{WAKE_SEQUENCE}')) FROM generate_series(1, c.n)) END)
+    FROM (SELECT q.channel, count(*) AS n FROM t
+          JOIN unnest(%(queues)s::text[], %(channels)s::text[]) AS q(queue, channel) ON q.queue = t.queue
+          WHERE t.state = {scheduled} GROUP BY q.channel) c
+    UNION ALL
+    -- The dispatchers only when a concurrency limit holds some of that work (theirs to admit).
+    SELECT pg_notify('{DISPATCH_CHANNEL}', '')
+    WHERE EXISTS (SELECT FROM t WHERE t.state = {scheduled} AND (%(every)s
+        OR t.queue IN (SELECT queue FROM {QueueLimit._meta.db_table})
+        OR t.tenant IN (SELECT tenant FROM {TenantLimit._meta.db_table})))
+)
+SELECT input.number, input.id FROM (SELECT count(*) FROM woken) w
+LEFT JOIN (r JOIN input ON input.id = r.id) ON true
+"""
+
+
 def _graph(workflow: Workflow | None, version: WorkflowVersion | None,
            tasks: dict | None) -> tuple[WorkflowVersion | None, dict]:
     """The graph a new run follows: the given version or tasks, else the workflow's current version."""
@@ -296,21 +390,21 @@ def _graph(workflow: Workflow | None, version: WorkflowVersion | None,
 
 def _insert_run(run: Run, spec: dict, tasks: dict, due_at: datetime, now: datetime) -> tuple[Run, bool]:
     """Admit the run (when it is to start) and insert it and, unless it is over at birth, its task
-    runs, in one transaction; an existing run of the same idempotency key or (schedule, logical
-    date) is answered instead."""
-    with transaction.atomic():
-        if run.state == RunState.RUNNING and run.workflow is not None:
+    runs, in one statement (``insert_new_runs``); an existing run of the same idempotency key or
+    (schedule, logical date) is answered instead. Only admission needs a transaction around it
+    (its lock is held until the run is in): a run that asks none (a job) takes one round trip."""
+    admitting = run.state == RunState.RUNNING and run.workflow is not None
+    with transaction.atomic() if admitting else contextlib.nullcontext():
+        if admitting:
             decision = admission.admit_one(run.workflow, run.lane)
             run.state, run.reason = decision.state, decision.reason
         apply_graph_options(run, spec, now)
-        if insert_ignoring_conflicts(run) is None:
+        if not insert_new_runs([NewRun(run, tasks, due_at, admitted=True)], now):
             existing = _existing(run)
             if (run.idempotency_key and run.payload_hash and existing.payload_hash
                     and existing.payload_hash != run.payload_hash):
                 raise IdempotencyConflict(run.idempotency_key, existing)
             return existing, False
-        if run.state not in FINISHED_AT_BIRTH:
-            wake_for(TaskRun.objects.bulk_create(task_runs_for(run, tasks, due_at, hold=run.state == RunState.PENDING)))
     return run, True
 
 
