@@ -11,8 +11,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from orchestrator.jobs import JobError, enqueue
+from orchestrator.jobs import JobError, enqueue, enqueue_many
 from orchestrator.models import Run, TaskRun
+from orchestrator.runs import IdempotencyConflict
 from orchestrator.states import TaskState
 
 pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
@@ -68,3 +69,77 @@ def test_a_bad_job_is_refused_before_any_statement():
     with CaptureQueriesContext(connection) as queries, pytest.raises(JobError):
         enqueue(REF, run_after=NOW.replace(tzinfo=None) + timedelta(minutes=1), now=NOW)
     assert queries.captured_queries == []
+
+
+# --- enqueue_many ---------------------------------------------------------------------------------
+
+
+def test_n_jobs_are_created_by_one_statement():
+    items = [{"ref": REF, "kwargs": {"user_id": n}, "queue": "batch" if n % 2 else "default", "priority": n % 3}
+             for n in range(300)]
+    with CaptureQueriesContext(connection) as queries:
+        results = enqueue_many(items, now=NOW)
+    assert len(queries.captured_queries) == 1
+    assert [created for _, created in results] == [True] * 300
+    assert len({run.pk for run, _ in results}) == 300
+    # Each run has its own task run, with its own call, queue and priority.
+    task_runs = {t.run_id: t for t in TaskRun.objects.all()}
+    for n, (run, _) in enumerate(results):
+        task_run = task_runs[run.pk]
+        assert (task_run.spec["kwargs"], task_run.queue, task_run.priority, task_run.state, task_run.due_at) == (
+            {"user_id": n}, "batch" if n % 2 else "default", n % 3, TaskState.SCHEDULED, NOW)
+        assert (run.trigger, run.priority, run.logical_date) == ("job", n % 3, NOW)
+
+
+def test_a_key_repeated_in_a_batch_with_the_same_request_is_one_job():
+    results = enqueue_many([{"ref": REF, "kwargs": {"user_id": 1}, "idempotency_key": "a"},
+                            {"ref": REF, "kwargs": {"user_id": 2}},
+                            {"ref": REF, "kwargs": {"user_id": 1}, "idempotency_key": "a"}], now=NOW)
+    assert [created for _, created in results] == [True, True, False]
+    assert results[0][0].pk == results[2][0].pk != results[1][0].pk
+    assert (Run.objects.count(), TaskRun.objects.count()) == (2, 2)
+
+
+def test_a_key_repeated_in_a_batch_with_another_request_refuses_the_batch_before_writing():
+    items = [{"ref": REF, "kwargs": {"user_id": 1}, "idempotency_key": "a"},
+             {"ref": REF, "kwargs": {"user_id": 2}, "idempotency_key": "a"}]
+    with CaptureQueriesContext(connection) as queries, pytest.raises(JobError) as caught:
+        enqueue_many(items, now=NOW)
+    assert caught.value.field == "jobs[1].idempotency_key"
+    assert "also the key of jobs[0]" in str(caught.value)
+    assert queries.captured_queries == []
+    assert Run.objects.count() == 0
+
+
+def test_a_key_of_a_stored_job_answers_that_job_or_refuses_the_whole_batch():
+    stored, _ = enqueue(REF, kwargs={"user_id": 1}, idempotency_key="a", now=NOW)
+    results = enqueue_many([{"ref": REF, "kwargs": {"user_id": 1}, "idempotency_key": "a"},
+                            {"ref": REF, "kwargs": {"user_id": 2}, "idempotency_key": "b"}], now=NOW)
+    assert [(run.pk == stored.pk, created) for run, created in results] == [(True, False), (False, True)]
+    assert Run.objects.count() == 2
+    # Another request under a stored key: refused, and nothing of the batch is kept.
+    with pytest.raises(IdempotencyConflict) as caught:
+        enqueue_many([{"ref": REF, "kwargs": {"user_id": 3}, "idempotency_key": "c"},
+                      {"ref": REF, "kwargs": {"user_id": 9}, "idempotency_key": "a"}], now=NOW)
+    assert caught.value.field == "jobs[1].idempotency_key"
+    assert caught.value.existing.pk == stored.pk
+    assert not Run.objects.filter(idempotency_key="c").exists()
+    assert (Run.objects.count(), TaskRun.objects.count()) == (2, 2)
+
+
+@pytest.mark.parametrize(("items", "field", "message"), [
+    ([{"ref": REF}, {"ref": REF, "queue": "no spaces"}], "jobs[1].queue", "queue must be"),
+    ([{"ref": "workflows.jobs:missing"}], "jobs[0].ref", "unknown job"),
+    ([{"ref": REF, "when": 1}], "jobs[0]", "unknown argument(s) when"),
+    ([{"args": [1]}], "jobs[0].ref", "needs a ref"),
+    (["x"], "jobs[0]", "must be a dict"),
+    ({"ref": REF}, "jobs", "must be a list"),
+])
+def test_a_bad_item_is_refused_with_its_place_named_and_nothing_written(items, field, message):
+    with CaptureQueriesContext(connection) as queries, pytest.raises(JobError) as caught:
+        enqueue_many(items, now=NOW)
+    assert caught.value.field == field
+    assert message in str(caught.value)
+    # (A reference may be looked up among the workflows' tasks: a read.)
+    assert not [q for q in queries.captured_queries if "INSERT" in q["sql"]]
+    assert Run.objects.count() == 0
