@@ -143,3 +143,38 @@ def test_a_bad_item_is_refused_with_its_place_named_and_nothing_written(items, f
     # (A reference may be looked up among the workflows' tasks: a read.)
     assert not [q for q in queries.captured_queries if "INSERT" in q["sql"]]
     assert Run.objects.count() == 0
+
+
+# --- claiming: what each claimed job costs --------------------------------------------------------
+
+
+def worker_table_reads() -> int:
+    """Index scans of the worker table in this transaction, counted by PostgreSQL (a foreign key
+    check is one, and locks the worker's row)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT COALESCE(idx_scan, 0) + COALESCE(seq_scan, 0) FROM pg_stat_xact_user_tables "
+                       "WHERE relname = 'orchestrator_worker'")
+        return cursor.fetchone()[0]
+
+
+def test_claiming_jobs_neither_reads_nor_locks_the_workers_row(clock):
+    from django.db import transaction
+
+    from orchestrator.models import Attempt
+    from orchestrator.worker import Worker
+
+    enqueue_many([{"ref": REF, "kwargs": {"user_id": n}} for n in range(40)], now=clock.now())
+    loop = Worker(["default"], concurrency=4)
+    loop.register()
+    with transaction.atomic():
+        before = worker_table_reads()
+        claimed = loop.claim(40, clock.now())
+        with connection.cursor() as cursor:
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # the foreign key checks a commit would make
+        after = worker_table_reads()
+    assert len(claimed) == 40
+    # The task run and the attempt name their worker (a record, not a reference the database
+    # checks): no look-up and no share lock of the worker's row per claimed job.
+    assert after - before == 0
+    assert Attempt.objects.filter(worker_id=loop.id).count() == 40
+    assert TaskRun.objects.filter(worker_id=loop.id, state=TaskState.RUNNING).count() == 40
