@@ -345,7 +345,7 @@ def _task_fields():
     return [f for f in TaskRun._meta.concrete_fields if not f.primary_key and f.name != "run"]
 
 
-@functools.cache
+@functools.lru_cache(maxsize=64)  # one text per shape (which columns vary): a handful in practice
 def _insert_new_sql(run_shape: tuple[bool, ...], task_shape: tuple[bool, ...]) -> str:
     qn = connection.ops.quote_name
     run_fields, task_fields = _run_fields(), _task_fields()
