@@ -256,6 +256,23 @@ def enqueue_many(items, *, created_by=None, now: datetime | None = None) -> list
     back (created=False) when its payload is the same; a different payload refuses the whole batch
     (a JobError within the batch before any statement; IdempotencyConflict against a stored job,
     the batch rolled back), so a client can retry a batch as a whole."""
+    prepared = _checked_items(items)
+    same_as = _repeated_keys(prepared)
+    now = now or clock.now()
+    entries = {index: _new_run(item, now, created_by) for index, item in enumerate(prepared) if index not in same_as}
+    keyed = any(item.idempotency_key for item in prepared)
+    # Without keys nothing can conflict: each statement stands alone. With keys, a conflict found
+    # after the insert undoes the batch.
+    with transaction.atomic() if keyed else contextlib.nullcontext():
+        created = _insert_entries(entries, now)
+    for index, entry in entries.items():
+        if index in created:
+            tracing.enqueued(entry.run, entry.tasks)
+    return [(entries[same_as.get(index, index)].run, index in created) for index in range(len(prepared))]
+
+
+def _checked_items(items) -> list[_Prepared]:
+    """Each item checked as ``enqueue`` checks its arguments; JobError names the item at fault."""
     if isinstance(items, dict | str | bytes) or not hasattr(items, "__iter__"):
         raise JobError(f"jobs must be a list of dicts, got {type(items).__name__}", field="jobs")
     prepared: list[_Prepared] = []
@@ -273,56 +290,57 @@ def enqueue_many(items, *, created_by=None, now: datetime | None = None) -> list
             prepared.append(_prepare(**item))
         except JobError as exc:
             raise JobError(f"{where}: {exc}", field=f"{where}.{exc.field}") from None
-    now = now or clock.now()
-    # An item repeating an earlier item's key is that item's job (or, with another payload, refused).
+    return prepared
+
+
+def _repeated_keys(prepared: list[_Prepared]) -> dict[int, int]:
+    """The items that repeat an earlier item's key with the same request: {index: earlier index}.
+    The same key with another request refuses the batch (JobError)."""
     first_of_key: dict[str, int] = {}
     same_as: dict[int, int] = {}
     for index, item in enumerate(prepared):
         if item.idempotency_key is None:
             continue
         earlier = first_of_key.setdefault(item.idempotency_key, index)
-        if earlier != index:
-            if payload_hash(prepared[earlier].payload) != payload_hash(item.payload):
-                raise JobError(f"jobs[{index}]: idempotency key {item.idempotency_key!r} is also the key of "
-                               f"jobs[{earlier}], with a different request", field=f"jobs[{index}].idempotency_key")
-            same_as[index] = earlier
-    entries: dict[int, NewRun] = {}
-    for index, item in enumerate(prepared):
-        if index in same_as:
+        if earlier == index:
             continue
-        when = item.run_after or now
-        tasks = tracing.new_run({item.ref: item.spec})
-        entries[index] = NewRun(Run(
-            logical_date=when, trigger=Trigger.JOB, params={}, tenant=item.tenant, priority=item.priority,
-            state=RunState.RUNNING, idempotency_key=item.idempotency_key,
-            payload_hash=payload_hash(item.payload) if item.payload is not None else "", created_by=created_by,
-        ), tasks, when, admitted=True)
-    keyed = any(item.idempotency_key for item in prepared)
-    # Without keys nothing can conflict: each statement stands alone. With keys, a conflict found
-    # after the insert undoes the batch.
-    with transaction.atomic() if keyed else contextlib.nullcontext():
-        order = list(entries.values())
-        created = set()
-        for start in range(0, len(order), RUN_CHUNK):
-            created.update(id(entry) for entry in insert_new_runs(order[start:start + RUN_CHUNK], now))
-        missing = [index for index, entry in entries.items() if id(entry) not in created]
-        existing = {run.idempotency_key: run for run in Run.objects.filter(
-            idempotency_key__in=[prepared[index].idempotency_key for index in missing])} if missing else {}
-        for index in missing:
-            entry, key = entries[index], prepared[index].idempotency_key
-            found = existing.get(key)
-            if found is None:  # only a key can make the database decline a job's run
-                raise JobError(f"jobs[{index}] was not created and no job holds its key", field=f"jobs[{index}]")
-            if found.payload_hash and found.payload_hash != entry.run.payload_hash:
-                conflict = IdempotencyConflict(key, found)
-                conflict.field = f"jobs[{index}].idempotency_key"
-                raise conflict
-            entry.run = found
-    for entry in order:
-        if id(entry) in created:
-            tracing.enqueued(entry.run, entry.tasks)
-    results = []
-    for index in range(len(prepared)):
-        entry = entries[same_as.get(index, index)]
-        results.append((entry.run, id(entry) in created and index not in same_as))
-    return results
+        if payload_hash(prepared[earlier].payload) != payload_hash(item.payload):
+            raise JobError(f"jobs[{index}]: idempotency key {item.idempotency_key!r} is also the key of "
+                           f"jobs[{earlier}], with a different request", field=f"jobs[{index}].idempotency_key")
+        same_as[index] = earlier
+    return same_as
+
+
+def _new_run(item: _Prepared, now: datetime, created_by) -> NewRun:
+    when = item.run_after or now
+    return NewRun(Run(
+        logical_date=when, trigger=Trigger.JOB, params={}, tenant=item.tenant, priority=item.priority,
+        state=RunState.RUNNING, idempotency_key=item.idempotency_key,
+        payload_hash=payload_hash(item.payload) if item.payload is not None else "", created_by=created_by,
+    ), tracing.new_run({item.ref: item.spec}), when, admitted=True)
+
+
+def _insert_entries(entries: dict[int, NewRun], now: datetime) -> set[int]:
+    """Insert the batch; the indexes of the items created. An item the database declined takes the
+    stored job of its key, or raises IdempotencyConflict when that job's request differs."""
+    order = list(entries.values())
+    made: set[int] = set()
+    for start in range(0, len(order), RUN_CHUNK):
+        made.update(id(entry) for entry in insert_new_runs(order[start:start + RUN_CHUNK], now))
+    created = {index for index, entry in entries.items() if id(entry) in made}
+    missing = [index for index in entries if index not in created]
+    if not missing:
+        return created
+    existing = {run.idempotency_key: run for run in Run.objects.filter(
+        idempotency_key__in=[entries[index].run.idempotency_key for index in missing])}
+    for index in missing:
+        entry = entries[index]
+        found = existing.get(entry.run.idempotency_key)
+        if found is None:  # only a key can make the database decline a job's run
+            raise JobError(f"jobs[{index}] was not created and no job holds its key", field=f"jobs[{index}]")
+        if found.payload_hash and found.payload_hash != entry.run.payload_hash:
+            conflict = IdempotencyConflict(entry.run.idempotency_key, found)
+            conflict.field = f"jobs[{index}].idempotency_key"
+            raise conflict
+        entry.run = found
+    return created

@@ -317,29 +317,35 @@ class JobListView(APIBase):
         if not items or len(items) > MAX_JOBS_PER_REQUEST:
             raise ValidationError({"non_field_errors": [
                 f"a list of jobs holds 1 to {MAX_JOBS_PER_REQUEST} jobs, got {len(items)}"]})
-        problems, checked = {}, []
-        for index, item in enumerate(items):
-            if not isinstance(item, dict):
-                problems[f"jobs[{index}]"] = [f"expected a JSON object, got {type(item).__name__}"]
-                continue
-            serializer = s.JobRequestSerializer(data=item)
-            if not serializer.is_valid():
-                problems.update({f"jobs[{index}].{field}": messages for field, messages in serializer.errors.items()})
-                continue
-            data = serializer.validated_data
-            checked.append({"ref": data["ref"], "args": data["args"], "kwargs": data["kwargs"],
-                            "run_after": data["run_after"], "queue": data["queue"], "priority": data["priority"],
-                            "idempotency_key": data.get("idempotency_key") or None,
-                            "max_attempts": data["max_attempts"], "timeout": data["timeout"]})
-        if problems:
-            raise ValidationError(problems)
-        results = jobs.enqueue_many(checked, created_by=request.user)
+        results = jobs.enqueue_many(checked_jobs(items), created_by=request.user)
         created = [run.pk for run, was_created in results if was_created]
         if created:
             audit.record_each("enqueue", "run", created, request=request, jobs=len(created))
         found = jobs_queryset().in_bulk([run.pk for run, _ in results])
         return Response([job_data(found[run.pk]) for run, _ in results],
                         status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+def checked_jobs(items: list) -> list[dict]:
+    """Each item of a list of jobs checked by the request serializer: enqueue_many's items, or
+    a 400 with every item's errors keyed ``jobs[i].field``."""
+    problems, checked = {}, []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            problems[f"jobs[{index}]"] = [f"expected a JSON object, got {type(item).__name__}"]
+            continue
+        serializer = s.JobRequestSerializer(data=item)
+        if not serializer.is_valid():
+            problems.update({f"jobs[{index}].{field}": messages for field, messages in serializer.errors.items()})
+            continue
+        data = serializer.validated_data
+        checked.append({"ref": data["ref"], "args": data["args"], "kwargs": data["kwargs"],
+                        "run_after": data["run_after"], "queue": data["queue"], "priority": data["priority"],
+                        "idempotency_key": data.get("idempotency_key") or None,
+                        "max_attempts": data["max_attempts"], "timeout": data["timeout"]})
+    if problems:
+        raise ValidationError(problems)
+    return checked
 
 
 class JobDetailView(APIBase):
