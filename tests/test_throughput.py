@@ -178,3 +178,21 @@ def test_claiming_jobs_neither_reads_nor_locks_the_workers_row(clock):
     assert after - before == 0
     assert Attempt.objects.filter(worker_id=loop.id).count() == 40
     assert TaskRun.objects.filter(worker_id=loop.id, state=TaskState.RUNNING).count() == 40
+
+
+def test_a_run_over_at_birth_is_one_row_and_a_pending_one_holds_its_tasks_back():
+    from orchestrator.runs import create_run
+    from orchestrator.states import RunState
+
+    with CaptureQueriesContext(connection) as queries:
+        skipped, created = create_run(None, trigger="job", tasks={"a": {"kind": "python", "ref": REF}},
+                                      state=RunState.SKIPPED, reason="overlap", now=NOW)
+    assert created is True and len(queries.captured_queries) == 1
+    assert (Run.objects.get(pk=skipped.pk).state, Run.objects.get(pk=skipped.pk).finished_at) == (RunState.SKIPPED, NOW)
+    assert not TaskRun.objects.filter(run=skipped).exists()
+    held, _ = create_run(None, trigger="job", tasks={"a": {"kind": "python", "ref": REF},
+                                                     "b": {"kind": "python", "ref": REF, "upstream": ["a"]}},
+                         state=RunState.PENDING, now=NOW)
+    assert dict(TaskRun.objects.filter(run=held).values_list("task", "state")) == {
+        "a": TaskState.WAITING, "b": TaskState.WAITING}
+    assert TaskRun.objects.get(run=held, task="b").upstream == ["a"]
