@@ -14,25 +14,39 @@ creates the job, and the other gets it back (or a conflict, if its payload diffe
     run, created = enqueue(send_welcome_email, kwargs={"user_id": 42},
                            run_after=timezone.now() + timedelta(minutes=10), idempotency_key="welcome-42")
 
+``enqueue_many([{"ref": ..., "kwargs": ...}, ...])`` enqueues a batch: every item checked first,
+then the whole batch inserted by one statement, idempotency keys answered as ``enqueue`` does.
+
 Only registered functions can be jobs (see ``orchestrator.registry``): a reference given by name
 (the API's ``ref``) is looked up, never imported.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+from dataclasses import dataclass
 from datetime import datetime
 
+from django.db import transaction
 from django.utils import timezone
 
-from orchestrator import clock, limits, registry, retries
+from orchestrator import clock, limits, registry, retries, tracing
 from orchestrator.models import Run
 from orchestrator.registry import job
 from orchestrator.retries import RetryPolicy
-from orchestrator.runs import IdempotencyConflict, RunError, create_run
-from orchestrator.states import Trigger
+from orchestrator.runs import (
+    RUN_CHUNK,
+    IdempotencyConflict,
+    NewRun,
+    RunError,
+    create_run,
+    insert_new_runs,
+    payload_hash,
+)
+from orchestrator.states import RunState, Trigger
 
-__all__ = ["IdempotencyConflict", "JobError", "RetryPolicy", "enqueue", "job", "job_ref", "job_spec"]
+__all__ = ["IdempotencyConflict", "JobError", "RetryPolicy", "enqueue", "enqueue_many", "job", "job_ref", "job_spec"]
 
 
 class JobError(RunError):
@@ -185,20 +199,148 @@ def enqueue(
     args, kwargs, queue, priority, retry policy, timeout, tenant, spec_extra) but not ``run_after``,
     so a client retrying "in ten minutes" a little later gets the job it already made.
     """
+    prepared = _prepare(ref, args=args, kwargs=kwargs, run_after=run_after, queue=queue, priority=priority,
+                        idempotency_key=idempotency_key, max_attempts=max_attempts, retry=retry, timeout=timeout,
+                        tenant=tenant, spec_extra=spec_extra)
+    now = now or clock.now()
+    when = prepared.run_after or now
+    return create_run(
+        None, trigger=Trigger.JOB, tasks={prepared.ref: prepared.spec}, logical_date=when, due_at=when,
+        priority=priority, tenant=tenant, idempotency_key=idempotency_key, request_payload=prepared.payload,
+        created_by=created_by, now=now,
+    )
+
+
+@dataclass
+class _Prepared:
+    ref: str
+    spec: dict
+    payload: dict | None  # what the idempotency key stands for (None without a key)
+    run_after: datetime | None
+    priority: int
+    tenant: str
+    idempotency_key: str | None
+
+
+def _prepare(ref, *, args=(), kwargs=None, run_after=None, queue="default", priority=0, idempotency_key=None,
+             max_attempts=None, retry=None, timeout=None, tenant="default", spec_extra=None) -> _Prepared:
+    """One job's checked reference, spec and idempotency payload; JobError names the argument at fault."""
     ref = job_ref(ref)
     _check_run_after(run_after)
     _check_key(idempotency_key)
     spec = job_spec(ref, args=args, kwargs=kwargs, queue=queue, priority=priority, tenant=tenant,
                     max_attempts=max_attempts, retry=retry, timeout=timeout, spec_extra=spec_extra)
-    payload = {"ref": ref, "args": spec["args"], "kwargs": spec["kwargs"], "queue": queue, "priority": priority,
-               "max_attempts": spec["max_attempts"], "timeout": timeout, "tenant": tenant,
-               "spec_extra": _extra(spec_extra)}
-    if retry is not None:
-        payload["retry"] = retry.spec()
+    payload = None
+    if idempotency_key is not None:
+        payload = {"ref": ref, "args": spec["args"], "kwargs": spec["kwargs"], "queue": queue, "priority": priority,
+                   "max_attempts": spec["max_attempts"], "timeout": timeout, "tenant": tenant,
+                   "spec_extra": _extra(spec_extra)}
+        if retry is not None:
+            payload["retry"] = retry.spec()
+    return _Prepared(ref, spec, payload, run_after, priority, tenant, idempotency_key)
+
+
+# What each item of enqueue_many may name: enqueue's arguments but who and when.
+ITEM_KEYS = frozenset({"ref", "args", "kwargs", "run_after", "queue", "priority", "idempotency_key", "max_attempts",
+                       "retry", "timeout", "tenant", "spec_extra"})
+
+
+def enqueue_many(items, *, created_by=None, now: datetime | None = None) -> list[tuple[Run, bool]]:
+    """Enqueue many jobs: ``items`` is a list of dicts of ``enqueue``'s arguments (``ref`` and any of
+    ``ITEM_KEYS``). Returns (run, created) per item, in order.
+
+    Every item is checked before anything is written (JobError names the item, e.g.
+    ``jobs[3].queue``). The runs and task runs of the whole batch are inserted by one statement
+    (``runs.insert_new_runs``, up to ``runs.RUN_CHUNK`` jobs each). Idempotency keys keep their
+    meaning: an item whose key an earlier item of the batch or a stored job holds gets that job
+    back (created=False) when its payload is the same; a different payload refuses the whole batch
+    (a JobError within the batch before any statement; IdempotencyConflict against a stored job,
+    the batch rolled back), so a client can retry a batch as a whole."""
+    prepared = _checked_items(items)
+    same_as = _repeated_keys(prepared)
     now = now or clock.now()
-    when = run_after or now
-    return create_run(
-        None, trigger=Trigger.JOB, tasks={ref: spec}, logical_date=when, due_at=when, priority=priority,
-        tenant=tenant, idempotency_key=idempotency_key, request_payload=payload if idempotency_key else None,
-        created_by=created_by, now=now,
-    )
+    entries = {index: _new_run(item, now, created_by) for index, item in enumerate(prepared) if index not in same_as}
+    keyed = any(item.idempotency_key for item in prepared)
+    # Without keys nothing can conflict: each statement stands alone. With keys, a conflict found
+    # after the insert undoes the batch.
+    with transaction.atomic() if keyed else contextlib.nullcontext():
+        created = _insert_entries(entries, now)
+    for index, entry in entries.items():
+        if index in created:
+            tracing.enqueued(entry.run, entry.tasks)
+    return [(entries[same_as.get(index, index)].run, index in created) for index in range(len(prepared))]
+
+
+def _checked_items(items) -> list[_Prepared]:
+    """Each item checked as ``enqueue`` checks its arguments; JobError names the item at fault."""
+    if isinstance(items, dict | str | bytes) or not hasattr(items, "__iter__"):
+        raise JobError(f"jobs must be a list of dicts, got {type(items).__name__}", field="jobs")
+    prepared: list[_Prepared] = []
+    for index, item in enumerate(items):
+        where = f"jobs[{index}]"
+        if not isinstance(item, dict):
+            raise JobError(f"{where} must be a dict of enqueue's arguments, got {type(item).__name__}", field=where)
+        unknown = sorted(str(key) for key in item if key not in ITEM_KEYS)
+        if unknown:
+            raise JobError(f"{where} has unknown argument(s) {', '.join(unknown)}; "
+                           f"allowed: {', '.join(sorted(ITEM_KEYS))}", field=where)
+        if "ref" not in item:
+            raise JobError(f"{where} needs a ref", field=f"{where}.ref")
+        try:
+            prepared.append(_prepare(**item))
+        except JobError as exc:
+            raise JobError(f"{where}: {exc}", field=f"{where}.{exc.field}") from None
+    return prepared
+
+
+def _repeated_keys(prepared: list[_Prepared]) -> dict[int, int]:
+    """The items that repeat an earlier item's key with the same request: {index: earlier index}.
+    The same key with another request refuses the batch (JobError)."""
+    first_of_key: dict[str, int] = {}
+    same_as: dict[int, int] = {}
+    for index, item in enumerate(prepared):
+        if item.idempotency_key is None:
+            continue
+        earlier = first_of_key.setdefault(item.idempotency_key, index)
+        if earlier == index:
+            continue
+        if payload_hash(prepared[earlier].payload) != payload_hash(item.payload):
+            raise JobError(f"jobs[{index}]: idempotency key {item.idempotency_key!r} is also the key of "
+                           f"jobs[{earlier}], with a different request", field=f"jobs[{index}].idempotency_key")
+        same_as[index] = earlier
+    return same_as
+
+
+def _new_run(item: _Prepared, now: datetime, created_by) -> NewRun:
+    when = item.run_after or now
+    return NewRun(Run(
+        logical_date=when, trigger=Trigger.JOB, params={}, tenant=item.tenant, priority=item.priority,
+        state=RunState.RUNNING, idempotency_key=item.idempotency_key,
+        payload_hash=payload_hash(item.payload) if item.payload is not None else "", created_by=created_by,
+    ), tracing.new_run({item.ref: item.spec}), when, admitted=True)
+
+
+def _insert_entries(entries: dict[int, NewRun], now: datetime) -> set[int]:
+    """Insert the batch; the indexes of the items created. An item the database declined takes the
+    stored job of its key, or raises IdempotencyConflict when that job's request differs."""
+    order = list(entries.values())
+    made: set[int] = set()
+    for start in range(0, len(order), RUN_CHUNK):
+        made.update(id(entry) for entry in insert_new_runs(order[start:start + RUN_CHUNK], now))
+    created = {index for index, entry in entries.items() if id(entry) in made}
+    missing = [index for index in entries if index not in created]
+    if not missing:
+        return created
+    existing = {run.idempotency_key: run for run in Run.objects.filter(
+        idempotency_key__in=[entries[index].run.idempotency_key for index in missing])}
+    for index in missing:
+        entry = entries[index]
+        found = existing.get(entry.run.idempotency_key)
+        if found is None:  # only a key can make the database decline a job's run
+            raise JobError(f"jobs[{index}] was not created and no job holds its key", field=f"jobs[{index}]")
+        if found.payload_hash and found.payload_hash != entry.run.payload_hash:
+            conflict = IdempotencyConflict(entry.run.idempotency_key, found)
+            conflict.field = f"jobs[{index}].idempotency_key"
+            raise conflict
+        entry.run = found
+    return created

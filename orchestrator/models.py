@@ -275,9 +275,12 @@ class TaskRun(models.Model):
     due_at = models.DateTimeField(null=True, blank=True)
     timeout = models.FloatField(null=True, blank=True, help_text="Seconds before the attempt is killed.")
     # Looked up by worker only while running (taskrun_running): a full index would take an entry
-    # at every change of state of every task run ever claimed.
+    # at every change of state of every task run ever claimed. No constraint in the database:
+    # its check at every claim read the worker's row and locked it (FOR KEY SHARE, a write to that
+    # row) once per claimed job; workers are never deleted, and one that is unknown (the reaper
+    # joins with LEFT JOIN) only means "no such worker any more".
     worker = models.ForeignKey("Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
-                               db_index=False)
+                               db_index=False, db_constraint=False)
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -336,8 +339,9 @@ class Attempt(models.Model):
     # running (attempt_running).
     task_run = models.ForeignKey(TaskRun, on_delete=models.CASCADE, related_name="attempt_set", db_index=False)
     number = models.PositiveIntegerField()
+    # No constraint in the database, as TaskRun.worker (the same check at every claim).
     worker = models.ForeignKey("Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="attempts",
-                               db_index=False)
+                               db_index=False, db_constraint=False)
     outcome = models.CharField(max_length=16, choices=AttemptOutcome.choices, default=AttemptOutcome.RUNNING)
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)

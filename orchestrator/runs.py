@@ -12,6 +12,8 @@ trigger, a schedule, a data event, a backfill, a callback and a job follow one r
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
 from collections import Counter
@@ -20,10 +22,12 @@ from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 from psycopg import pq
+from psycopg.types.json import Jsonb
 
 from orchestrator import admission, clock, retries, tracing
-from orchestrator.channels import wake_due
-from orchestrator.models import Run, TaskRun, Workflow, WorkflowVersion
+from orchestrator.channels import DISPATCH_CHANNEL, MAX_TOKENS, WAKE_SEQUENCE, queue_channel, wake_due
+from orchestrator.conf import app_settings
+from orchestrator.models import QueueLimit, Run, TaskRun, TenantLimit, Workflow, WorkflowVersion
 from orchestrator.states import Lane, RunState, TaskState, Trigger
 
 # Runs recorded as already over (a skipped or missed fire time, a run cancelled at once): no task runs.
@@ -49,27 +53,6 @@ class IdempotencyConflict(RunError):
 
 def payload_hash(payload: dict) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def insert_ignoring_conflicts(obj) -> int | None:
-    """INSERT … ON CONFLICT DO NOTHING RETURNING id: the new primary key, or None when a
-    unique constraint already holds such a row. One round trip, and no exception inside the
-    caller's transaction, so concurrent inserters never have to retry."""
-    meta = obj._meta
-    fields = [f for f in meta.concrete_fields if not f.primary_key]
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    values = [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for f in fields]
-    placeholders = ", ".join(["%s"] * len(fields))
-    sql = (f"INSERT INTO {connection.ops.quote_name(meta.db_table)} ({columns}) VALUES ({placeholders}) "
-           f"ON CONFLICT DO NOTHING RETURNING {connection.ops.quote_name(meta.pk.column)}")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, values)
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    obj.pk = row[0]
-    obj._state.adding = False
-    return row[0]
 
 
 def apply_graph_options(run: Run, spec: dict, now: datetime) -> None:
@@ -280,6 +263,148 @@ def create_run(
     return run, created
 
 
+# --- Runs and their task runs in one statement -------------------------------------------------
+
+
+def insert_new_runs(entries: list[NewRun], now: datetime) -> list[NewRun]:
+    """Insert runs and their task runs in ONE statement (``_insert_new_sql``); returns the entries
+    the database created, their ``run.pk`` set. A run whose idempotency key or (schedule, logical
+    date) exists is left out by the database (``ON CONFLICT DO NOTHING``), not by a check
+    beforehand. The caller admitted the runs that need it. One statement is atomic by itself, so a
+    job's ``create_run`` takes one round trip outside a transaction, and ``jobs.enqueue_many`` one
+    statement for N jobs.
+
+    Run ids are drawn from the run table's sequence inside the statement, so the task runs find
+    their run's id without a second statement. The workers of the queues that received due work
+    are woken by the same statement, and the dispatchers only where a concurrency limit applies to
+    that work: the rest the workers claim directly, and waking every dispatcher for it would cost
+    each of them a look for nothing.
+
+    A column whose value is the same in every row (most of them, in a batch of jobs) is sent once,
+    not as an array: Django's cursor formats every value into the text in Python, which for a batch
+    of 500 jobs cost several times the database's own work."""
+    if not entries:
+        return []
+    runs, task_runs, run_numbers = [], [], []
+    for number, entry in enumerate(entries, start=1):
+        run = entry.run
+        if run.state in FINISHED_AT_BIRTH and run.finished_at is None:
+            run.finished_at = now
+        runs.append(run)
+        if run.state not in FINISHED_AT_BIRTH:
+            for task_run in task_runs_for(run, entry.tasks, entry.due_at or now, hold=run.state == RunState.PENDING):
+                task_runs.append(task_run)
+                run_numbers.append(number)
+    params: dict = {"numbers": list(range(1, len(runs) + 1)), "run_numbers": run_numbers}
+    run_shape = _columns("r", _run_fields(), runs, params)
+    task_shape = _columns("t", _task_fields(), task_runs, params)
+    queues = sorted({task_run.queue for task_run in task_runs})
+    params.update({
+        "queues": queues, "channels": [queue_channel(queue) for queue in queues],
+        "every": app_settings.DEFAULT_QUEUE_LIMIT is not None or app_settings.DEFAULT_TENANT_LIMIT is not None,
+    })
+    with connection.cursor() as cursor:
+        cursor.execute(_insert_new_sql(run_shape, task_shape), params)
+        rows = cursor.fetchall()
+    created = []
+    for number, pk in rows:
+        if number is None:
+            continue
+        entry = entries[number - 1]
+        entry.run.pk = pk
+        entry.run._state.adding = False
+        created.append(entry)
+    return created
+
+
+def _columns(prefix: str, fields, objs, params: dict) -> tuple[bool, ...]:
+    """Each column's parameter (``params[prefix + i]``): one value when every row has the same, an
+    array otherwise; returns which columns are arrays (the statement's shape)."""
+    shape = []
+    for i, f in enumerate(fields):
+        if objs and (getattr(f, "auto_now_add", False) or getattr(f, "auto_now", False)):
+            moment = f.pre_save(objs[0], add=True)  # created_at: one statement, one moment
+            for obj in objs:
+                setattr(obj, f.attname, moment)
+            values = [moment]
+        else:
+            values = [getattr(obj, f.attname) for obj in objs]
+        first = values[0] if values else None
+        varies = any(value != first or type(value) is not type(first) for value in values)
+        if f.name == "upstream":  # an array column travels as JSON: an array of arrays must be rectangular
+            prep = Jsonb
+        else:
+            def prep(value, f=f):
+                return f.get_db_prep_save(value, connection)
+        params[f"{prefix}{i}"] = [prep(value) for value in values] if varies else prep(first)
+        shape.append(varies)
+    return tuple(shape)
+
+
+def _task_fields():
+    return [f for f in TaskRun._meta.concrete_fields if not f.primary_key and f.name != "run"]
+
+
+@functools.lru_cache(maxsize=64)  # one text per shape (which columns vary): a handful in practice
+def _insert_new_sql(run_shape: tuple[bool, ...], task_shape: tuple[bool, ...]) -> str:
+    qn = connection.ops.quote_name
+    run_fields, task_fields = _run_fields(), _task_fields()
+
+    def typed(f, array: bool) -> str:
+        return f"{'jsonb' if f.name == 'upstream' else f.db_type(connection)}{'[]' if array else ''}"
+
+    def value(prefix: str, i: int, f, varies: bool) -> str:
+        expression = f"u.{prefix}{i}" if varies else f"%({prefix}{i})s::{typed(f, False)}"
+        if f.name == "upstream":
+            return f"ARRAY(SELECT jsonb_array_elements_text({expression}))::{f.db_type(connection)}"
+        return expression
+
+    def unnest(prefix: str, fields, shape, numbers: str) -> str:
+        arrays = [f"%({numbers})s::int[]"] + [f"%({prefix}{i})s::{typed(f, True)}"
+                                             for i, (f, varies) in enumerate(zip(fields, shape, strict=True)) if varies]
+        names = ["number"] + [f"{prefix}{i}" for i, varies in enumerate(shape) if varies]
+        return f"unnest({', '.join(arrays)}) AS u({', '.join(names)})"
+
+    run_values = ", ".join(value("r", i, f, varies).replace("u.r", "input.r")
+                           for i, (f, varies) in enumerate(zip(run_fields, run_shape, strict=True)))
+    task_values = ", ".join(value("t", i, f, varies) for i, (f, varies) in enumerate(zip(task_fields, task_shape, strict=True)))
+    scheduled = f"'{TaskState.SCHEDULED}'"
+    return f"""
+WITH input AS MATERIALIZED (
+    -- Each run's id, drawn here so that its task runs can name it in the same statement.
+    SELECT nextval(pg_get_serial_sequence('{Run._meta.db_table}', 'id')) AS id, u.*
+    FROM {unnest("r", run_fields, run_shape, "numbers")}
+), r AS (
+    INSERT INTO {qn(Run._meta.db_table)} (id, {", ".join(qn(f.column) for f in run_fields)})
+    SELECT input.id, {run_values} FROM input ORDER BY input.number
+    ON CONFLICT DO NOTHING RETURNING id
+), t AS (
+    -- The task runs of the runs created (none of a run the database left out).
+    INSERT INTO {qn(TaskRun._meta.db_table)} ({qn("run_id")}, {", ".join(qn(f.column) for f in task_fields)})
+    SELECT input.id, {task_values}
+    FROM {unnest("t", task_fields, task_shape, "run_numbers")}
+    JOIN input ON input.number = u.number JOIN r ON r.id = input.id
+    RETURNING queue, tenant, state
+), woken AS (
+    -- The workers of each queue that received due work: about as many free slots as rows
+    -- (channels.wake_due's counted payload).
+    SELECT pg_notify(c.channel, CASE WHEN c.n > {MAX_TOKENS} THEN '' ELSE c.n || ' ' || (
+        SELECT max(nextval('{WAKE_SEQUENCE}')) FROM generate_series(1, c.n)) END)
+    FROM (SELECT q.channel, count(*) AS n FROM t
+          JOIN unnest(%(queues)s::text[], %(channels)s::text[]) AS q(queue, channel) ON q.queue = t.queue
+          WHERE t.state = {scheduled} GROUP BY q.channel) c
+    UNION ALL
+    -- The dispatchers only when a concurrency limit holds some of that work (theirs to admit).
+    SELECT pg_notify('{DISPATCH_CHANNEL}', '')
+    WHERE EXISTS (SELECT FROM t WHERE t.state = {scheduled} AND (%(every)s
+        OR t.queue IN (SELECT queue FROM {QueueLimit._meta.db_table})
+        OR t.tenant IN (SELECT tenant FROM {TenantLimit._meta.db_table})))
+)
+SELECT input.number, input.id FROM (SELECT count(*) FROM woken) w
+LEFT JOIN (r JOIN input ON input.id = r.id) ON true
+"""
+
+
 def _graph(workflow: Workflow | None, version: WorkflowVersion | None,
            tasks: dict | None) -> tuple[WorkflowVersion | None, dict]:
     """The graph a new run follows: the given version or tasks, else the workflow's current version."""
@@ -296,21 +421,21 @@ def _graph(workflow: Workflow | None, version: WorkflowVersion | None,
 
 def _insert_run(run: Run, spec: dict, tasks: dict, due_at: datetime, now: datetime) -> tuple[Run, bool]:
     """Admit the run (when it is to start) and insert it and, unless it is over at birth, its task
-    runs, in one transaction; an existing run of the same idempotency key or (schedule, logical
-    date) is answered instead."""
-    with transaction.atomic():
-        if run.state == RunState.RUNNING and run.workflow is not None:
+    runs, in one statement (``insert_new_runs``); an existing run of the same idempotency key or
+    (schedule, logical date) is answered instead. Only admission needs a transaction around it
+    (its lock is held until the run is in): a run that asks none (a job) takes one round trip."""
+    admitting = run.state == RunState.RUNNING and run.workflow is not None
+    with transaction.atomic() if admitting else contextlib.nullcontext():
+        if admitting:
             decision = admission.admit_one(run.workflow, run.lane)
             run.state, run.reason = decision.state, decision.reason
         apply_graph_options(run, spec, now)
-        if insert_ignoring_conflicts(run) is None:
+        if not insert_new_runs([NewRun(run, tasks, due_at, admitted=True)], now):
             existing = _existing(run)
             if (run.idempotency_key and run.payload_hash and existing.payload_hash
                     and existing.payload_hash != run.payload_hash):
                 raise IdempotencyConflict(run.idempotency_key, existing)
             return existing, False
-        if run.state not in FINISHED_AT_BIRTH:
-            wake_for(TaskRun.objects.bulk_create(task_runs_for(run, tasks, due_at, hold=run.state == RunState.PENDING)))
     return run, True
 
 

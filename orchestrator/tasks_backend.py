@@ -14,7 +14,9 @@ dead-letter queue and UI.
     result = send_invoice.get_result(result.id)
 
 Enqueueing inserts rows in the caller's transaction: a task enqueued in a transaction that
-rolls back never runs. Arguments are checked as Django's own backends check them (TypeError or
+rolls back never runs. Django 6.1's task backends have no bulk path (``BaseTaskBackend`` defines
+``enqueue`` and ``aenqueue`` only); many jobs at once go through ``orchestrator.jobs.enqueue_many``
+(one statement for the batch). Arguments are checked as Django's own backends check them (TypeError or
 ValueError, before anything is written), and JSON's missing NaN and Infinity are refused the same
 way. ``enqueue()`` answers with the result as of the enqueue (READY), never a later state;
 ``get_result()`` reads the task run, its run and its attempts in one statement, so the status,

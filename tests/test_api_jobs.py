@@ -105,6 +105,61 @@ def test_jobs_are_read_by_viewers_and_enqueued_by_operators(viewer_api, anonymou
     assert viewer_api.get("/api/jobs/").status_code == 200
 
 
+def test_a_list_of_jobs_is_enqueued_at_once_and_answered_in_order(api, viewer_api, operator):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from orchestrator.models import AuditEvent
+
+    items = [{"ref": REF, "kwargs": {"user_id": n}, "queue": "batch", "idempotency_key": f"w-{n}"} for n in range(5)]
+    with CaptureQueriesContext(connection) as queries:
+        response = api.post("/api/jobs/", items, format="json")
+    assert response.status_code == 201, response.json()
+    answered = response.json()
+    assert [job["kwargs"] for job in answered] == [{"user_id": n} for n in range(5)]
+    assert {job["state"] for job in answered} == {"scheduled"}
+    # One INSERT for the five runs and their task runs (the rest: the token, the audit, the read-back).
+    inserts = [q["sql"] for q in queries.captured_queries
+               if 'INSERT INTO "orchestrator_run"' in q["sql"] or 'INSERT INTO "orchestrator_taskrun"' in q["sql"]]
+    assert len(inserts) == 1
+    assert Run.objects.filter(created_by=operator).count() == 5
+    assert AuditEvent.objects.filter(action="enqueue").count() == 5
+    # Sent again (a client retrying): the same jobs, nothing new.
+    again = api.post("/api/jobs/", items, format="json")
+    assert again.status_code == 200
+    assert [job["id"] for job in again.json()] == [job["id"] for job in answered]
+    assert Run.objects.count() == 5
+    # Not for viewers.
+    assert viewer_api.post("/api/jobs/", items, format="json").status_code == 403
+
+
+@pytest.mark.parametrize(("items", "field", "message"), [
+    ([{"ref": REF}, {"ref": REF, "priority": 1000}], "jobs[1].priority", ""),
+    ([{"ref": REF}, "x"], "jobs[1]", "expected a JSON object"),
+    ([{"ref": "workflows.jobs:missing"}], "jobs[0].ref", "unknown job"),
+    ([{"ref": REF, "idempotency_key": "k"}, {"ref": REF, "args": [1], "idempotency_key": "k"}],
+     "jobs[1].idempotency_key", "also the key of jobs[0]"),
+    ([], "non_field_errors", "1 to 1000 jobs"),
+    ([{"ref": REF}] * 1001, "non_field_errors", "1 to 1000 jobs"),
+])
+def test_a_bad_list_of_jobs_is_a_400_naming_the_item_and_stores_nothing(api, items, field, message):
+    response = api.post("/api/jobs/", items, format="json")
+    assert response.status_code == 400, response.json()
+    assert message in response.json()[field][0]
+    assert Run.objects.count() == 0
+
+
+def test_a_list_of_jobs_conflicting_with_a_stored_key_is_a_409_and_stores_nothing(api):
+    assert enqueue(api, idempotency_key="k").status_code == 201
+    response = api.post("/api/jobs/", [{"ref": REF, "idempotency_key": "new"},
+                                       {"ref": REF, "kwargs": {"user_id": 7}, "idempotency_key": "k"}], format="json")
+    assert response.status_code == 409, response.json()
+    assert not Run.objects.filter(idempotency_key="new").exists()
+    header = api.post("/api/jobs/", [{"ref": REF}], format="json", HTTP_IDEMPOTENCY_KEY="x")
+    assert header.status_code == 400 and "no Idempotency-Key header" in header.json()["idempotency_key"][0]
+    assert Run.objects.count() == 1
+
+
 def test_an_unknown_job_or_a_workflow_run_is_not_a_job(api, workflow):
     from orchestrator.runs import trigger_workflow
 

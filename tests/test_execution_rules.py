@@ -527,21 +527,27 @@ def test_a_tick_notifies_each_queue_once_whatever_the_number_of_rows(clock):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_new_work_wakes_the_dispatchers_and_the_workers_of_its_own_queue_only(clock):
-    # A job of the batch queue: the batch workers claim it themselves (and the dispatchers hear
-    # of it, for work under a limit); the workers of other queues sleep on.
+def test_new_work_wakes_the_workers_of_its_own_queue_and_the_dispatchers_only_under_a_limit(clock):
+    # A job of the batch queue: the batch workers claim it themselves; the workers of other queues
+    # sleep on, and so do the dispatchers while no limit holds that work (nothing for them to admit).
     from orchestrator.channels import DISPATCH_CHANNEL, DUE_CHANNEL, listen_connection, queue_channel
 
     listener = listen_connection(DISPATCH_CHANNEL, DUE_CHANNEL, queue_channel("default"), queue_channel("batch"))
     try:
         make_run({"a": job_spec(queue="batch")}, clock)
         make_run({"a": job_spec(queue="batch")}, clock, due_at=clock.now() + timedelta(hours=1))
-        notes = [note.channel for note in listener.notifies(timeout=0.3, stop_after=4)]
+        QueueLimit.objects.create(queue="batch", max_running=5)
+        make_run({"a": job_spec(queue="batch")}, clock)
+        TenantLimit.objects.create(tenant="acme", max_running=5)
+        make_run({"a": job_spec(queue="default")}, clock, tenant="acme")
+        notes = [note.channel for note in listener.notifies(timeout=0.5, stop_after=6)]
     finally:
         listener.close()
     # One NOTIFY per channel and transaction; the delayed job wakes them too, so a worker learns
-    # when it is due.
-    assert sorted(notes) == sorted([DISPATCH_CHANNEL, "orchestrator_queue_batch"] * 2)
+    # when it is due. The dispatchers hear of the work of a limited queue and of a limited tenant.
+    assert notes[:2] == ["orchestrator_queue_batch"] * 2
+    assert sorted(notes[2:4]) == sorted([DISPATCH_CHANNEL, "orchestrator_queue_batch"])
+    assert sorted(notes[4:]) == sorted([DISPATCH_CHANNEL, "orchestrator_queue_default"])
 
 
 @pytest.mark.django_db(transaction=True)

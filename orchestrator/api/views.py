@@ -258,6 +258,10 @@ class AttemptLogView(APIBase):
 # --- jobs -----------------------------------------------------------------------------------------
 
 
+# POST /api/jobs/ with a list: the most jobs one request enqueues (one statement, one response).
+MAX_JOBS_PER_REQUEST = 1000
+
+
 def jobs_queryset():
     return Run.objects.filter(trigger=Trigger.JOB, workflow__isnull=True).prefetch_related("task_runs")
 
@@ -274,15 +278,19 @@ class JobListView(APIBase):
         return self.page(jobs_queryset(), s.JobSerializer)
 
     @extend_schema(
-        tags=["jobs"], summary="Enqueue a one-off or delayed job",
+        tags=["jobs"], summary="Enqueue a one-off or delayed job (or a list of them)",
         description="Calls `ref` (`package.module:function`, a function the project registered: `@job`, a "
                     "`django.tasks` task or a workflow task) with `args` and `kwargs` on a worker of `queue`, "
                     "not before `run_after`; an unregistered ref is a 400. Jobs run at least once: make them "
-                    "idempotent.",
+                    "idempotent. A JSON list of such objects (1 to 1000, each with its own `idempotency_key`) "
+                    "enqueues them all or none, and answers the list of jobs in the same order; errors are "
+                    "keyed `jobs[i].field`.",
         request=s.JobRequestSerializer, parameters=[IDEMPOTENCY_HEADER],
         responses={201: s.JobSerializer, 200: s.JobSerializer, **errors(400, 401, 403, 409, bad_input=IDEMPOTENCY_400)},
     )
     def post(self, request):
+        if isinstance(request.data, list):
+            return self.post_many(request, request.data)
         data = validated(s.JobRequestSerializer, body(request))
         key = idempotency_key(request, data)
         # JobError (a RunError naming its field) and IdempotencyConflict become 400 and 409 in
@@ -297,6 +305,47 @@ class JobListView(APIBase):
         run = jobs_queryset().get(pk=run.pk)
         return Response(job_data(run), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
                         headers={"Location": reverse("orchestrator:api:job", args=[run.pk])})
+
+
+    def post_many(self, request, items: list):
+        """A JSON list of jobs: each item checked (errors keyed ``jobs[i].field``), then the batch
+        enqueued by ``jobs.enqueue_many`` (one statement), all or nothing; 201 when any job was
+        created, else 200 (every item's idempotency key named a stored job)."""
+        if request.headers.get("Idempotency-Key") is not None:
+            raise ValidationError({"idempotency_key": ["a list of jobs takes no Idempotency-Key header: give each "
+                                                       "job its own idempotency_key"]})
+        if not items or len(items) > MAX_JOBS_PER_REQUEST:
+            raise ValidationError({"non_field_errors": [
+                f"a list of jobs holds 1 to {MAX_JOBS_PER_REQUEST} jobs, got {len(items)}"]})
+        results = jobs.enqueue_many(checked_jobs(items), created_by=request.user)
+        created = [run.pk for run, was_created in results if was_created]
+        if created:
+            audit.record_each("enqueue", "run", created, request=request, jobs=len(created))
+        found = jobs_queryset().in_bulk([run.pk for run, _ in results])
+        return Response([job_data(found[run.pk]) for run, _ in results],
+                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+def checked_jobs(items: list) -> list[dict]:
+    """Each item of a list of jobs checked by the request serializer: enqueue_many's items, or
+    a 400 with every item's errors keyed ``jobs[i].field``."""
+    problems, checked = {}, []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            problems[f"jobs[{index}]"] = [f"expected a JSON object, got {type(item).__name__}"]
+            continue
+        serializer = s.JobRequestSerializer(data=item)
+        if not serializer.is_valid():
+            problems.update({f"jobs[{index}].{field}": messages for field, messages in serializer.errors.items()})
+            continue
+        data = serializer.validated_data
+        checked.append({"ref": data["ref"], "args": data["args"], "kwargs": data["kwargs"],
+                        "run_after": data["run_after"], "queue": data["queue"], "priority": data["priority"],
+                        "idempotency_key": data.get("idempotency_key") or None,
+                        "max_attempts": data["max_attempts"], "timeout": data["timeout"]})
+    if problems:
+        raise ValidationError(problems)
+    return checked
 
 
 class JobDetailView(APIBase):

@@ -164,7 +164,7 @@ def enqueue_noops(n: int, ref: str = "orchestrator.bench.jobs:noop") -> None:
         wake_due({"default": n})
 
 
-def _unfinished() -> bool:
+def unfinished() -> bool:
     # Cheap while the workers run: the partial indexes answer it.
     with connection.cursor() as cursor:
         cursor.execute("SELECT EXISTS (SELECT 1 FROM orchestrator_taskrun WHERE state IN ('scheduled', 'queued')) "
@@ -172,13 +172,13 @@ def _unfinished() -> bool:
         return cursor.fetchone()[0]
 
 
-def _last_finish() -> float:
+def last_finish() -> float:
     with connection.cursor() as cursor:
         cursor.execute("SELECT extract(epoch FROM max(finished_at)) FROM orchestrator_run")
         return float(cursor.fetchone()[0] or time.time())
 
 
-def _count_done() -> int:
+def count_done() -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM orchestrator_run WHERE state = 'succeeded'")
         return cursor.fetchone()[0]
@@ -186,17 +186,15 @@ def _count_done() -> int:
 
 # --- sections --------------------------------------------------------------------------------------
 
-def bench_pg(out, seconds: float = 1.5) -> None:
+def pg_ceiling(batch: int, commit: str = "on", seconds: float = 1.5) -> float:
+    """Jobs/s of a bare SKIP LOCKED claim-and-complete loop, ``batch`` jobs per transaction."""
     with connection.cursor() as cursor:
         cursor.execute(PG_SETUP)
-    # The workers commit asynchronously (see worker.batch.ASYNC_COMMIT); the ceiling is shown both ways.
-    for batch, commit in ((1, "on"), (100, "on"), (1, "off"), (100, "off")):
-        with connection.cursor() as cursor:
-            cursor.execute("TRUNCATE bench_queue")
-            cursor.execute(PG_FILL, [300_000 if batch > 1 else 30_000])
-            cursor.execute(f"SET synchronous_commit = {commit}")
-        done = 0
-        started = time.perf_counter()
+        cursor.execute(PG_FILL, [300_000 if batch > 1 else 30_000])
+        cursor.execute(f"SET synchronous_commit = {commit}")
+    done = 0
+    started = time.perf_counter()
+    try:
         while time.perf_counter() - started < seconds:
             with connection.cursor() as cursor:
                 # Autocommit: each statement is its own transaction, as in a worker's claim/complete.
@@ -206,11 +204,18 @@ def bench_pg(out, seconds: float = 1.5) -> None:
                     break
                 cursor.execute(PG_COMPLETE, [ids])
             done += len(ids)
-        rate = done / (time.perf_counter() - started)
+        return done / (time.perf_counter() - started)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET synchronous_commit")
+
+
+def bench_pg(out, seconds: float = 1.5) -> None:
+    # The workers commit asynchronously (see worker.batch.ASYNC_COMMIT); the ceiling is shown both ways.
+    for batch, commit in ((1, "on"), (100, "on"), (1, "off"), (100, "off")):
+        rate = pg_ceiling(batch, commit, seconds)
         out(f"  bare SKIP LOCKED claim+complete, {batch:>3} per transaction, synchronous_commit={commit:<3}: "
             f"{rate:>9,.0f} jobs/s")
-    with connection.cursor() as cursor:
-        cursor.execute("RESET synchronous_commit")
 
 
 def bench_jobs(out, n: int, concurrency: int) -> None:
@@ -224,10 +229,10 @@ def bench_jobs(out, n: int, concurrency: int) -> None:
             for offset in range(0, n, 500):
                 enqueue_noops(min(500, n - offset))
             deadline = time.monotonic() + 120
-            while _unfinished() and time.monotonic() < deadline:
+            while unfinished() and time.monotonic() < deadline:
                 time.sleep(0.05)
-            done = _count_done()
-            elapsed = _last_finish() - started
+            done = count_done()
+            elapsed = last_finish() - started
         finally:
             roles.stop()
         out(f"  {n} no-op jobs, {workers} worker process(es) x {concurrency} children: "
@@ -252,7 +257,7 @@ def bench_latency(out, count: int = 150, interval: float = 0.02, concurrency: in
             enqueued[run.pk] = at
             time.sleep(interval)
         deadline = time.monotonic() + 30
-        while _count_done() < count and time.monotonic() < deadline:
+        while count_done() < count and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
         roles.stop()

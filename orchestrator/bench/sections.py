@@ -1,10 +1,12 @@
 """``manage.py bench``: the sections it runs, in order, on a benchmark database dropped and created
 for the purpose (``bench.core``).
 
-Sections (``--only pg,jobs,latency,steady,backlog,history,dag,fleet,io,scheduler,pages,cron,map,footprint``):
+Sections (``--only pg,jobs,peers,latency,steady,backlog,history,dag,fleet,io,scheduler,pages,cron,map,footprint``):
 
 - pg, jobs, latency, dag: PostgreSQL's own ceiling, jobs end to end, the start delay at light
   load, DAG wall time (see ``bench.core``).
+- peers: jobs/s beside PgQueuer's on the same server, same job and process counts, interleaved
+  rounds with their ratios, and PostgreSQL's ceiling in the same run (see ``bench.peers``).
 - steady, backlog, history: start delay under a steady arrival rate with a per-stage breakdown,
   and cost with a due backlog, a delayed backlog and a finished history (see ``bench.load``).
 - fleet: database transactions per job with 1 to 64 mostly idle workers at a steady arrival rate
@@ -20,16 +22,16 @@ from __future__ import annotations
 
 import os
 
-from orchestrator.bench import core, cron, fleet, footprint, iobound, load, mapping, pages, scheduler
+from orchestrator.bench import core, cron, fleet, footprint, iobound, load, mapping, pages, peers, scheduler
 from orchestrator.bench.core import BENCH_DB, Output
 
-SECTIONS = ("pg", "jobs", "latency", "steady", "backlog", "history", "dag", "fleet", "io", "scheduler", "pages",
-            "cron", "map", "footprint")
+SECTIONS = ("pg", "jobs", "peers", "latency", "steady", "backlog", "history", "dag", "fleet", "io", "scheduler",
+            "pages", "cron", "map", "footprint")
 
 
 def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int = 16, rates=(500, 2000),
         seconds: float = 5.0, backlog=(0, 100_000, 1_000_000), delayed: int = 1_000_000,
-        history: int = 1_000_000, fleet_sizes=(1, 4, 16, 64), fleet_rate: float = 50.0) -> None:
+        history: int = 1_000_000, fleet_sizes=(1, 4, 16, 64), fleet_rate: float = 50.0, rounds: int = 3) -> None:
     only = list(only or SECTIONS)
     unknown = [name for name in only if name not in SECTIONS]
     if unknown:
@@ -43,6 +45,9 @@ def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int 
     if "jobs" in only:
         out("Jobs end to end:")
         core.bench_jobs(out, jobs, concurrency)
+    if "peers" in only:
+        out("Beside PgQueuer (same server, same job and process counts):")
+        peers.run(out, jobs, concurrency, rounds)
     if "latency" in only:
         out("Start delay at light load:")
         core.bench_latency(out)

@@ -32,19 +32,24 @@ class Command(BaseCommand):
                             help="Worker processes (concurrency 1) in the fleet section, one measure each.")
         parser.add_argument("--fleet-rate", type=float, default=50.0,
                             help="Jobs per second arriving in the fleet section (default 50).")
+        parser.add_argument("--rounds", type=int, default=3,
+                            help="Interleaved rounds of the peers section (this product, then PgQueuer, each).")
         parser.add_argument("--history", type=int, default=1_000_000,
                             help="Finished runs, task runs and attempts filled in the history section.")
 
     def handle(self, *args, only, jobs, concurrency, rates, seconds, backlog, delayed, history, fleet, fleet_rate,
-               **options):
+               rounds, **options):
         sections = [s.strip() for s in only.split(",") if s.strip()]
         if not 0 < fleet_rate <= 10_000:
             raise CommandError("--fleet-rate must be more than 0 and at most 10000 jobs a second")
+        if not 1 <= rounds <= 20:
+            raise CommandError("--rounds must be from 1 to 20")
         if seconds <= 0 or seconds > 600:
             raise CommandError("--seconds must be more than 0 and at most 600")
         try:
             bench.run(lambda line: (self.stdout.write(line), self.stdout.flush()), only=sections, jobs=jobs,
                       concurrency=concurrency, rates=_ints(rates), seconds=seconds, backlog=_ints(backlog),
-                      delayed=delayed, history=history, fleet_sizes=_ints(fleet), fleet_rate=fleet_rate)
+                      delayed=delayed, history=history, fleet_sizes=_ints(fleet), fleet_rate=fleet_rate,
+                      rounds=rounds)
         except ValueError as exc:
             raise CommandError(str(exc)) from None

@@ -1,0 +1,206 @@
+"""The ``peers`` section: this product's no-op jobs per second beside PgQueuer's, on the same
+PostgreSQL server, with the same job count and the same number of worker processes, in
+interleaved rounds (a busy machine moves both alike, so read the ratio of each round), and
+PostgreSQL's own ceiling (a bare claim-and-complete of 100 per transaction) measured in the same
+run.
+
+- this product: 2 worker processes x ``concurrency`` children, jobs enqueued while they run, in
+  batches of 500 (``jobs.enqueue_many``: one statement each), from the first enqueue to the last
+  recorded success; every run keeps its run, task run and attempt rows.
+- PgQueuer (PyPI ``pgqueuer``, asyncpg; a bench-only extra, installed into this environment by
+  the section when missing): 2 processes, batch size ``concurrency``, the same no-op entrypoint,
+  jobs enqueued the same way (500 per call), from the first enqueue to the moment its queue table
+  is empty (polled every 10 ms). It deletes a finished job and keeps a log row.
+
+Its tables live in the benchmark database beside ours and are dropped with it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from django.db import connection
+
+from orchestrator.bench import core
+from orchestrator.bench import jobs as bench_jobs  # noqa: F401 - registers the no-op job this process enqueues
+
+PGQUEUER = "pgqueuer==1.6.0"
+ASYNCPG = "asyncpg>=0.29"
+BATCH = 500
+
+# One PgQueuer worker process: its QueueManager with a no-op entrypoint, until it is terminated.
+PEER_WORKER = """
+import asyncio, sys
+from datetime import timedelta
+import asyncpg
+from pgqueuer import AsyncpgDriver, QueueManager, Queries
+
+async def main(dsn, batch):
+    connection = await asyncpg.connect(dsn)
+    qm = QueueManager(Queries(AsyncpgDriver(connection)))
+
+    @qm.entrypoint("noop")
+    async def noop(job):
+        pass
+
+    print("ready", flush=True)
+    await qm.run(batch_size=batch, dequeue_timeout=timedelta(seconds=1))
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+"""
+
+
+def ensure_pgqueuer(out) -> bool:
+    """Import PgQueuer, installing it (and asyncpg) into this environment first when missing."""
+    try:
+        importlib.import_module("pgqueuer")
+        importlib.import_module("asyncpg")
+        return True
+    except ImportError:
+        pass
+    out(f"  installing {PGQUEUER} and asyncpg into {sys.prefix} (bench only) ...")
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--isolated", PGQUEUER, ASYNCPG],
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        out(f"  could not install PgQueuer: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+        return False
+    importlib.invalidate_caches()
+    return True
+
+
+def _dsn() -> str:
+    from orchestrator.database_url import format_database_url
+
+    return format_database_url(connection.settings_dict, core.BENCH_DB)
+
+
+def _reset_peer(dsn: str) -> None:
+    """PgQueuer's tables in the benchmark database, installed once and emptied for each round."""
+    import asyncio
+
+    import asyncpg
+    from pgqueuer import AsyncpgDriver, Queries
+
+    async def reset():
+        conn = await asyncpg.connect(dsn)
+        try:
+            if await conn.fetchval("SELECT to_regclass('pgqueuer') IS NULL"):
+                await Queries(AsyncpgDriver(conn)).install()
+            await conn.execute("TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics")
+        finally:
+            await conn.close()
+
+    asyncio.run(reset())
+
+
+def peer_round(n: int, processes: int, batch: int) -> tuple[float, int]:
+    """PgQueuer's jobs/s for n no-op jobs, and how many finished."""
+    import asyncio
+
+    import asyncpg
+    from pgqueuer import AsyncpgDriver, Queries
+
+    dsn = _dsn()
+    _reset_peer(dsn)
+    procs = []
+    try:
+        for _ in range(processes):
+            proc = subprocess.Popen([sys.executable, "-c", PEER_WORKER, dsn, str(batch)], stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+            procs.append(proc)
+        for proc in procs:
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError("a PgQueuer worker did not start")
+        time.sleep(0.5)  # its LISTEN and first dequeue
+
+        async def enqueue_and_wait() -> tuple[float, int]:
+            conn = await asyncpg.connect(dsn)
+            try:
+                queries = Queries(AsyncpgDriver(conn))
+                started = time.time()
+                for offset in range(0, n, BATCH):
+                    size = min(BATCH, n - offset)
+                    await queries.enqueue(["noop"] * size, [None] * size, [0] * size)
+                deadline = time.monotonic() + 120
+                left = n
+                while time.monotonic() < deadline:
+                    left = await conn.fetchval("SELECT count(*) FROM pgqueuer")
+                    if left == 0:
+                        break
+                    await asyncio.sleep(0.01)
+                return time.time() - started, n - left
+            finally:
+                await conn.close()
+
+        elapsed, done = asyncio.run(enqueue_and_wait())
+    finally:
+        import signal
+
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return done / elapsed, done
+
+
+def ours_round(n: int, processes: int, concurrency: int) -> tuple[float, int]:
+    """This product's jobs/s for n no-op jobs enqueued by enqueue_many, and how many finished."""
+    try:
+        from orchestrator.jobs import enqueue_many
+    except ImportError:  # a version before enqueue_many (to measure it beside this one): the bench's bulk insert
+        def enqueue_many(items):
+            core.enqueue_noops(len(items))
+
+    core.reset_work()
+    roles = core.Roles()
+    try:
+        roles.start("dispatcher")
+        roles.workers(processes, concurrency)
+        started = time.time()
+        for offset in range(0, n, BATCH):
+            enqueue_many([{"ref": "orchestrator.bench.jobs:noop"}] * min(BATCH, n - offset))
+        deadline = time.monotonic() + 120
+        while core.unfinished() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        done = core.count_done()
+        elapsed = core.last_finish() - started
+    finally:
+        roles.stop()
+    return done / elapsed, done
+
+
+def _spread(values: list[float]) -> str:
+    return f"{min(values):,.0f} / {statistics.median(values):,.0f} / {max(values):,.0f}"
+
+
+def run(out, n: int = 20000, concurrency: int = 16, rounds: int = 3, processes: int = 2) -> None:
+    if not ensure_pgqueuer(out):
+        return
+    ceiling = core.pg_ceiling(batch=100)
+    ours, peer, ratios = [], [], []
+    for number in range(1, rounds + 1):
+        mine, mine_done = ours_round(n, processes, concurrency)
+        theirs, theirs_done = peer_round(n, processes, concurrency)
+        ours.append(mine)
+        peer.append(theirs)
+        ratios.append(mine / theirs)
+        out(f"  round {number}: this product {mine:>7,.0f} jobs/s{'' if mine_done == n else f' (only {mine_done})'}, "
+            f"PgQueuer {theirs:>7,.0f} jobs/s{'' if theirs_done == n else f' (only {theirs_done})'}, "
+            f"ratio {mine / theirs:.2f}")
+    out(f"  {n} no-op jobs, {processes} processes ({processes} workers x {concurrency} children; PgQueuer batch "
+        f"{concurrency}), jobs/s min / median / max over {rounds} round(s):")
+    out(f"    this product (run, task run, attempt kept) {_spread(ours)}")
+    out(f"    PgQueuer 1.6 (asyncpg)                     {_spread(peer)}")
+    out(f"    ratio this product / PgQueuer per round    "
+        f"{' '.join(f'{ratio:.2f}' for ratio in ratios)} (median {statistics.median(ratios):.2f})")
+    out(f"    PostgreSQL's ceiling, bare claim+complete of 100 per transaction: {ceiling:,.0f} jobs/s")

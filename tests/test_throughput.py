@@ -1,0 +1,198 @@
+"""What a job costs the database when it is created: statements, round trips, rows, wake-ups.
+Counted, never timed: one statement (one round trip outside a transaction) for a job's
+``create_run``, one statement for N jobs in ``enqueue_many``, idempotency keys decided by the
+database within a batch and against stored jobs."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from orchestrator.jobs import JobError, enqueue, enqueue_many
+from orchestrator.models import Run, TaskRun
+from orchestrator.runs import IdempotencyConflict
+from orchestrator.states import TaskState
+
+pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
+
+NOW = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+REF = "workflows.jobs:send_welcome_email"
+
+
+class Statements:
+    """Every statement sent on the connection, and whether a transaction was open around it."""
+
+    def __init__(self):
+        self.sent: list[tuple[str, bool]] = []
+
+    def __call__(self, execute, sql, params, many, context):
+        self.sent.append((sql, connection.in_atomic_block))
+        return execute(sql, params, many, context)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_is_created_by_one_statement_in_one_round_trip():
+    statements = Statements()
+    with connection.execute_wrapper(statements):
+        run, created = enqueue(REF, kwargs={"user_id": 1}, now=NOW)
+    assert created is True
+    # One INSERT … RETURNING in autocommit: no BEGIN, no COMMIT, no second statement.
+    assert len(statements.sent) == 1, [sql[:80] for sql, _ in statements.sent]
+    assert statements.sent[0][1] is False
+    [task_run] = TaskRun.objects.filter(run=run)
+    assert (task_run.state, task_run.due_at, task_run.spec["kwargs"]) == (TaskState.SCHEDULED, NOW, {"user_id": 1})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_repeated_key_costs_one_more_statement_and_writes_nothing():
+    first, _ = enqueue(REF, kwargs={"user_id": 1}, idempotency_key="k", now=NOW)
+    statements = Statements()
+    with connection.execute_wrapper(statements):
+        again, created = enqueue(REF, kwargs={"user_id": 1}, idempotency_key="k", now=NOW)
+    assert (created, again.pk) == (False, first.pk)
+    assert len(statements.sent) == 2  # the insert the database declined, and the read of the job it kept
+    assert (Run.objects.count(), TaskRun.objects.count()) == (1, 1)
+
+
+def test_the_rows_a_job_writes_at_its_creation_are_its_run_and_its_task_run():
+    with CaptureQueriesContext(connection) as queries:
+        enqueue(REF, args=[1], now=NOW)
+    inserts = [q["sql"] for q in queries.captured_queries if "INSERT" in q["sql"]]
+    assert len(inserts) == 1
+    assert (Run.objects.count(), TaskRun.objects.count()) == (1, 1)
+
+
+def test_a_bad_job_is_refused_before_any_statement():
+    with CaptureQueriesContext(connection) as queries, pytest.raises(JobError):
+        enqueue(REF, run_after=NOW.replace(tzinfo=None) + timedelta(minutes=1), now=NOW)
+    assert queries.captured_queries == []
+
+
+# --- enqueue_many ---------------------------------------------------------------------------------
+
+
+def test_n_jobs_are_created_by_one_statement():
+    items = [{"ref": REF, "kwargs": {"user_id": n}, "queue": "batch" if n % 2 else "default", "priority": n % 3}
+             for n in range(300)]
+    with CaptureQueriesContext(connection) as queries:
+        results = enqueue_many(items, now=NOW)
+    assert len(queries.captured_queries) == 1
+    assert [created for _, created in results] == [True] * 300
+    assert len({run.pk for run, _ in results}) == 300
+    # Each run has its own task run, with its own call, queue and priority.
+    task_runs = {t.run_id: t for t in TaskRun.objects.all()}
+    for n, (run, _) in enumerate(results):
+        task_run = task_runs[run.pk]
+        assert (task_run.spec["kwargs"], task_run.queue, task_run.priority, task_run.state, task_run.due_at) == (
+            {"user_id": n}, "batch" if n % 2 else "default", n % 3, TaskState.SCHEDULED, NOW)
+        assert (run.trigger, run.priority, run.logical_date) == ("job", n % 3, NOW)
+
+
+def test_a_key_repeated_in_a_batch_with_the_same_request_is_one_job():
+    results = enqueue_many([{"ref": REF, "kwargs": {"user_id": 1}, "idempotency_key": "a"},
+                            {"ref": REF, "kwargs": {"user_id": 2}},
+                            {"ref": REF, "kwargs": {"user_id": 1}, "idempotency_key": "a"}], now=NOW)
+    assert [created for _, created in results] == [True, True, False]
+    assert results[0][0].pk == results[2][0].pk != results[1][0].pk
+    assert (Run.objects.count(), TaskRun.objects.count()) == (2, 2)
+
+
+def test_a_key_repeated_in_a_batch_with_another_request_refuses_the_batch_before_writing():
+    items = [{"ref": REF, "kwargs": {"user_id": 1}, "idempotency_key": "a"},
+             {"ref": REF, "kwargs": {"user_id": 2}, "idempotency_key": "a"}]
+    with CaptureQueriesContext(connection) as queries, pytest.raises(JobError) as caught:
+        enqueue_many(items, now=NOW)
+    assert caught.value.field == "jobs[1].idempotency_key"
+    assert "also the key of jobs[0]" in str(caught.value)
+    assert queries.captured_queries == []
+    assert Run.objects.count() == 0
+
+
+def test_a_key_of_a_stored_job_answers_that_job_or_refuses_the_whole_batch():
+    stored, _ = enqueue(REF, kwargs={"user_id": 1}, idempotency_key="a", now=NOW)
+    results = enqueue_many([{"ref": REF, "kwargs": {"user_id": 1}, "idempotency_key": "a"},
+                            {"ref": REF, "kwargs": {"user_id": 2}, "idempotency_key": "b"}], now=NOW)
+    assert [(run.pk == stored.pk, created) for run, created in results] == [(True, False), (False, True)]
+    assert Run.objects.count() == 2
+    # Another request under a stored key: refused, and nothing of the batch is kept.
+    with pytest.raises(IdempotencyConflict) as caught:
+        enqueue_many([{"ref": REF, "kwargs": {"user_id": 3}, "idempotency_key": "c"},
+                      {"ref": REF, "kwargs": {"user_id": 9}, "idempotency_key": "a"}], now=NOW)
+    assert caught.value.field == "jobs[1].idempotency_key"
+    assert caught.value.existing.pk == stored.pk
+    assert not Run.objects.filter(idempotency_key="c").exists()
+    assert (Run.objects.count(), TaskRun.objects.count()) == (2, 2)
+
+
+@pytest.mark.parametrize(("items", "field", "message"), [
+    ([{"ref": REF}, {"ref": REF, "queue": "no spaces"}], "jobs[1].queue", "queue must be"),
+    ([{"ref": "workflows.jobs:missing"}], "jobs[0].ref", "unknown job"),
+    ([{"ref": REF, "when": 1}], "jobs[0]", "unknown argument(s) when"),
+    ([{"args": [1]}], "jobs[0].ref", "needs a ref"),
+    (["x"], "jobs[0]", "must be a dict"),
+    ({"ref": REF}, "jobs", "must be a list"),
+])
+def test_a_bad_item_is_refused_with_its_place_named_and_nothing_written(items, field, message):
+    with CaptureQueriesContext(connection) as queries, pytest.raises(JobError) as caught:
+        enqueue_many(items, now=NOW)
+    assert caught.value.field == field
+    assert message in str(caught.value)
+    # (A reference may be looked up among the workflows' tasks: a read.)
+    assert not [q for q in queries.captured_queries if "INSERT" in q["sql"]]
+    assert Run.objects.count() == 0
+
+
+# --- claiming: what each claimed job costs --------------------------------------------------------
+
+
+def worker_table_reads() -> int:
+    """Index scans of the worker table in this transaction, counted by PostgreSQL (a foreign key
+    check is one, and locks the worker's row)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT COALESCE(idx_scan, 0) + COALESCE(seq_scan, 0) FROM pg_stat_xact_user_tables "
+                       "WHERE relname = 'orchestrator_worker'")
+        return cursor.fetchone()[0]
+
+
+def test_claiming_jobs_neither_reads_nor_locks_the_workers_row(clock):
+    from django.db import transaction
+
+    from orchestrator.models import Attempt
+    from orchestrator.worker import Worker
+
+    enqueue_many([{"ref": REF, "kwargs": {"user_id": n}} for n in range(40)], now=clock.now())
+    loop = Worker(["default"], concurrency=4)
+    loop.register()
+    with transaction.atomic():
+        before = worker_table_reads()
+        claimed = loop.claim(40, clock.now())
+        with connection.cursor() as cursor:
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # the foreign key checks a commit would make
+        after = worker_table_reads()
+    assert len(claimed) == 40
+    # The task run and the attempt name their worker (a record, not a reference the database
+    # checks): no look-up and no share lock of the worker's row per claimed job.
+    assert after - before == 0
+    assert Attempt.objects.filter(worker_id=loop.id).count() == 40
+    assert TaskRun.objects.filter(worker_id=loop.id, state=TaskState.RUNNING).count() == 40
+
+
+def test_a_run_over_at_birth_is_one_row_and_a_pending_one_holds_its_tasks_back():
+    from orchestrator.runs import create_run
+    from orchestrator.states import RunState
+
+    with CaptureQueriesContext(connection) as queries:
+        skipped, created = create_run(None, trigger="job", tasks={"a": {"kind": "python", "ref": REF}},
+                                      state=RunState.SKIPPED, reason="overlap", now=NOW)
+    assert created is True and len(queries.captured_queries) == 1
+    assert (Run.objects.get(pk=skipped.pk).state, Run.objects.get(pk=skipped.pk).finished_at) == (RunState.SKIPPED, NOW)
+    assert not TaskRun.objects.filter(run=skipped).exists()
+    held, _ = create_run(None, trigger="job", tasks={"a": {"kind": "python", "ref": REF},
+                                                     "b": {"kind": "python", "ref": REF, "upstream": ["a"]}},
+                         state=RunState.PENDING, now=NOW)
+    assert dict(TaskRun.objects.filter(run=held).values_list("task", "state")) == {
+        "a": TaskState.WAITING, "b": TaskState.WAITING}
+    assert TaskRun.objects.get(run=held, task="b").upstream == ["a"]
