@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def _connect():
-    import psycopg
+    import psycopg  # noqa: PLC0415 - only the checks that reach the database load the driver
 
-    from orchestrator.database_url import parse_database_url
+    from orchestrator.database_url import parse_database_url  # noqa: PLC0415 - importable once sys.path holds the project (above)
 
     db = parse_database_url(os.environ["DATABASE_URL"])
     return psycopg.connect(

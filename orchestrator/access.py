@@ -2,6 +2,8 @@
 pause and backfill. Superusers are operators. Membership is by group, managed in the admin.
 """
 
+from django.contrib.auth.models import Group
+
 VIEWERS = "Viewers"
 OPERATORS = "Operators"
 
@@ -29,7 +31,6 @@ def is_viewer(user) -> bool:
 def add_to_group(user, name: str) -> None:
     """Make ``user`` a member of Viewers or Operators (the group is created if it is missing,
     e.g. after a database flush)."""
-    from django.contrib.auth.models import Group
 
     user.groups.add(Group.objects.get_or_create(name=name)[0])
     user.__dict__.pop("_orchestrator_groups", None)

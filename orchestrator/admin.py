@@ -25,6 +25,8 @@ from orchestrator import (
     admin_notifications,  # noqa: F401 - registers the notification rules' and messages' admin
     admin_schedules,  # noqa: F401 - registers the Schedule admin
     audit,
+    backfill,
+    control,
 )
 from orchestrator.models import (
     Attempt,
@@ -41,6 +43,7 @@ from orchestrator.models import (
     WorkflowVersion,
 )
 from orchestrator.states import RunState, TaskState
+from orchestrator.web.forms import BackfillForm
 
 
 class OperatorActions:
@@ -85,7 +88,6 @@ class WorkflowAdmin(OperatorActions, admin.ModelAdmin):
 
     @admin.action(description="Pause the selected workflows", permissions=["operate"])
     def pause(self, request, queryset):
-        from orchestrator import control
 
         for wf in queryset:
             control.pause_workflow(wf)
@@ -94,7 +96,6 @@ class WorkflowAdmin(OperatorActions, admin.ModelAdmin):
 
     @admin.action(description="Resume the selected workflows", permissions=["operate"])
     def resume(self, request, queryset):
-        from orchestrator import control
 
         for wf in queryset:
             control.resume_workflow(wf)
@@ -119,8 +120,6 @@ class WorkflowAdmin(OperatorActions, admin.ModelAdmin):
         """Form → dry-run preview (count and first fire times from ``backfill.plan``) → start.
         The start button carries a digest of the previewed values: if they were edited after
         the preview, the page shows the new preview instead of starting."""
-        from orchestrator import backfill
-        from orchestrator.web.forms import BackfillForm
 
         if not access.is_operator(request.user):
             raise PermissionDenied("Only operators can start backfills.")
@@ -205,7 +204,6 @@ class BackfillAdmin(admin.ModelAdmin):
 
     @admin.display(description="progress (runs done / total)")
     def progress(self, obj):
-        from orchestrator import backfill
 
         done, total = backfill.progress(obj)
         percent = int(100 * done / total) if total else 100
@@ -241,7 +239,6 @@ class RunAdmin(OperatorActions, admin.ModelAdmin):
 
     @admin.action(description="Cancel the selected runs", permissions=["operate"])
     def cancel(self, request, queryset):
-        from orchestrator import control
 
         cancelled = 0
         for run in queryset.filter(state__in=[RunState.PENDING, RunState.RUNNING]):
@@ -262,7 +259,6 @@ class AttemptInline(ReadOnly, admin.TabularInline):
 class TaskRunActions(OperatorActions):
     @admin.action(description="Retry the selected dead or failed task runs", permissions=["operate"])
     def retry(self, request, queryset):
-        from orchestrator import control
 
         ids = list(queryset.values_list("pk", flat=True))
         count = control.retry_task_runs(ids)
@@ -271,7 +267,6 @@ class TaskRunActions(OperatorActions):
 
     @admin.action(description="Discard the selected dead task runs (mark them failed)", permissions=["operate"])
     def discard(self, request, queryset):
-        from orchestrator import control
 
         ids = list(queryset.filter(state=TaskState.DEAD).values_list("pk", flat=True))
         count = control.discard_task_runs(ids)

@@ -19,6 +19,8 @@ import getpass
 import ipaddress
 import os
 
+from django.conf import settings
+
 from orchestrator import clock, limits
 from orchestrator.models import AuditEvent
 
@@ -28,7 +30,6 @@ SOURCES = {choice.value for choice in AuditEvent.Source}
 def client_ip(request) -> str | None:
     """The address the request came from. Behind the HTTPS proxy (``BEHIND_HTTPS_PROXY``) it is
     the last address the proxy added to X-Forwarded-For: earlier ones are the client's to forge."""
-    from django.conf import settings
 
     if request is None:
         return None

@@ -42,7 +42,13 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 
+import psycopg
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
+from psycopg import sql
+
+from orchestrator.conf import app_settings
+from orchestrator.database_url import connect_params, is_transaction_pooled, parse_database_url
 
 DISPATCH_CHANNEL = "orchestrator_dispatch"
 DUE_CHANNEL = "orchestrator_due"
@@ -174,10 +180,7 @@ def listen_params() -> dict | None:
     pool after the statement, and its notifications reach whichever client borrows it next, or no
     one. So behind one, LISTEN goes to ``ORCHESTRATOR_LISTEN_DATABASE_URL`` (a direct
     connection), and without it nothing listens and the roles poll."""
-    from django.core.exceptions import ImproperlyConfigured
 
-    from orchestrator.conf import app_settings
-    from orchestrator.database_url import connect_params, is_transaction_pooled, parse_database_url
 
     url = app_settings.LISTEN_DATABASE_URL.strip()
     if url == LISTEN_POLL:
@@ -204,8 +207,6 @@ def listen_params() -> dict | None:
 def listen_connection(*channels: str):
     """A separate autocommit connection that LISTENs (Django's connection stays free for work), or
     None when the processes poll instead (see ``listen_params``)."""
-    import psycopg
-    from psycopg import sql
 
     params = listen_params()
     if params is None:

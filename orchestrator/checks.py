@@ -8,9 +8,12 @@ from django.apps import apps
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
 
 from orchestrator import conf, tracing
+from orchestrator.channels import listen_params
 from orchestrator.conf import app_settings
+from orchestrator.database_url import is_transaction_pooled
 
 # The apps the orchestrator's pages, API and admin are built on.
 REQUIRED_APPS = {
@@ -82,10 +85,7 @@ def check_configuration(app_configs=None, **kwargs):
 def _listen_problems() -> list:
     """A LISTEN URL that cannot be used, or a pooled database whose psycopg connections would
     prepare statements a pooler in transaction mode loses (PgBouncer before 1.21)."""
-    from django.db import connections
 
-    from orchestrator.channels import listen_params
-    from orchestrator.database_url import is_transaction_pooled
 
     found = []
     try:

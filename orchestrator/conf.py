@@ -299,11 +299,11 @@ def log_storage():
         name = app_settings.LOG_STORAGE
         configured = getattr(django_settings, "STORAGES", {}) or {}
         if name in configured:
-            from django.core.files.storage import storages
+            from django.core.files.storage import storages  # noqa: PLC0415 - the storages are Django's once settings are read
 
             _log_storage = storages[name]
         else:
-            from django.core.files.storage.handler import StorageHandler
+            from django.core.files.storage.handler import StorageHandler  # noqa: PLC0415 - the storages are Django's once settings are read
 
             # One backend built the way Django builds the STORAGES entries (import, then options).
             handler = StorageHandler({"orchestrator_logs": {"BACKEND": name, "OPTIONS": app_settings.LOG_STORAGE_OPTIONS}})
@@ -322,7 +322,7 @@ def _reset(*, setting, **kwargs):
 
 
 def connect_signals() -> None:
-    from django.core.signals import setting_changed
+    from django.core.signals import setting_changed  # noqa: PLC0415 - settings import this module
 
     setting_changed.connect(_reset, dispatch_uid="orchestrator.conf.reset")
 

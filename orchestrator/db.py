@@ -53,6 +53,7 @@ from functools import cache
 import psycopg
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
+from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
 
 from orchestrator.conf import app_settings
 from orchestrator.database_url import is_transaction_pooled
@@ -142,8 +143,6 @@ def native(sql: str) -> tuple[str, tuple[str, ...] | None]:
 def cursor():
     """A cursor with PostgreSQL's own placeholders and server-side binding on Django's connection
     (use it in a ``with``); run statements on it with ``execute``."""
-    import psycopg
-    from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
 
     connection.ensure_connection()
     raw = connection.connection

@@ -20,6 +20,7 @@ from datetime import datetime
 
 from django.db import connection
 
+from orchestrator import notifier
 from orchestrator.states import ACTIVE_RUN_STATES, sql_list
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,5 @@ def finished_late(run_ids, now: datetime | None = None) -> int:
 
 
 def _announce(run_ids: list[int], now: datetime | None) -> None:
-    from orchestrator import notifier
 
     notifier.deadline_missed(run_ids, now=now)

@@ -239,7 +239,7 @@ class Workflow:
         (see ``orchestrator.localrun``): for a project's own unit tests."""
         # Imported here, not at the top: a local run needs Django's models, and workflow modules
         # import this module before the app registry is ready (or without Django at all).
-        from orchestrator.localrun import run_workflow
+        from orchestrator.localrun import run_workflow  # noqa: PLC0415 - see the comment above
 
         return run_workflow(self, params=params, logical_date=logical_date, **options)
 

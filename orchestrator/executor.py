@@ -172,15 +172,15 @@ def call_python(message: dict, ctx: TaskContext | None = None, declared: dict | 
     obj = resolve(message, declared, functions)
     lead = []
     try:
-        from django.tasks import Task as DjangoTask
+        from django.tasks import Task as DjangoTask  # noqa: PLC0415 - guarded: a Django without django.tasks
     except ImportError:  # pragma: no cover - Django < 6
         DjangoTask = ()
     if isinstance(obj, DslTask):
         fn = obj.fn
     elif DjangoTask and isinstance(obj, DjangoTask):
-        from django.tasks.base import TaskContext as DjangoTaskContext
+        from django.tasks.base import TaskContext as DjangoTaskContext  # noqa: PLC0415 - guarded: a Django without django.tasks
 
-        from orchestrator import tasks_backend
+        from orchestrator import tasks_backend  # noqa: PLC0415 - tasks_backend needs the app registry; this module is imported without it
 
         fn = obj.func
         started = tasks_backend.attempt_started(obj, message["id"])
@@ -337,7 +337,7 @@ def run(message: dict, log_stream=None, declared: dict | None = None, functions:
                         metadata = encode_metadata(ctx.metadata)
                 if attempt.get("django") is not None:
                     # Inside the try, as django-tasks-db does: a receiver that raises fails the attempt.
-                    from orchestrator import tasks_backend
+                    from orchestrator import tasks_backend  # noqa: PLC0415 - tasks_backend needs the app registry; this module is imported without it
 
                     tasks_backend.attempt_finished(attempt["django"], value=json.loads(result) if result else None)
     except TaskFailure as exc:
@@ -378,7 +378,7 @@ def _django_finished(attempt: dict, exc: BaseException, tb: str, log) -> None:
     to the attempt's log; the attempt has failed already."""
     if attempt.get("django") is None:
         return
-    from orchestrator import tasks_backend
+    from orchestrator import tasks_backend  # noqa: PLC0415 - tasks_backend needs the app registry; this module is imported without it
 
     try:
         tasks_backend.attempt_finished(attempt["django"], exc=exc, tb=tb)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from django.db import DatabaseError, connection
 from django.http import JsonResponse
 
-from orchestrator import clock
+from orchestrator import clock, metrics
 from orchestrator.conf import app_settings
 from orchestrator.lease import SCHEDULER_LEASE
 from orchestrator.states import LIVE_WORKER_STATES, sql_list
@@ -120,6 +120,5 @@ class ProbeMiddleware:
 
 
 def _probe_views():
-    from orchestrator import metrics
 
     return {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics.metrics_view}

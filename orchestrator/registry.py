@@ -20,9 +20,16 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import sys
 
+from django.apps import apps
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
+from django.utils.module_loading import autodiscover_modules
+
 from orchestrator import limits
+from orchestrator.conf import app_settings
 
 # ref -> the registered object (a function, a django.tasks Task or a workflow's Task).
 _registered: dict[str, object] = {}
@@ -183,7 +190,6 @@ WHERE t.id = %(task_run)s
 
 
 def is_workflow_task(ref: str) -> bool:
-    from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute(WORKFLOW_TASK_REF, {"ref": ref})
@@ -191,7 +197,6 @@ def is_workflow_task(ref: str) -> bool:
 
 
 def is_workflow_callback(ref: str) -> bool:
-    from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute(WORKFLOW_CALLBACK_REF, {"ref": ref})
@@ -200,9 +205,7 @@ def is_workflow_callback(ref: str) -> bool:
 
 def declared_task(task_run_id: int) -> dict | None:
     """The task's spec in its run's graph version, or None (a job, or no version)."""
-    import json
 
-    from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute(DECLARED_TASK, {"task_run": task_run_id})
@@ -242,11 +245,7 @@ def autodiscover() -> None:
     """Import the job modules: the built-in ones, ORCHESTRATOR_JOB_MODULES, and each installed
     app's ``jobs`` and ``tasks`` modules. A module named in the setting that cannot be imported
     is a configuration error and stops the process, as a broken ``admin.py`` does."""
-    from django.apps import apps
-    from django.core.exceptions import ImproperlyConfigured
-    from django.utils.module_loading import autodiscover_modules
 
-    from orchestrator.conf import app_settings
 
     for name in BUILTIN_MODULES:
         importlib.import_module(name)

@@ -39,6 +39,8 @@ import site
 import sys
 import sysconfig
 
+from django.apps import apps
+from django.conf import settings
 from django.db import connection
 
 from orchestrator import channels, registry
@@ -116,8 +118,6 @@ def _stamp(path: str) -> tuple[int, int] | None:
 def _pinned_modules() -> set[str]:
     """Modules whose objects Django holds in its registries: reading them anew would give a
     second copy of a model or app config beside the one every other module uses."""
-    from django.apps import apps
-    from django.conf import settings
 
     pinned = {settings.SETTINGS_MODULE} if settings.SETTINGS_MODULE else set()
     for config in apps.get_app_configs():

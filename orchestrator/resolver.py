@@ -19,7 +19,18 @@ from datetime import datetime
 
 from django.db import connection
 
-from orchestrator import callbacks, clock, datasets, db, deadlines, mapping, notifications, retries, tracing
+from orchestrator import (
+    callbacks,
+    clock,
+    datasets,
+    db,
+    deadlines,
+    mapping,
+    notifications,
+    notifier,
+    retries,
+    tracing,
+)
 from orchestrator.channels import wake_due
 from orchestrator.states import (
     DEFAULT_TRIGGER_RULE,
@@ -423,7 +434,6 @@ def _runs_finished(finished: list[tuple], now: datetime) -> None:
     ended = [(run_id, state) for run_id, state, workflow_id in finished if workflow_id]
     if not ended:
         return
-    from orchestrator import notifier
 
     notifier.runs_finished(ended, now=now)
     callbacks.run_ended(ended, now=now)

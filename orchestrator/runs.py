@@ -27,7 +27,9 @@ from psycopg.types.json import Jsonb
 from orchestrator import admission, clock, retries, tracing
 from orchestrator.channels import DISPATCH_CHANNEL, MAX_TOKENS, WAKE_SEQUENCE, queue_channel, wake_due
 from orchestrator.conf import app_settings
+from orchestrator.limits import logical_date_error
 from orchestrator.models import QueueLimit, Run, TaskRun, TenantLimit, Workflow, WorkflowVersion
+from orchestrator.params import clean_params
 from orchestrator.states import Lane, RunState, TaskState, Trigger
 
 # Runs recorded as already over (a skipped or missed fire time, a run cancelled at once): no task runs.
@@ -477,8 +479,6 @@ def trigger_workflow(
 ) -> tuple[Run, bool]:
     """Start a run of a workflow now (UI, API, admin). Raises ParamError for bad params and
     RunError when the workflow cannot run (broken without a good version, removed)."""
-    from orchestrator.limits import logical_date_error
-    from orchestrator.params import clean_params
 
     if workflow.current_version_id is None:
         raise RunError(f"workflow {workflow.name!r} cannot run: {workflow.sync_error or 'it has no valid version'}",

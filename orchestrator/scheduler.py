@@ -28,14 +28,17 @@ from datetime import datetime, timedelta
 from django.db import connection
 from django.db.models import Min
 
-from orchestrator import admission, cron
+from orchestrator import admission, approvals, control, cron, datasets, deadlines
 from orchestrator.channels import SCHEDULES_CHANNEL, wake_due
 from orchestrator.clock import system
 from orchestrator.conf import app_settings
+from orchestrator.control import cancel_run
 from orchestrator.lease import LeaderLease, LeaseLost, NoLease
 from orchestrator.loop import DATABASE_ERRORS, Loop, Role, Together
 from orchestrator.models import Run, Schedule, TaskRun, WorkflowVersion
 from orchestrator.params import ParamError, clean_params
+from orchestrator.reaper import reap_once
+from orchestrator.retention import prune
 from orchestrator.runs import NewRun, insert_runs, release_pending_run
 from orchestrator.states import ACTIVE_RUN_STATES, Lane, RunState, TaskState, Trigger, sql_list
 
@@ -88,13 +91,11 @@ SELECT run_id FROM orchestrator_taskrun WHERE run_id = ANY(%s)
 
 
 def _reap(clock):
-    from orchestrator.reaper import reap_once
 
     return reap_once(clock=clock)
 
 
 def _prune(clock):
-    from orchestrator.retention import prune
 
     # Bounded (at most 5,000 runs a call, about a second) so that the loop gets back to renewing the
     # lease in time; every five minutes that still removes well over a million runs a day.
@@ -367,7 +368,6 @@ class Scheduler:
     # -- 4. data triggers, run deadlines and run timeouts ---------------------------------------
 
     def _data_and_deadlines(self, now: datetime) -> int:
-        from orchestrator import approvals, control, datasets, deadlines
 
         with self.lease.fence():
             done = datasets.trigger_consumers(now)
@@ -485,7 +485,6 @@ def _active_runs_by_schedule(schedule_ids: list[int]) -> dict[int, list[dict]]:
 
 
 def _cancel_replaced(active: list[dict], at: datetime) -> None:
-    from orchestrator.control import cancel_run
 
     for previous in active:
         if previous.get("id"):

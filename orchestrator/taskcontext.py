@@ -91,7 +91,7 @@ def fill(cursor, messages: list[dict]) -> None:
     events = {}
     data_runs = [run_id for run_id, row in context.items() if row[3] == "dataset"]
     if data_runs:
-        from orchestrator.datasets import events_of_runs
+        from orchestrator.datasets import events_of_runs  # noqa: PLC0415 - datasets needs the models; the DSL imports this module before the app registry is ready
 
         events = events_of_runs(data_runs)
     for m in tasks:

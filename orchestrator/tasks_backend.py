@@ -50,7 +50,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils.json import normalize_json
 
-from orchestrator import clock, limits, registry, retries
+from orchestrator import clock, jobs, limits, registry, retries
 from orchestrator.models import TaskRun
 from orchestrator.states import AttemptOutcome, TaskState, Trigger
 
@@ -155,7 +155,6 @@ class OrchestratorBackend(BaseTaskBackend):
         registry.register(task, task_ref(task))
 
     def enqueue(self, task: Task, args, kwargs) -> TaskResult:
-        from orchestrator import jobs
 
         self.validate_task(task)
         args, kwargs = json_arguments(args, kwargs)

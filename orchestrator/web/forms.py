@@ -206,7 +206,7 @@ class BackfillForm(forms.Form):
         ]
 
     def clean_params(self):
-        from orchestrator.params import ParamError, clean_params
+        from orchestrator.params import ParamError, clean_params  # noqa: PLC0415 - the method's own name is clean_params
 
         raw = self.cleaned_data.get("params", "").strip()
         if not raw:

@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from orchestrator import clock, executor
 from orchestrator.params import ParamError, clean_params
+from orchestrator.sync import discover
 
 NOT_YET = 3  # exit code of a sensor whose check answered "not yet"
 
@@ -77,7 +78,6 @@ class Command(BaseCommand):
 
 def _workflow_spec(workflow: str) -> dict:
     """The spec of a workflow as its module defines it now (discovered, not read from the database)."""
-    from orchestrator.sync import discover
 
     found, failed = discover()
     workflows = {wf.name: wf for wfs in found.values() for wf in wfs}
