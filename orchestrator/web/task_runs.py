@@ -67,7 +67,12 @@ def task_actions(tr: TaskRun) -> list[tuple[str, str, str]]:
     if tr.state in MARKABLE_TASK_STATES and not mapped_row:
         labels += [(f"mark-{state}", f"Mark {state}") for state in (TaskState.SUCCEEDED.value, TaskState.FAILED.value)
                    if tr.state != state]
-    return [(action, label, TASK_ACTIONS[action].format(task=tr.task, run=tr.run_id)) for action, label in labels]
+    questions = [(action, label, TASK_ACTIONS[action].format(task=tr.task, run=tr.run_id)) for action, label in labels]
+    if tr.state == TaskState.RUNNING:
+        # Said before the operator confirms: the attempt in progress is stopped.
+        questions = [(action, label, question.replace("? ", "? Its running attempt is stopped. ", 1))
+                     for action, label, question in questions]
+    return questions
 
 
 def task_run_context(tr: TaskRun, now: datetime, attempt: int | None = None, offset: int = 0) -> dict:
