@@ -1,7 +1,9 @@
 """The log of an attempt as lines for the log view (static/orchestrator/logview.js): a line of
 ``logging`` output (the executor's format, ``<date> <time>,<ms> <LEVEL> <logger>: <message>``)
-carries its level, and so do the lines that continue its record (an indented traceback line or
-the traceback's first line); any other text a task wrote has no level, and no filter hides it."""
+carries its level, and so do the lines that continue its record (an indented traceback line, the
+traceback's first line, its chained-exception notes and the exception line that ends it); any
+other text a task wrote (``print()``, a shell command's output) has the level ``stdout``, which
+the view filters as a level of its own."""
 
 from __future__ import annotations
 
@@ -15,22 +17,36 @@ register = template.Library()
 
 RECORD = re.compile(r"(\d{4}-\d\d-\d\d) (\d\d:\d\d:\d\d),(\d{3}) (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
 CONTINUES = re.compile(r"[ \t]|Traceback \(most recent call last\):")
+# Inside a record's traceback: the notes between chained exceptions, and blank lines around them.
+CHAINED = re.compile(r"\s*$|The above exception was the direct cause|During handling of the above exception")
+# The line that ends a traceback: the exception, ``ValueError: no orders`` or ``pkg.Error``.
+EXCEPTION = re.compile(r"[A-Za-z_][\w.]*(:|\s*$)")
+PRINTED = "stdout"
 
 
 @register.filter
 def log_lines(text: str) -> SafeString:
-    """Each line of ``text`` escaped, in ``<span class="ln" data-level="…">`` (a level only for
-    records and their continuations)."""
+    """Each line of ``text`` escaped, in ``<span class="ln" data-level="…">``: a record's level
+    for records and their continuations, ``stdout`` for any other line."""
     if not text:
         return mark_safe("")
     level = ""
+    traceback = ""  # in a record's traceback: "" (not), "open" or "ended" (by its exception line)
     out = []
     for line in text.splitlines(keepends=True):
         record = RECORD.match(line)
         if record:
-            level = record.group(4).lower()
-        elif not (level and CONTINUES.match(line)):
-            level = ""
+            level, traceback = record.group(4).lower(), ""
+        elif level and CONTINUES.match(line) and traceback != "ended":
+            traceback = "open" if traceback or line.startswith("Traceback") else ""
+        elif level and line.startswith("Traceback"):
+            traceback = "open"  # the next exception of a chain
+        elif level and traceback and CHAINED.match(line):
+            pass  # between chained exceptions
+        elif level and traceback == "open" and EXCEPTION.match(line):
+            traceback = "ended"
+        else:
+            level, traceback = "", ""
         text = escape(line)
         if record:
             # The record's time (UTC, see executor.log_formatter) as a <time> that app.js shows in
@@ -38,6 +54,5 @@ def log_lines(text: str) -> SafeString:
             day, clock, ms = record.group(1, 2, 3)
             stamp = f"{day} {clock},{ms}"
             text = f'<time datetime="{day}T{clock}.{ms}Z">{stamp}</time>{text[len(stamp):]}'
-        out.append(f'<span class="ln" data-level="{level}">{text}</span>' if level
-                   else f'<span class="ln">{text}</span>')
+        out.append(f'<span class="ln" data-level="{level or PRINTED}">{text}</span>')
     return mark_safe("".join(out))

@@ -7,9 +7,10 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.contrib import messages
-from django.http import FileResponse, Http404
+from django.http import FileResponse, Http404, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
+from django.utils.http import urlencode
 
 from orchestrator import audit, clock, control, logs, tracing
 from orchestrator.conf import app_settings
@@ -24,7 +25,7 @@ from orchestrator.states import (
 )
 from orchestrator.web import mapped
 from orchestrator.web.errors import InvalidInput, query_int
-from orchestrator.web.kit import POLL, back, operator_action, page, seconds, viewer_required
+from orchestrator.web.kit import POLL, back, is_htmx, operator_action, page, seconds, viewer_required
 
 LOG_PAGE = 64 * 1024
 LIVE_STATES = (TaskState.WAITING, TaskState.SCHEDULED, TaskState.QUEUED, TaskState.RUNNING)
@@ -140,9 +141,14 @@ def task_run_action(request, task_run_id, action):
 @viewer_required
 def attempt_log(request, attempt_id):
     """One page of an attempt's log from ``offset``: the "load more" button and the tail
-    follower ask for this fragment and append it."""
+    follower ask for this fragment and append it. A browser that opens the address itself (a
+    link copied, a new tab) gets the task run's page at that attempt and offset, where the log
+    sits in its box, not a bare fragment as wide as its longest line."""
     attempt = get_object_or_404(Attempt.objects.select_related("task_run"), pk=attempt_id)
     offset = query_int(request, "offset", 0, 0, MAX_LOG_OFFSET)
+    if not is_htmx(request):
+        query = urlencode({"attempt": attempt.number, **({"offset": offset} if offset else {})})
+        return HttpResponseRedirect(f"{reverse('orchestrator:web:task_run', args=[attempt.task_run_id])}?{query}")
     return page(request, "orchestrator/web/task_run.html#log_chunk", {"log": read_log(attempt, offset)})
 
 

@@ -58,6 +58,8 @@ urlpatterns = [
     path("approvals/answer/<str:token>/", approvals.link_view, name="approval_link"),
     path("audit/", audit.audit_log, name="audit"),
     path("datasets/", lineage.dataset_list, name="datasets"),
+    path("dataset/", lineage.dataset_named, name="dataset_named"),
+    # The address of the first links: a plain name still reaches its page there.
     path("datasets/<stored_name:name>/", lineage.dataset_detail, name="dataset"),
     path("preferences/clock/", preferences.clock_choice, name="clock"),
 ]
