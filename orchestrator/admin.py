@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import UTC
+from zoneinfo import ZoneInfo
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -155,7 +157,10 @@ class WorkflowAdmin(OperatorActions, admin.ModelAdmin):
                     "to_create": len(plan.to_create),
                     "to_reprocess": len(plan.to_reprocess),
                     "total": plan.total,
-                    "first": list(plan.to_create[:10] or plan.fire_times[:10]),
+                    # Shown in UTC, the zone the date inputs are read in, with each one's wall
+                    # time in the schedule's own zone beside it.
+                    "first": [(at.astimezone(UTC), at.astimezone(ZoneInfo(plan.timezone)))
+                              for at in (plan.to_create[:10] or plan.fire_times[:10])],
                     "cron": plan.cron,
                     "timezone": plan.timezone,
                     "digest": digest,

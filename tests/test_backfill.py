@@ -1,15 +1,18 @@
 """Backfills: one run per fire time in the range, in the backfill lane; existing fire times skipped
 unless reprocessing; bad requests refused with nothing written."""
 
+import re
 from datetime import UTC, datetime
 from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.urls import reverse
 
 from orchestrator import backfill
 from orchestrator.backfill import BackfillError
 from orchestrator.models import Attempt, Backfill, Lane, Run, RunState, Schedule, TaskRun, TaskState, Trigger
+from orchestrator.web.zones import ZONE_COOKIE
 from tests.test_scheduler import make_schedule, make_workflow
 
 pytestmark = pytest.mark.django_db
@@ -191,3 +194,22 @@ def test_the_command_reports_bad_input_as_an_error_not_a_traceback(workflow, arg
         call_command("backfill", "etl", *args, stdout=StringIO())
     assert message in str(caught.value)
     assert_nothing_written()
+
+
+def test_the_admin_preview_shows_fire_times_in_the_zone_of_its_date_inputs_and_says_which(workflow, admin_client):
+    # The user's clock is local, in Berlin: the admin shows times there; the backfill's date inputs
+    # are read as UTC, and the preview shows the fire times in UTC too, each one labelled.
+    admin_client.cookies[ZONE_COOKIE] = "Europe/Berlin"
+    url = reverse("admin:orchestrator_workflow_backfill", args=[workflow.pk])
+    html = admin_client.post(url, {"start": "2026-01-01T01:30", "end": "2026-01-02T01:30", "reprocess": "none",
+                                   "preview": "1"}).content.decode()
+    assert '<label for="id_start">from (UTC):</label>' in html
+    fires = re.findall(r"<li>(<time[^>]*>[^<]*</time>.*?)</li>", re.search(r'id="preview-fires">(.*?)</ol>', html,
+                                                                           re.S).group(1))
+    assert fires == [
+        '<time datetime="2026-01-01T01:30:00+00:00">2026-01-01 01:30:00 UTC</time>'
+        ' <span class="help">2026-01-01 02:30 Europe/Berlin</span>',
+        '<time datetime="2026-01-02T01:30:00+00:00">2026-01-02 01:30:00 UTC</time>'
+        ' <span class="help">2026-01-02 02:30 Europe/Berlin</span>',
+    ]
+    assert "in UTC like the dates above (and in the schedule's zone, Europe/Berlin)" in html
