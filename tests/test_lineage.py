@@ -154,6 +154,21 @@ def test_a_dataset_with_dot_segments_or_query_characters_in_its_name_gets_a_link
     assert client.get(reverse("orchestrator:web:dataset_named")).status_code == 400
 
 
+def test_the_workflows_list_shows_what_dataset_starts_a_workflow_not_manual_only(wfs, viewer, client):
+    html = client.get(reverse("orchestrator:web:workflows")).content.decode()
+
+    def row(name):
+        return re.search(rf'<tr class="">\s*<td><a class="name" href="/workflows/{name}/">.*?</tr>', html, re.S).group(0)
+
+    consumer, joined, producer = row("consumer"), row("joined"), row("producer")
+    assert '<div class="dataset-trigger">on <a href="/dataset/?name=sales_daily">sales_daily</a></div>' in consumer
+    assert "at the next event" in consumer and "manual only" not in consumer and ">—<" not in consumer
+    assert ('on all of <a href="/dataset/?name=fx_rates">fx_rates</a>, '
+            '<a href="/dataset/?name=sales_daily">sales_daily</a>') in joined
+    assert "once each of its datasets has an event" in joined and "manual only" not in joined
+    assert "manual only" in producer  # no schedule, no dataset trigger
+
+
 def test_the_workflow_page_shows_what_it_produces_and_what_triggers_it(wfs, viewer, client):
     producer = client.get(reverse("orchestrator:web:workflow", args=["producer"])).content.decode()
     section = re.search(r'<section class="card" id="datasets">.*?</section>', producer, re.S).group(0)

@@ -79,6 +79,9 @@ def workflows_context(now: datetime) -> dict:
         wf.schedule_list = [(s, describe(s.cron)) for s in wf.schedules.all()]
         wf.task_count = len(wf.spec.get("tasks", {}))
         wf.next_fires = next_fires(wf, now)
+        # What starts it besides its schedules: its dataset triggers, (mode, dataset names).
+        wf.dataset_triggers = [(trigger.get("mode", "any"), list(trigger.get("datasets", [])))
+                               for trigger in wf.spec.get("triggers", []) if trigger.get("datasets")]
     return {"workflows": workflows}
 
 
