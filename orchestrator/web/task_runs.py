@@ -28,6 +28,7 @@ from orchestrator.web.errors import InvalidInput, query_int
 from orchestrator.web.kit import POLL, back, is_htmx, operator_action, page, seconds, viewer_required
 
 LOG_PAGE = 64 * 1024
+AUDIT_NAMES = 50  # task names an audit record lists (its ids list them all)
 LIVE_STATES = (TaskState.WAITING, TaskState.SCHEDULED, TaskState.QUEUED, TaskState.RUNNING)
 
 # The task-level actions: what each one does, and the question the button asks first.
@@ -126,10 +127,15 @@ def task_run_action(request, task_run_id, action):
     (hx-confirm) and the action is written to the audit log."""
     if action not in TASK_ACTIONS:
         raise InvalidInput("action", f"no task-run action {action!r}: use one of {', '.join(TASK_ACTIONS)}")
-    tr = get_object_or_404(TaskRun, pk=task_run_id)
+    tr = get_object_or_404(TaskRun.objects.select_related("run__workflow"), pk=task_run_id)
+    was = tr.state
     changed, done = act(request, tr, action)
-    detail = {"state": action.removeprefix("mark-")} if action.startswith("mark-") else {}
-    audit.record(action.split("-")[0], request=request, target=tr, changed=changed, **detail)
+    detail = {"state": action.removeprefix("mark-"), "was": was} if action.startswith("mark-") else {}
+    # The record names what it touched, so it reads without looking the ids up.
+    names = sorted(TaskRun.objects.filter(pk__in=changed[:AUDIT_NAMES]).values_list("task", flat=True))
+    audit.record(action.split("-")[0], request=request, target=tr, changed=changed,
+                 workflow=tr.run.workflow.name if tr.run.workflow_id else "", task=tr.task, run=tr.run_id,
+                 changed_tasks=names, **detail)
     if changed:
         messages.success(request, done)
     else:

@@ -225,7 +225,8 @@ def workflow_trigger(request, name):
     except RunError as exc:
         return page(request, "orchestrator/web/workflow.html",
                     _page_context(request, wf, submitted=values, form_error=str(exc)), status=400)
-    audit.record("trigger", request=request, target=run, workflow=wf.name, params=values)
+    # The params as the run holds them (typed and with defaults), not the form's strings.
+    audit.record("trigger", request=request, target=run, workflow=wf.name, params=run.params)
     messages.success(request, f"Triggered run #{run.pk} of {wf.name}.")
     return HttpResponseRedirect(reverse("orchestrator:web:run", args=[run.pk]))
 
