@@ -8,11 +8,6 @@ permissions say.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from datetime import UTC
-from zoneinfo import ZoneInfo
-
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count
@@ -122,7 +117,7 @@ class WorkflowAdmin(OperatorActions, admin.ModelAdmin):
         The start button carries a digest of the previewed values: if they were edited after
         the preview, the page shows the new preview instead of starting."""
         from orchestrator import backfill
-        from orchestrator.web.forms import BackfillForm
+        from orchestrator.web.forms import BackfillForm, backfill_digest, backfill_preview
 
         if not access.is_operator(request.user):
             raise PermissionDenied("Only operators can start backfills.")
@@ -138,7 +133,7 @@ class WorkflowAdmin(OperatorActions, admin.ModelAdmin):
                 field = getattr(exc, "field", None)
                 form.add_error(field if field in form.fields else None, str(exc))
             else:
-                digest = _digest(data)
+                digest = backfill_digest(data)
                 if "go" in request.POST and request.POST.get("confirm") == digest:
                     try:
                         started = backfill.start(wf, data["start"], data["end"], reprocess=data["reprocess"],
@@ -151,20 +146,7 @@ class WorkflowAdmin(OperatorActions, admin.ModelAdmin):
                                      runs=started.total)
                         self.message_user(request, f"Started {started}: {started.total} run(s).", messages.SUCCESS)
                         return HttpResponseRedirect(reverse("admin:orchestrator_backfill_change", args=[started.pk]))
-                preview = {
-                    "count": plan.count,
-                    "existing": len(plan.existing),
-                    "to_create": len(plan.to_create),
-                    "to_reprocess": len(plan.to_reprocess),
-                    "total": plan.total,
-                    # Shown in UTC, the zone the date inputs are read in, with each one's wall
-                    # time in the schedule's own zone beside it.
-                    "first": [(at.astimezone(UTC), at.astimezone(ZoneInfo(plan.timezone)))
-                              for at in (plan.to_create[:10] or plan.fire_times[:10])],
-                    "cron": plan.cron,
-                    "timezone": plan.timezone,
-                    "digest": digest,
-                }
+                preview = backfill_preview(plan, digest)
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
@@ -176,13 +158,6 @@ class WorkflowAdmin(OperatorActions, admin.ModelAdmin):
             "has_view_permission": True,
         }
         return TemplateResponse(request, "admin/orchestrator/workflow/backfill.html", context)
-
-
-def _digest(data: dict) -> str:
-    schedule = data.get("schedule_obj")
-    values = [data["start"].isoformat(), data["end"].isoformat(), data["reprocess"], data["params"],
-              schedule.pk if schedule else None]
-    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
 @admin.register(WorkflowVersion)

@@ -42,6 +42,7 @@ urlpatterns = [
     path("workflows/<stored_name:name>/trigger/", workflows.workflow_trigger, name="workflow_trigger"),
     path("workflows/<stored_name:name>/pause/", workflows.workflow_pause, name="workflow_pause"),
     path("workflows/<stored_name:name>/resume/", workflows.workflow_resume, name="workflow_resume"),
+    path("workflows/<stored_name:name>/backfill/", workflows.workflow_backfill, name="workflow_backfill"),
     path("workflows/<stored_name:name>/", workflows.workflow_detail, name="workflow"),
     path("runs/", runs.run_list, name="runs"),
     path("runs/<int:run_id>/", runs.run_detail, name="run"),
