@@ -252,3 +252,35 @@ def test_a_long_log_scrolls_by_keyboard_filters_printed_output_and_keeps_the_pag
     assert page.url.startswith(f"{base}/task-runs/{dead.pk}/?attempt=1&offset=")
     assert page.evaluate("document.documentElement.scrollWidth") <= 1400
     assert failed_requests == []
+
+
+def test_an_operator_backfills_from_the_workflow_pages_dialog_after_a_dry_run(server, browser):
+    page, base = browser, server.url
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    failed_requests = watch_requests(page)
+    log_in(page, base, *operator(), start="/workflows/sales_report/")
+    page.click("a[href='#backfill-dialog']")
+    page.fill("#id_start", "2026-03-01T00:00")
+    page.fill("#id_end", "2026-03-05T23:59")
+    page.fill("#id_params", '{"orders": 5}')
+    page.click("#backfill-preview-button")
+    page.wait_for_selector("#backfill-count")
+    # The reader's clock is Berlin's, yet the dry run speaks UTC, as its inputs do, and says so.
+    assert page.inner_text("#backfill-count") == "4"
+    fires = page.locator("#backfill-fires li").all_inner_texts()
+    assert fires[0] == "2026-03-02 05:15:00 UTC 2026-03-02 06:15 Europe/Berlin"
+    assert page.inner_text("label[for=id_start]") == "from (UTC):"
+    assert not Run.objects.exists()
+    problems = {}
+    for width, theme in MODES:
+        in_mode(page, width, theme)
+        problems[f"{width} {theme}"] = serious(page)
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+        page.locator("#backfill-dialog").screenshot(path=str(SHOTS / f"backfill-dialog-{width}-{theme}.png"))
+    assert not any(problems.values()), problems
+    in_mode(page, 1400, "light")
+    page.click("#backfill-start")
+    page.wait_for_url(f"{base}/runs/?workflow=sales_report&trigger=backfill")
+    assert Run.objects.filter(trigger="backfill").count() == 4
+    assert page.locator("table.runs tbody tr").count() == 4
+    assert failed_requests == []
