@@ -472,7 +472,9 @@ def mark_task_runs(ids: Iterable[int], state: str, *, by=None, now=None) -> list
         # left to run); a cancelled one stays cancelled.
         cursor.execute(RESUME_RUNS, {"runs": runs})
         resolver.resolve_runs(runs, now=now)
-        ended = {run_id: max(row[5] for row in marked if row[1] == run_id) for run_id in runs}
+        ended: dict[int, datetime] = {}
+        for row in marked:
+            ended[row[1]] = max(ended.get(row[1], row[5]), row[5])
         cursor.execute(KEEP_RUN_FINISH, {"runs": runs, "finished": [finished.get(r) for r in runs],
                                          "marked_end": [ended[r] for r in runs]})
         resolver.wake_due()
