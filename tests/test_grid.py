@@ -75,7 +75,7 @@ def test_each_cell_is_its_states_colour_with_a_bar_as_tall_as_its_task_run_took(
     bars = {}
     for href, title, y, height in re.findall(
             r'<a class="cell st-\w+" href="(/task-runs/\d+/)"[^>]*title="([^"]*)"><svg width="16" height="24"[^>]*>'
-            r'<rect x="5" y="(\d+)" width="6" height="(\d+)"', html):
+            r'<rect x="6" y="(\d+)" width="4" height="(\d+)"', html):
         bars[int(href.split("/")[2])] = (title, int(y), int(height))
     six = TaskRun.objects.filter(run=long).count()
     assert len(bars) == 3 * six
