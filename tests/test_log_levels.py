@@ -1,6 +1,7 @@
 """The log view's levels: each line of an attempt's log carries the level its filter uses. A
 ``logging`` record and every line of its traceback (chained exceptions and the exception line that
-ends it included) carry the record's level; text the task printed carries ``stdout``, its own level,
+ends it included) carry the record's level, a traceback outside a record (the attempt's failure) is
+an error; text the task printed carries ``stdout``, its own level,
 so "warning and above" hides it and "debug and above" differs from "every line"."""
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ ValueError: no orders
 printed last
 2026-03-29 00:30:01,000 WARNING shop: late
 ValueError: printed by the task, after a record without a traceback
+Traceback (most recent call last):
+  File "shop.py", line 9, in main
+RuntimeError: the attempt failed
+printed after the failure
 """
 
 
@@ -50,9 +55,11 @@ def test_every_line_has_a_level_and_printed_text_is_stdout():
     found = levels(LOG)
     assert len(found) == len(LOG.splitlines())
     assert [level for level, _ in found] == (
-        ["stdout", "debug"] + ["error"] * 12 + ["stdout", "warning", "stdout"])
+        ["stdout", "debug"] + ["error"] * 12 + ["stdout", "warning", "stdout"] + ["error"] * 3 + ["stdout"])
     assert found[13] == ("error", "ValueError: no orders")  # the end of the record's traceback
-    assert found[-1][0] == "stdout"  # an exception-like line no traceback leads to is printed text
+    assert found[16][0] == "stdout"  # an exception-like line no traceback leads to is printed text
+    # A traceback outside any record (the attempt's own failure) is an error, to its exception line.
+    assert found[-2] == ("error", "RuntimeError: the attempt failed")
 
 
 
@@ -86,7 +93,7 @@ def test_the_log_box_is_a_named_region_the_keyboard_reaches_and_offers_the_print
     box = re.search(r'<pre class="log"[^>]*>', html).group(0)
     assert 'tabindex="0"' in box and 'role="region"' in box and 'aria-label="log of attempt #1"' in box
     assert '<option value="stdout">printed (stdout)</option>' in html
-    assert html.count('data-level="stdout"') == 3
+    assert html.count('data-level="stdout"') == 4
 
 
 def test_the_log_fragments_address_opened_in_a_browser_is_the_task_runs_page_at_that_attempt(as_viewer, attempt):

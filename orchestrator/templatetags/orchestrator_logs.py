@@ -1,9 +1,10 @@
 """The log of an attempt as lines for the log view (static/orchestrator/logview.js): a line of
 ``logging`` output (the executor's format, ``<date> <time>,<ms> <LEVEL> <logger>: <message>``)
 carries its level, and so do the lines that continue its record (an indented traceback line, the
-traceback's first line, its chained-exception notes and the exception line that ends it); any
-other text a task wrote (``print()``, a shell command's output) has the level ``stdout``, which
-the view filters as a level of its own."""
+traceback's first line, its chained-exception notes and the exception line that ends it); a
+traceback outside any record (the attempt's failure, an uncaught exception) is an error; any other
+text a task wrote (``print()``, a shell command's output) has the level ``stdout``, which the view
+filters as a level of its own."""
 
 from __future__ import annotations
 
@@ -45,6 +46,10 @@ def log_lines(text: str) -> SafeString:
             pass  # between chained exceptions
         elif level and traceback == "open" and EXCEPTION.match(line):
             traceback = "ended"
+        elif line.startswith("Traceback (most recent call last):"):
+            # A traceback outside any record: the attempt's own failure (the executor writes it) or
+            # an uncaught exception on stderr. An error, which "error and above" keeps.
+            level, traceback = "error", "open"
         else:
             level, traceback = "", ""
         text = escape(line)
