@@ -449,8 +449,8 @@ def mark_task_runs(ids: Iterable[int], state: str, *, by=None, now=None) -> list
     if not ids:
         return []
     now = now or clock.now()
-    who = getattr(by, "username", None) or (str(by) if by else "")
-    error = "" if state == TaskState.SUCCEEDED else (f"marked failed by {who}" if who else "marked failed")
+    reason = _marked_by(state, by)
+    error = "" if state == TaskState.SUCCEEDED else reason
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(resolver.RUNS_OF, [ids])
         resolver.lock_runs(cursor, [row[0] for row in cursor.fetchall()])
@@ -460,10 +460,7 @@ def mark_task_runs(ids: Iterable[int], state: str, *, by=None, now=None) -> list
             return []
         runs = sorted({row[1] for row in marked})
         finished = dict(Run.objects.filter(pk__in=runs).values_list("id", "finished_at"))
-        running = [row[0] for row in marked if row[4] == TaskState.RUNNING]
-        if running:
-            reason = f"marked {state} by {who}" if who else f"marked {state}"
-            cursor.execute(CANCEL_ATTEMPTS, {"ids": running, "now": now, "reason": reason})
+        running = _end_running_attempts(cursor, marked, reason, now)
         mapping.reopen(cursor, [row[0] for row in marked if row[3] >= 0])
         below = _descendants(cursor, runs, {(row[1], row[2]) for row in marked})
         if below:
@@ -472,12 +469,34 @@ def mark_task_runs(ids: Iterable[int], state: str, *, by=None, now=None) -> list
         # left to run); a cancelled one stays cancelled.
         cursor.execute(RESUME_RUNS, {"runs": runs})
         resolver.resolve_runs(runs, now=now)
-        ended: dict[int, datetime] = {}
-        for row in marked:
-            ended[row[1]] = max(ended.get(row[1], row[5]), row[5])
-        cursor.execute(KEEP_RUN_FINISH, {"runs": runs, "finished": [finished.get(r) for r in runs],
-                                         "marked_end": [ended[r] for r in runs]})
+        _keep_run_finish(cursor, marked, finished)
         resolver.wake_due()
         if running:
             announce_cancelled(running)
     return sorted(row[0] for row in marked)
+
+
+def _marked_by(state: str, by) -> str:
+    """"marked failed by olga": a marked task run's error, and the reason its attempt ended."""
+    who = getattr(by, "username", None) or (str(by) if by else "")
+    return f"marked {state} by {who}" if who else f"marked {state}"
+
+
+def _end_running_attempts(cursor, marked: list[tuple], reason: str, now) -> list[int]:
+    """End the attempts of the marked task runs that were running (cancelled, with ``reason``);
+    returns their task run ids, whose workers are told to stop them once the marks commit."""
+    running = [row[0] for row in marked if row[4] == TaskState.RUNNING]
+    if running:
+        cursor.execute(CANCEL_ATTEMPTS, {"ids": running, "now": now, "reason": reason})
+    return running
+
+
+def _keep_run_finish(cursor, marked: list[tuple], finished: dict[int, datetime | None]) -> None:
+    """The runs of ``marked`` that ended again keep the finish time they had (``finished``), or
+    the latest end of a task run marked in them when that is later."""
+    ended: dict[int, datetime] = {}
+    for row in marked:
+        ended[row[1]] = max(ended.get(row[1], row[5]), row[5])
+    runs = sorted(ended)
+    cursor.execute(KEEP_RUN_FINISH, {"runs": runs, "finished": [finished.get(r) for r in runs],
+                                     "marked_end": [ended[r] for r in runs]})

@@ -25,39 +25,56 @@ EXCEPTION = re.compile(r"[A-Za-z_][\w.]*(:|\s*$)")
 PRINTED = "stdout"
 
 
+def next_level(line: str, record, level: str, traceback: str) -> tuple[str, str]:
+    """The level of ``line`` and the traceback state after it, from those of the line before:
+    ``traceback`` is "" (none), "open" or "ended" (by its exception line)."""
+    if record:
+        return record.group(4).lower(), ""
+    if level:
+        continued = _continues(line, traceback)
+        if continued is not None:
+            return level, continued
+    if line.startswith("Traceback (most recent call last):"):
+        # A traceback outside any record: the attempt's own failure (the executor writes it) or
+        # an uncaught exception on stderr. An error, which "error and above" keeps.
+        return "error", "open"
+    return "", ""
+
+
+def _continues(line: str, traceback: str) -> str | None:
+    """The traceback state after ``line`` when it continues a record's text; None when it does not."""
+    if CONTINUES.match(line) and traceback != "ended":
+        return "open" if traceback or line.startswith("Traceback") else ""
+    if line.startswith("Traceback"):
+        return "open"  # the next exception of a chain
+    if traceback and CHAINED.match(line):
+        return traceback  # between chained exceptions
+    if traceback == "open" and EXCEPTION.match(line):
+        return "ended"
+    return None
+
+
+def line_html(line: str, record) -> str:
+    """A line escaped; a record's time (UTC, see executor.log_formatter) as a <time> that app.js
+    shows in the reader's chosen clock, like every other time on the pages."""
+    text = escape(line)
+    if record:
+        day, clock, ms = record.group(1, 2, 3)
+        stamp = f"{day} {clock},{ms}"
+        text = f'<time datetime="{day}T{clock}.{ms}Z">{stamp}</time>{text[len(stamp):]}'
+    return text
+
+
 @register.filter
 def log_lines(text: str) -> SafeString:
     """Each line of ``text`` escaped, in ``<span class="ln" data-level="…">``: a record's level
     for records and their continuations, ``stdout`` for any other line."""
     if not text:
         return mark_safe("")
-    level = ""
-    traceback = ""  # in a record's traceback: "" (not), "open" or "ended" (by its exception line)
+    level = traceback = ""
     out = []
     for line in text.splitlines(keepends=True):
         record = RECORD.match(line)
-        if record:
-            level, traceback = record.group(4).lower(), ""
-        elif level and CONTINUES.match(line) and traceback != "ended":
-            traceback = "open" if traceback or line.startswith("Traceback") else ""
-        elif level and line.startswith("Traceback"):
-            traceback = "open"  # the next exception of a chain
-        elif level and traceback and CHAINED.match(line):
-            pass  # between chained exceptions
-        elif level and traceback == "open" and EXCEPTION.match(line):
-            traceback = "ended"
-        elif line.startswith("Traceback (most recent call last):"):
-            # A traceback outside any record: the attempt's own failure (the executor writes it) or
-            # an uncaught exception on stderr. An error, which "error and above" keeps.
-            level, traceback = "error", "open"
-        else:
-            level, traceback = "", ""
-        text = escape(line)
-        if record:
-            # The record's time (UTC, see executor.log_formatter) as a <time> that app.js shows in
-            # the reader's chosen clock, like every other time on the pages.
-            day, clock, ms = record.group(1, 2, 3)
-            stamp = f"{day} {clock},{ms}"
-            text = f'<time datetime="{day}T{clock}.{ms}Z">{stamp}</time>{text[len(stamp):]}'
-        out.append(f'<span class="ln" data-level="{level or PRINTED}">{text}</span>')
+        level, traceback = next_level(line, record, level, traceback)
+        out.append(f'<span class="ln" data-level="{level or PRINTED}">{line_html(line, record)}</span>')
     return mark_safe("".join(out))
