@@ -17,7 +17,7 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from orchestrator import logs
-from orchestrator.models import Attempt, Run, TaskRun, Workflow
+from orchestrator.models import Attempt, Lease, Run, TaskRun, Worker, Workflow
 from tests.conftest import wait_for
 from tests.e2e.test_browser import (  # noqa: F401 - fixtures
     ARTIFACTS,
@@ -201,6 +201,12 @@ def test_a_long_log_scrolls_by_keyboard_filters_printed_output_and_keeps_the_pag
     run, dead = history(wf, days=2)
     attempt = Attempt.objects.get(task_run=dead)
     long_log(Path(server.env["ORCHESTRATOR_DATA_DIR"]) / "logs" / logs.attempt_log_name(attempt))
+    # The dashboard's tables have rows, wider than a phone: a worker and the scheduler's lease.
+    now = timezone.now()
+    Worker.objects.create(name="worker-" + "a" * 60, host="host-" + "b" * 40, pid=4242,
+                          queues=["default", "reports", "exports"], concurrency=4, started_at=now, heartbeat_at=now)
+    Lease.objects.create(name="scheduler", holder="scheduler@" + "c" * 60, epoch=7, acquired_at=now,
+                         expires_at=now + timedelta(days=1))
     failed_requests = watch_requests(page)
     log_in(page, base, *operator(), start=f"/task-runs/{dead.pk}/")
     problems, widths = {}, {}
@@ -211,7 +217,9 @@ def test_a_long_log_scrolls_by_keyboard_filters_printed_output_and_keeps_the_pag
         widths[f"task-run {width} {theme}"] = page.evaluate("document.documentElement.scrollWidth")
         page.screenshot(path=str(SHOTS / f"long-log-{width}-{theme}.png"))
         page.goto(f"{base}/")
+        assert page.locator("[aria-label=workers] table tr").count() == 2
         problems[f"dashboard {width} {theme}"] = serious(page)
+        page.screenshot(path=str(SHOTS / f"dashboard-{width}-{theme}.png"), full_page=True)
     assert not any(problems.values()), problems
     assert all(width <= int(key.split()[1]) for key, width in widths.items()), widths
 
