@@ -24,7 +24,7 @@ from orchestrator.models import (
     Trigger,
 )
 from orchestrator.web.zones import ZONE_COOKIE
-from tests.api_support import make_user
+from tests.support.api_support import make_user
 from tests.test_scheduler import make_schedule, make_workflow
 
 pytestmark = pytest.mark.django_db
