@@ -8,9 +8,6 @@ permissions say.
 
 from __future__ import annotations
 
-import hashlib
-import json
-
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count
@@ -43,7 +40,7 @@ from orchestrator.models import (
     WorkflowVersion,
 )
 from orchestrator.states import RunState, TaskState
-from orchestrator.web.forms import BackfillForm
+from orchestrator.web.forms import BackfillForm, backfill_digest, backfill_preview
 
 
 class OperatorActions:
@@ -135,7 +132,7 @@ class WorkflowAdmin(OperatorActions, admin.ModelAdmin):
                 field = getattr(exc, "field", None)
                 form.add_error(field if field in form.fields else None, str(exc))
             else:
-                digest = _digest(data)
+                digest = backfill_digest(data)
                 if "go" in request.POST and request.POST.get("confirm") == digest:
                     try:
                         started = backfill.start(wf, data["start"], data["end"], reprocess=data["reprocess"],
@@ -148,17 +145,7 @@ class WorkflowAdmin(OperatorActions, admin.ModelAdmin):
                                      runs=started.total)
                         self.message_user(request, f"Started {started}: {started.total} run(s).", messages.SUCCESS)
                         return HttpResponseRedirect(reverse("admin:orchestrator_backfill_change", args=[started.pk]))
-                preview = {
-                    "count": plan.count,
-                    "existing": len(plan.existing),
-                    "to_create": len(plan.to_create),
-                    "to_reprocess": len(plan.to_reprocess),
-                    "total": plan.total,
-                    "first": list(plan.to_create[:10] or plan.fire_times[:10]),
-                    "cron": plan.cron,
-                    "timezone": plan.timezone,
-                    "digest": digest,
-                }
+                preview = backfill_preview(plan, digest)
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
@@ -170,13 +157,6 @@ class WorkflowAdmin(OperatorActions, admin.ModelAdmin):
             "has_view_permission": True,
         }
         return TemplateResponse(request, "admin/orchestrator/workflow/backfill.html", context)
-
-
-def _digest(data: dict) -> str:
-    schedule = data.get("schedule_obj")
-    values = [data["start"].isoformat(), data["end"].isoformat(), data["reprocess"], data["params"],
-              schedule.pk if schedule else None]
-    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
 @admin.register(WorkflowVersion)

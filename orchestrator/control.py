@@ -25,6 +25,7 @@ from orchestrator.models import Backfill, Run, Schedule, TaskRun, Workflow
 from orchestrator.states import (
     ACTIVE_RUN_STATES,
     ACTIVE_TASK_STATES,
+    FINISHED_RUN_STATES,
     FINISHED_TASK_STATES,
     MARKABLE_TASK_STATES,
     RETRYABLE_TASK_STATES,
@@ -375,23 +376,32 @@ RETURNING t.id, t.run_id, t.task, t.map_index
 """
 
 
-# A mapped task's own row is never marked (its instances decide it), nor a running task run (a
-# worker holds it: cancel the run instead).
+# A mapped task's own row is never marked (its instances decide it). A task run keeps the end
+# time it recorded (marking changes its outcome, not when it ended); one that had not ended (waiting,
+# queued, running) ends now. RETURNING the old state: a running one's worker is told to stop.
 def _mark_sql(state: str) -> str:
     return f"""
-UPDATE orchestrator_taskrun t SET state = '{state}', finished_at = %(now)s, due_at = NULL,
+UPDATE orchestrator_taskrun t SET state = '{state}', finished_at = COALESCE(t.finished_at, %(now)s), due_at = NULL,
     error = %(error)s
-FROM orchestrator_run r
-WHERE t.id = ANY (%(ids)s) AND r.id = t.run_id AND r.state <> '{RunState.PENDING}'
+FROM orchestrator_run r, (SELECT id, state FROM orchestrator_taskrun WHERE id = ANY (%(ids)s) FOR UPDATE) old
+WHERE t.id = old.id AND r.id = t.run_id AND r.state <> '{RunState.PENDING}'
   AND t.state IN ({sql_list(s for s in MARKABLE_TASK_STATES if s != state)})
   AND NOT (t.map_index = -1 AND t.spec ? 'map_over')
-RETURNING t.id, t.run_id, t.task, t.map_index
+RETURNING t.id, t.run_id, t.task, t.map_index, old.state, t.finished_at
 """
 
 
 MARK_SUCCEEDED = _mark_sql(TaskState.SUCCEEDED)
 MARK_FAILED = _mark_sql(TaskState.FAILED)
 MARKS = {TaskState.SUCCEEDED: MARK_SUCCEEDED, TaskState.FAILED: MARK_FAILED}
+
+# A marked run that ends again keeps the finish time it had, unless a task run marked in it ended
+# later (one that had not ended ends now); a run that had not finished ends when the resolver ends it.
+KEEP_RUN_FINISH = f"""
+UPDATE orchestrator_run r SET finished_at = GREATEST(p.finished_at, p.marked_end)
+FROM unnest(%(runs)s::bigint[], %(finished)s::timestamptz[], %(marked_end)s::timestamptz[]) AS p(id, finished_at, marked_end)
+WHERE r.id = p.id AND p.finished_at IS NOT NULL AND r.state IN ({sql_list(FINISHED_RUN_STATES)})
+"""
 
 # The finished runs of cleared task runs (cancelled ones too) are running again.
 REOPEN_RUNS = f"""
@@ -430,15 +440,17 @@ def clear_task_runs(ids: Iterable[int], *, downstream: bool = True, now=None) ->
 
 def mark_task_runs(ids: Iterable[int], state: str, *, by=None, now=None) -> list[int]:
     """Set the outcome of task runs by hand (succeeded or failed); downstream tasks that had
-    given up on them wait again and follow their trigger rules. Returns the ids marked."""
+    given up on them wait again and follow their trigger rules. A running task run's attempt ends
+    (cancelled, with the reason) and its worker kills the process. Recorded end times stay: the
+    task run's and its run's. Returns the ids marked."""
     if state not in MARKS:
         raise ValueError(f"a task run can be marked succeeded or failed, not {str(state)!r}")
     ids = sorted({int(i) for i in ids})
     if not ids:
         return []
     now = now or clock.now()
-    who = getattr(by, "username", None) or (str(by) if by else "")
-    error = "" if state == TaskState.SUCCEEDED else (f"marked failed by {who}" if who else "marked failed")
+    reason = _marked_by(state, by)
+    error = "" if state == TaskState.SUCCEEDED else reason
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(resolver.RUNS_OF, [ids])
         resolver.lock_runs(cursor, [row[0] for row in cursor.fetchall()])
@@ -446,14 +458,45 @@ def mark_task_runs(ids: Iterable[int], state: str, *, by=None, now=None) -> list
         marked = cursor.fetchall()
         if not marked:
             return []
-        runs = sorted({run_id for _, run_id, _, _ in marked})
-        mapping.reopen(cursor, [task_run_id for task_run_id, _, _, map_index in marked if map_index >= 0])
-        below = _descendants(cursor, runs, {(run_id, task) for _, run_id, task, _ in marked})
+        runs = sorted({row[1] for row in marked})
+        finished = dict(Run.objects.filter(pk__in=runs).values_list("id", "finished_at"))
+        running = _end_running_attempts(cursor, marked, reason, now)
+        mapping.reopen(cursor, [row[0] for row in marked if row[3] >= 0])
+        below = _descendants(cursor, runs, {(row[1], row[2]) for row in marked})
         if below:
             cursor.execute(REWAIT_DOWNSTREAM, {"ids": below})
         # A failed or succeeded run decides again (the resolver ends it at once when nothing is
         # left to run); a cancelled one stays cancelled.
         cursor.execute(RESUME_RUNS, {"runs": runs})
         resolver.resolve_runs(runs, now=now)
+        _keep_run_finish(cursor, marked, finished)
         resolver.wake_due()
+        if running:
+            announce_cancelled(running)
     return sorted(row[0] for row in marked)
+
+
+def _marked_by(state: str, by) -> str:
+    """"marked failed by olga": a marked task run's error, and the reason its attempt ended."""
+    who = getattr(by, "username", None) or (str(by) if by else "")
+    return f"marked {state} by {who}" if who else f"marked {state}"
+
+
+def _end_running_attempts(cursor, marked: list[tuple], reason: str, now) -> list[int]:
+    """End the attempts of the marked task runs that were running (cancelled, with ``reason``);
+    returns their task run ids, whose workers are told to stop them once the marks commit."""
+    running = [row[0] for row in marked if row[4] == TaskState.RUNNING]
+    if running:
+        cursor.execute(CANCEL_ATTEMPTS, {"ids": running, "now": now, "reason": reason})
+    return running
+
+
+def _keep_run_finish(cursor, marked: list[tuple], finished: dict[int, datetime | None]) -> None:
+    """The runs of ``marked`` that ended again keep the finish time they had (``finished``), or
+    the latest end of a task run marked in them when that is later."""
+    ended: dict[int, datetime] = {}
+    for row in marked:
+        ended[row[1]] = max(ended.get(row[1], row[5]), row[5])
+    runs = sorted(ended)
+    cursor.execute(KEEP_RUN_FINISH, {"runs": runs, "finished": [finished.get(r) for r in runs],
+                                     "marked_end": [ended[r] for r in runs]})

@@ -117,9 +117,10 @@ FINISHED_TASK_STATES = (
 BUSY_TASK_STATES = (TaskState.QUEUED, TaskState.RUNNING)
 # States a retry takes a task run out of: the dead-letter queue, and task runs discarded from it.
 RETRYABLE_TASK_STATES = (TaskState.DEAD, TaskState.FAILED)
-# States an operator can mark a task run succeeded or failed from: any but running (a worker
-# holds it) and mapped (its instances decide it).
-MARKABLE_TASK_STATES = (TaskState.WAITING, TaskState.SCHEDULED, TaskState.QUEUED, *FINISHED_TASK_STATES)
+# States an operator can mark a task run succeeded or failed from: any but mapped (its instances
+# decide it) and awaiting (its approval answers it). A running one's worker is told to stop.
+MARKABLE_TASK_STATES = (TaskState.WAITING, TaskState.SCHEDULED, TaskState.QUEUED, TaskState.RUNNING,
+                        *FINISHED_TASK_STATES)
 
 ACTIVE_RUN_STATES = (RunState.PENDING, RunState.RUNNING)
 FINISHED_RUN_STATES = (RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED, RunState.SKIPPED, RunState.MISSED)

@@ -5,6 +5,7 @@ retention never deletes it."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -47,8 +48,8 @@ def test_each_action_in_the_web_ui_is_recorded_with_who_what_and_from_where(clie
     client.force_login(operator)
     at = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
     with clock.pinned(FakeClock(at)):
-        client.post(reverse("orchestrator:web:workflow_trigger", args=["reports"]), {"param.day": "2026-03-01"},
-                    REMOTE_ADDR="203.0.113.7")
+        client.post(reverse("orchestrator:web:workflow_trigger", args=["reports"]),
+                    {"param.day": "2026-03-01", "param.orders": "7"}, REMOTE_ADDR="203.0.113.7")
     run = Run.objects.get()
     client.post(reverse("orchestrator:web:workflow_pause", args=["reports"]))
     client.post(reverse("orchestrator:web:workflow_resume", args=["reports"]))
@@ -69,7 +70,25 @@ def test_each_action_in_the_web_ui_is_recorded_with_who_what_and_from_where(clie
     ]
     first = AuditEvent.objects.order_by("id").first()
     assert (first.at, first.ip, first.actor) == (at, "203.0.113.7", operator)
-    assert first.detail == {"workflow": "reports", "params": {"day": "2026-03-01"}}
+    # The params as the run took them: typed (7, not "7"), the defaults included.
+    assert first.detail == {"workflow": "reports", "params": {"day": "2026-03-01", "orders": 7, "currency": "EUR"}}
+    assert first.detail["params"] == run.params
+
+
+def test_a_task_run_action_is_recorded_and_shown_with_its_workflow_task_and_what_it_changed(client, operator,
+                                                                                            workflow):
+    client.force_login(operator)
+    task_run = dead(workflow)
+    client.post(reverse("orchestrator:web:task_run_action", args=[task_run.pk, "mark-failed"]))
+    event = AuditEvent.objects.get(action="mark")
+    assert event.detail == {"workflow": "reports", "task": "extract", "run": task_run.run_id, "state": "failed",
+                            "was": "dead", "changed": [task_run.pk], "changed_tasks": ["extract"]}
+    page = client.get(reverse("orchestrator:web:audit")).content.decode()
+    row = re.search(r"<tr><td>.*?</tr>", page, re.S).group(0)
+    assert f'<a href="/task-runs/{task_run.pk}/">reports / extract in run #{task_run.run_id}</a>' in row
+    detail = re.search(r'<td class="detail"><code>(.*?)</code>', row).group(1).split(", ")
+    assert sorted(detail) == ["changed 1 task run", "changed_tasks=[&quot;extract&quot;]", "state=&quot;failed&quot;",
+                              "was=&quot;dead&quot;"]
 
 
 def test_each_action_through_the_api_is_recorded(api, workflow):

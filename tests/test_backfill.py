@@ -1,15 +1,30 @@
 """Backfills: one run per fire time in the range, in the backfill lane; existing fire times skipped
 unless reprocessing; bad requests refused with nothing written."""
 
+import re
 from datetime import UTC, datetime
 from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.urls import reverse
 
-from orchestrator import backfill
+from orchestrator import access, backfill
 from orchestrator.backfill import BackfillError
-from orchestrator.models import Attempt, Backfill, Lane, Run, RunState, Schedule, TaskRun, TaskState, Trigger
+from orchestrator.models import (
+    Attempt,
+    AuditEvent,
+    Backfill,
+    Lane,
+    Run,
+    RunState,
+    Schedule,
+    TaskRun,
+    TaskState,
+    Trigger,
+)
+from orchestrator.web.zones import ZONE_COOKIE
+from tests.support.api_support import make_user
 from tests.test_scheduler import make_schedule, make_workflow
 
 pytestmark = pytest.mark.django_db
@@ -190,4 +205,74 @@ def test_the_command_reports_bad_input_as_an_error_not_a_traceback(workflow, arg
     with pytest.raises(CommandError) as caught:
         call_command("backfill", "etl", *args, stdout=StringIO())
     assert message in str(caught.value)
+    assert_nothing_written()
+
+
+def test_the_admin_preview_shows_fire_times_in_the_zone_of_its_date_inputs_and_says_which(workflow, admin_client):
+    # The user's clock is local, in Berlin: the admin shows times there; the backfill's date inputs
+    # are read as UTC, and the preview shows the fire times in UTC too, each one labelled.
+    admin_client.cookies[ZONE_COOKIE] = "Europe/Berlin"
+    url = reverse("admin:orchestrator_workflow_backfill", args=[workflow.pk])
+    html = admin_client.post(url, {"start": "2026-01-01T01:30", "end": "2026-01-02T01:30", "reprocess": "none",
+                                   "preview": "1"}).content.decode()
+    assert '<label for="id_start">from (UTC):</label>' in html
+    fires = re.findall(r"<li>(<time[^>]*>[^<]*</time>.*?)</li>", re.search(r'id="preview-fires">(.*?)</ol>', html,
+                                                                           re.S).group(1))
+    assert fires == [
+        '<time datetime="2026-01-01T01:30:00+00:00">2026-01-01 01:30:00 UTC</time>'
+        ' <span class="help">2026-01-01 02:30 Europe/Berlin</span>',
+        '<time datetime="2026-01-02T01:30:00+00:00">2026-01-02 01:30:00 UTC</time>'
+        ' <span class="help">2026-01-02 02:30 Europe/Berlin</span>',
+    ]
+    assert "in UTC like the dates above (and in the schedule's zone, Europe/Berlin)" in html
+
+
+# --- the workflow page's backfill dialog -----------------------------------------------------------
+
+
+def test_an_operator_backfills_from_the_workflow_page_after_a_dry_run_and_it_is_recorded(workflow, client):
+    client.force_login(make_user("olga", access.OPERATORS))
+    page = client.get(reverse("orchestrator:web:workflow", args=["etl"])).content.decode()
+    assert 'id="backfill-dialog"' in page and 'href="#backfill-dialog">Backfill…</a>' in page
+    url = reverse("orchestrator:web:workflow_backfill", args=["etl"])
+    values = {"start": "2026-01-01T01:30", "end": "2026-01-03T01:30", "reprocess": "none", "params": '{"n": 2}'}
+
+    # The dry run: three runs, their fire times in UTC as the inputs are, nothing written.
+    dry = client.post(url, {**values, "preview": "1"}, headers={"HX-Request": "true"})
+    html = dry.content.decode()
+    assert dry.status_code == 200 and html.lstrip().startswith('<section class="card backfill" id="backfill-dialog"')
+    assert re.search(r'<b id="backfill-count">3</b>', html)
+    assert re.findall(r"<li>([^<]*) UTC <span", html) == [f"2026-01-0{d} 01:30:00" for d in (1, 2, 3)]
+    assert "2026-01-01 02:30 Europe/Berlin" in html
+    assert_nothing_written()
+    digest = re.search(r'name="confirm" value="(\w+)"', html).group(1)
+
+    # Values edited after the preview: previewed again, not started.
+    edited = client.post(url, {**values, "end": "2026-01-04T01:30", "confirm": digest, "go": "1"})
+    assert re.search(r'<b id="backfill-count">4</b>', edited.content.decode())
+    assert_nothing_written()
+
+    started = client.post(url, {**values, "confirm": digest, "go": "1"}, headers={"HX-Request": "true"})
+    assert started.status_code == 204 and started["HX-Redirect"] == "/runs/?workflow=etl&trigger=backfill"
+    created = Backfill.objects.get()
+    assert (created.total, Run.objects.filter(trigger=Trigger.BACKFILL).count()) == (3, 3)
+    event = AuditEvent.objects.get(action="backfill")
+    assert (event.actor_name, event.source, event.target_id) == ("olga", "ui", str(created.pk))
+    assert event.detail == {"workflow": "etl", "start": "2026-01-01T01:30:00+00:00",
+                            "end": "2026-01-03T01:30:00+00:00", "runs": 3, "reprocess": "none", "params": {"n": 2}}
+
+
+def test_the_backfill_dialog_refuses_bad_values_with_their_field_and_viewers_get_none(workflow, client):
+    client.force_login(make_user("olga", access.OPERATORS))
+    url = reverse("orchestrator:web:workflow_backfill", args=["etl"])
+    bad = client.post(url, {"start": "2026-01-05T00:00", "end": "2026-01-01T00:00", "reprocess": "none",
+                            "params": '{"n": "many"}', "preview": "1"})
+    html = bad.content.decode()
+    assert bad.status_code == 400 and "must not be before the start" in html and "n: " in html
+    assert "<html" in html  # without script: the dialog is a page of its own
+    assert_nothing_written()
+    client.force_login(make_user("vera", access.VIEWERS))
+    assert 'id="backfill-dialog"' not in client.get(reverse("orchestrator:web:workflow", args=["etl"])).content.decode()
+    assert client.post(url, {"start": "2026-01-01T00:00", "end": "2026-01-02T00:00", "reprocess": "none",
+                             "go": "1"}).status_code == 403
     assert_nothing_written()

@@ -65,7 +65,7 @@ def test_columns_follow_the_logical_date_and_carry_readable_date_labels(client, 
                      ("2026-03-01T01:30:00+00:00", "2026-03-01 01:30:00 UTC", "03-01 01:30")]
 
 
-def test_each_cell_has_a_bar_as_tall_as_its_task_run_took(client, etl):
+def test_each_cell_is_its_states_colour_with_a_bar_as_tall_as_its_task_run_took(client, etl):
     client.force_login(user("victor", access.VIEWERS))
     short = run_at(etl, datetime(2026, 2, 1, tzinfo=UTC), seconds=10)
     long = run_at(etl, datetime(2026, 2, 2, tzinfo=UTC), seconds=40)
@@ -75,7 +75,7 @@ def test_each_cell_has_a_bar_as_tall_as_its_task_run_took(client, etl):
     bars = {}
     for href, title, y, height in re.findall(
             r'<a class="cell st-\w+" href="(/task-runs/\d+/)"[^>]*title="([^"]*)"><svg width="16" height="24"[^>]*>'
-            r'<rect y="(\d+)" width="16" height="(\d+)"', html):
+            r'<rect x="6" y="(\d+)" width="4" height="(\d+)"', html):
         bars[int(href.split("/")[2])] = (title, int(y), int(height))
     six = TaskRun.objects.filter(run=long).count()
     assert len(bars) == 3 * six
@@ -84,7 +84,9 @@ def test_each_cell_has_a_bar_as_tall_as_its_task_run_took(client, etl):
     for tr in TaskRun.objects.filter(run=long):
         assert bars[tr.pk][1:] == (0, 24)
     for tr in TaskRun.objects.filter(run=never):
-        assert bars[tr.pk][1:] == (18, 6) and bars[tr.pk][0].endswith("upstream_failed, —")
+        assert bars[tr.pk][1:] == (24, 0) and bars[tr.pk][0].endswith("upstream_failed, —")
+    # The cell itself carries the state (class st-<state>, coloured by the stylesheet).
+    assert html.count('<a class="cell st-upstream_failed"') == six
 
 
 def test_the_grid_shows_more_runs_on_request_and_pages_back_by_logical_date(client, etl):

@@ -5,14 +5,17 @@ dashboard lists the runs that missed their deadline."""
 
 import re
 from datetime import timedelta
+from html import unescape
+from urllib.parse import parse_qs, urljoin, urlsplit
 
 import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
+from django.utils.html import escape
 
 from orchestrator import access
 from orchestrator import clock as process_clock
-from orchestrator.models import DatasetEvent, Run
+from orchestrator.models import Dataset, DatasetEvent, Run
 from orchestrator.runs import trigger_workflow
 from tests.support.api_support import client_for, make_user
 from tests.support.features_support import scheduler_tick, worker_loop
@@ -113,12 +116,15 @@ def test_the_schema_describes_the_event_list(anonymous_api):
 def test_the_lineage_pages_show_producers_consumers_and_recent_events(wfs, clock, loop, viewer, client):
     produced(wfs, clock, loop, times=2)
     html = client.get(reverse("orchestrator:web:datasets")).content.decode()
-    row = re.search(r'<tr><td><a href="/[^"]*datasets/sales_daily/">sales_daily</a>.*?</tr>', html, re.S).group(0)
+    row = re.search(r'<tr><td><a href="/dataset/\?name=sales_daily">sales_daily</a>.*?</tr>', html, re.S).group(0)
     assert ">producer</a>.publish" in row and ">consumer</a>" in row and ">joined</a>" in row
     assert '<td class="num">2</td>' in row
     # fx_rates is declared but was never produced: listed, with no event.
     assert re.search(r'>fx_rates</a>.*?<td class="num">0</td>', html, re.S)
-    page = client.get(reverse("orchestrator:web:dataset", args=["sales_daily"])).content.decode()
+    page = client.get(reverse("orchestrator:web:dataset_named"), {"name": "sales_daily"}).content.decode()
+    # The first address of a dataset's page still answers.
+    first = client.get(reverse("orchestrator:web:dataset", args=["sales_daily"])).content.decode()
+    assert re.search(r"<main.*</main>", first, re.S).group(0) == re.search(r"<main.*</main>", page, re.S).group(0)
     producers = re.search(r'id="producers">.*?</section>', page, re.S).group(0)
     assert ">producer</a>, task <code>publish</code>" in producers
     consumers = re.search(r'id="consumers">.*?</section>', page, re.S).group(0)
@@ -129,6 +135,38 @@ def test_the_lineage_pages_show_producers_consumers_and_recent_events(wfs, clock
     assert sorted(started) == [r.pk for r in consumer_runs("consumer")] and len(started) == 2
     assert "joined <span class=\"muted\">pending</span>" in events  # waits for fx_rates
     assert client.get(reverse("orchestrator:web:dataset", args=["unknown"])).status_code == 404
+    assert client.get(reverse("orchestrator:web:dataset_named"), {"name": "unknown"}).status_code == 404
+
+
+@pytest.mark.parametrize("name", ["s3://bucket/../../x", "a/./b", "a/..", "./c", "q?x=1&y=#z"])
+def test_a_dataset_with_dot_segments_or_query_characters_in_its_name_gets_a_link_that_reaches_its_page(
+        viewer, client, name):
+    Dataset.objects.create(name=name)
+    html = client.get(reverse("orchestrator:web:datasets")).content.decode()
+    links = [unescape(href) for href in re.findall(r'<a href="([^"]*)">[^<]*</a></td>', html)]
+    link = next(href for href in links if parse_qs(urlsplit(href).query).get("name") == [name])
+    # What a browser does to the address first: resolve dot segments in its path.
+    resolved = urljoin("http://host/datasets/", link)
+    assert resolved == "http://host" + link
+    page = client.get(link)
+    assert page.status_code == 200
+    assert f"/ {escape(name)}</h1>" in page.content.decode()
+    assert client.get(reverse("orchestrator:web:dataset_named")).status_code == 400
+
+
+def test_the_workflows_list_shows_what_dataset_starts_a_workflow_not_manual_only(wfs, viewer, client):
+    html = client.get(reverse("orchestrator:web:workflows")).content.decode()
+
+    def row(name):
+        return re.search(rf'<tr class="">\s*<td><a class="name" href="/workflows/{name}/">.*?</tr>', html, re.S).group(0)
+
+    consumer, joined, producer = row("consumer"), row("joined"), row("producer")
+    assert '<div class="dataset-trigger">on <a href="/dataset/?name=sales_daily">sales_daily</a></div>' in consumer
+    assert "at the next event" in consumer and "manual only" not in consumer and ">—<" not in consumer
+    assert ('on all of <a href="/dataset/?name=fx_rates">fx_rates</a>, '
+            '<a href="/dataset/?name=sales_daily">sales_daily</a>') in joined
+    assert "once each of its datasets has an event" in joined and "manual only" not in joined
+    assert "manual only" in producer  # no schedule, no dataset trigger
 
 
 def test_the_workflow_page_shows_what_it_produces_and_what_triggers_it(wfs, viewer, client):

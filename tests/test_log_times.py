@@ -35,5 +35,5 @@ def test_a_records_time_is_a_time_element_and_other_text_is_left_as_written():
     assert lines[0] == ('<span class="ln" data-level="info"><time datetime="2026-03-29T00:30:00.250Z">'
                         '2026-03-29 00:30:00,250</time> INFO shop: &lt;b&gt;hello&lt;/b&gt;\n')
     assert 'data-level="info">Traceback' in lines[1] and 'data-level="info">  File x' in lines[2]
-    assert lines[3] == '<span class="ln">printed 2026-03-29 00:30:00,250 INFO not a record\n'
+    assert lines[3] == '<span class="ln" data-level="stdout">printed 2026-03-29 00:30:00,250 INFO not a record\n'
     assert html.count("<time") == 1

@@ -26,10 +26,10 @@ def test_a_bar_is_its_share_of_the_longest_task_run():
     assert grid.bar(20.0, longest=40.0) == (12, 12)
 
 
-def test_a_bar_too_short_to_see_and_one_that_never_started_still_show():
+def test_a_bar_too_short_to_see_still_shows_and_one_that_never_started_has_none():
     assert grid.bar(0.01, longest=3600.0) == (21, 3)  # at least three pixels
     assert grid.bar(0.0, longest=0.0) == (21, 3)  # nothing took any time: no share to divide
-    assert grid.bar(None, longest=40.0) == (18, 6)  # waiting, upstream failed: a low block
+    assert grid.bar(None, longest=40.0) == (24, 0)  # waiting, upstream failed: the cell's colour alone
 
 
 # --- the grid's pages, from a workflow and the time ----------------------------------------------

@@ -4,10 +4,15 @@ downstream: they run again in the same run, the old attempts stay in the history
 succeeded or failed (its downstream follows its trigger rules). Through the control functions,
 the API and the web pages; each recorded in the audit log, none open to viewers."""
 
+from datetime import timedelta
+
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from orchestrator import clock, control
+from orchestrator.channels import CANCEL_CHANNEL
 from orchestrator.models import Attempt, AttemptOutcome, AuditEvent, Run, RunState, TaskRun, TaskState
 from orchestrator.runs import trigger_workflow
 from tests.support.api_support import (  # noqa: F401 - fixtures
@@ -109,14 +114,64 @@ def test_marking_the_last_failed_task_succeeded_ends_the_run_well(workflow):
     assert states(run) == (RunState.SUCCEEDED, {"extract": TaskState.SUCCEEDED, "load": TaskState.SUCCEEDED})
 
 
-def test_a_running_task_run_is_not_marked_and_other_states_are_refused(workflow):
+def test_other_states_are_refused(workflow):
     run, _ = trigger_workflow(workflow, {"day": "2026-03-01"})
     extract = TaskRun.objects.get(run=run, task="extract")
-    TaskRun.objects.filter(pk=extract.pk).update(state=TaskState.RUNNING)
-    assert control.mark_task_runs([extract.pk], TaskState.SUCCEEDED) == []
-    assert TaskRun.objects.get(pk=extract.pk).state == TaskState.RUNNING
     with pytest.raises(ValueError, match="succeeded or failed, not 'skipped'"):
         control.mark_task_runs([extract.pk], TaskState.SKIPPED)
+
+
+def test_marking_keeps_the_recorded_end_times_of_the_task_run_and_of_its_run(workflow, pinned_process_clock):
+    # A task that died after 0.07 s, an hour ago; its run ended then too.
+    run = ended_run(workflow, load=TaskState.DEAD, run_state=RunState.FAILED)
+    load = TaskRun.objects.get(run=run, task="load")
+    ended = clock.now()
+    TaskRun.objects.filter(pk=load.pk).update(started_at=ended - timedelta(seconds=0.07), finished_at=ended)
+    pinned_process_clock.advance(3600)
+
+    control.mark_task_runs([load.pk], TaskState.FAILED)
+    load.refresh_from_db()
+    run.refresh_from_db()
+    assert load.state == TaskState.FAILED
+    assert (load.finished_at - load.started_at).total_seconds() == pytest.approx(0.07)
+    assert (run.state, run.finished_at) == (RunState.FAILED, ended)
+
+    control.mark_task_runs([load.pk], TaskState.SUCCEEDED)
+    load.refresh_from_db()
+    run.refresh_from_db()
+    assert (load.state, load.finished_at) == (TaskState.SUCCEEDED, ended)
+    assert (run.state, run.finished_at) == (RunState.SUCCEEDED, ended)
+
+
+def test_a_task_run_that_had_not_ended_ends_at_the_clocks_now_when_marked(workflow, pinned_process_clock):
+    run, _ = trigger_workflow(workflow, {"day": "2026-03-01"})
+    pinned_process_clock.advance(90)
+    extract = TaskRun.objects.get(run=run, task="extract")
+    control.mark_task_runs([extract.pk], TaskState.FAILED)
+    extract.refresh_from_db()
+    run.refresh_from_db()
+    assert extract.finished_at == clock.now()
+    assert (run.state, run.finished_at) == (RunState.FAILED, clock.now())
+
+
+def test_a_running_task_run_is_marked_its_attempt_ended_and_its_worker_told(workflow, pinned_process_clock):
+    run, _ = trigger_workflow(workflow, {"day": "2026-03-01"})
+    extract = TaskRun.objects.get(run=run, task="extract")
+    started = clock.now()
+    TaskRun.objects.filter(pk=extract.pk).update(state=TaskState.RUNNING, attempts=1, started_at=started)
+    Attempt.objects.create(task_run=extract, number=1, started_at=started, outcome=AttemptOutcome.RUNNING)
+    pinned_process_clock.advance(12)
+
+    with CaptureQueriesContext(connection) as queries:
+        assert control.mark_task_runs([extract.pk], TaskState.FAILED, by="olga") == [extract.pk]
+    assert states(run) == (RunState.FAILED, {"extract": TaskState.FAILED, "load": TaskState.UPSTREAM_FAILED})
+    extract.refresh_from_db()
+    assert (extract.finished_at, extract.error) == (started + timedelta(seconds=12), "marked failed by olga")
+    attempt = Attempt.objects.get(task_run=extract)
+    assert (attempt.outcome, attempt.error) == (AttemptOutcome.CANCELLED, "marked failed by olga")
+    # The workers are told to stop its process, as for a cancelled run.
+    told = [q["sql"] for q in queries.captured_queries if CANCEL_CHANNEL in q["sql"]]
+    assert told == [f"SELECT pg_notify('{CANCEL_CHANNEL}', '[{extract.pk}]')"], told
 
 
 # --- API -----------------------------------------------------------------------------------------

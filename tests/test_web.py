@@ -146,7 +146,7 @@ def test_a_viewer_reads_every_page_without_action_buttons(as_viewer, etl):
     tr = run.task_runs.first()
     dead_task_run(etl)
     for url in page_urls(run, tr, tr.attempt_set.first(), etl):
-        assert as_viewer.get(url).status_code == 200, url
+        assert as_viewer.get(url, follow=True).status_code == 200, url
     workflow_page = as_viewer.get(reverse("orchestrator:web:workflow", args=[etl.name])).content.decode()
     assert "Only operators can trigger runs." in workflow_page
     assert 'action="/workflows/nightly_etl/trigger/"' not in workflow_page

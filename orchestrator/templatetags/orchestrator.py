@@ -10,7 +10,15 @@ from django import template
 from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 
+from orchestrator.web import lineage
+
 register = template.Library()
+
+
+@register.filter
+def dataset_url(name: str) -> str:
+    """The address of a dataset's page (its name in the query, see ``lineage.url``)."""
+    return lineage.url(name)
 
 
 @register.filter

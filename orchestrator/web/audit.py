@@ -47,7 +47,26 @@ def audit_log(request):
     data = valid_filters(form)
     events = reads.BY_ID.page(filter_events(data), id_cursor(data))
     for event in events.rows:
-        event.detail_text = ", ".join(f"{key}={json.dumps(value, ensure_ascii=False)}"
-                                      for key, value in (event.detail or {}).items())
+        event.detail_text = detail_text(event)
     return page(request, "orchestrator/web/audit.html",
                 {"form": form, "events": events.rows, **page_links(request, events)})
+
+
+SHOWN_IN_TARGET = ("workflow", "task", "run")  # a task run's record shows these in its target cell
+
+
+def detail_text(event: AuditEvent) -> str:
+    """The detail as ``key=value`` pairs in JSON (a param's type shows: ``5`` is a number, ``"5"``
+    text), without what the target cell already says; a list of task run ids as its count."""
+    detail = dict(event.detail or {})
+    if event.target_type == "taskrun" and detail.get("task"):
+        for key in SHOWN_IN_TARGET:
+            detail.pop(key, None)
+    parts = []
+    for key, value in detail.items():
+        if key == "changed" and isinstance(value, list) and "changed_tasks" in detail:
+            parts.append(f"changed {len(value)} task run{'s' if len(value) != 1 else ''}")
+        else:
+            parts.append(f"{key}={json.dumps(value, ensure_ascii=False)}")
+    return ", ".join(parts)
+

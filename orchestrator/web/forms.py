@@ -3,9 +3,11 @@ declared params, and the backfill form."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from datetime import UTC
+from zoneinfo import ZoneInfo
 
 from django import forms
 from django.utils import timezone
@@ -243,6 +245,32 @@ class BackfillForm(forms.Form):
             self.add_error("end", "must not be before the start")
         data["schedule_obj"] = self.schedules.get(data.get("schedule") or "")
         return data
+
+
+def backfill_digest(data: dict) -> str:
+    """A digest of a backfill form's cleaned values: the start button carries the one of the
+    values previewed, so values edited after the preview show a new preview instead of starting."""
+    schedule = data.get("schedule_obj")
+    values = [data["start"].isoformat(), data["end"].isoformat(), data["reprocess"], data["params"],
+              schedule.pk if schedule else None]
+    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def backfill_preview(plan, digest: str) -> dict:
+    """What a dry run shows (``backfill.plan``'s answer): how many runs, and the first fire times
+    in UTC, the zone the date inputs are read in, each with its wall time in the schedule's zone."""
+    zone = ZoneInfo(plan.timezone)
+    return {
+        "count": plan.count,
+        "existing": len(plan.existing),
+        "to_create": len(plan.to_create),
+        "to_reprocess": len(plan.to_reprocess),
+        "total": plan.total,
+        "first": [(at.astimezone(UTC), at.astimezone(zone)) for at in (plan.to_create[:10] or plan.fire_times[:10])],
+        "cron": plan.cron,
+        "timezone": plan.timezone,
+        "digest": digest,
+    }
 
 
 TASK_STATE_CHOICES = TaskState.choices

@@ -1,5 +1,6 @@
 """The workflow page's grid: the workflow's runs as columns by logical date (newest right), a row per
-task, and in each cell a bar as tall as the task run took against the longest one shown.
+task, each cell coloured by its task run's state (however short the run, its state is read at a
+glance), and in it a bar as tall as the task run took against the longest one shown.
 
 A page of the grid reads one page of runs on the (workflow, logical_date, id) index and their
 task runs (mapped instances counted, not loaded), so it costs the same however long the history.
@@ -19,14 +20,14 @@ from orchestrator.web.kit import seconds
 RUNS = 25
 SIZES = (25, 50, 100, 200)
 BAR = 24  # px: the height of a cell
-NEVER_STARTED = BAR // 4  # a low block for a task run that never started (waiting, upstream failed, ...)
-SHORTEST = 3  # px: a task run that took almost nothing still shows
+SHORTEST = 3  # px: a task run that took almost nothing still shows its bar
 
 
 def bar(took: float | None, longest: float) -> tuple[int, int]:
-    """(y, height) of a cell's bar: its share of ``longest``, at least a few pixels."""
+    """(y, height) of a cell's bar: its share of ``longest``, at least a few pixels; none for a
+    task run that never started (waiting, upstream failed, ...): its colour says so."""
     if took is None:
-        height = NEVER_STARTED
+        height = 0
     elif longest:
         height = max(SHORTEST, round(BAR * took / longest))
     else:

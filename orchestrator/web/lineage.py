@@ -9,8 +9,11 @@ from dataclasses import dataclass, field
 
 from django.db.models import Count, Max, Prefetch
 from django.http import Http404
+from django.urls import reverse
+from django.utils.http import urlencode
 
 from orchestrator.models import ConsumerRun, Dataset, DatasetEvent, Workflow
+from orchestrator.web.errors import InvalidInput
 from orchestrator.web.kit import page, viewer_required
 
 EVENTS_SHOWN = 50
@@ -69,6 +72,21 @@ def dataset_list(request):
                  "events": stats.get(name, {}).get("n", 0), "last": stats.get(name, {}).get("last_at")}
                 for name in names]
     return page(request, "orchestrator/web/datasets.html", {"datasets": datasets})
+
+
+def url(name: str) -> str:
+    """A dataset page's address, the name in the query: a name such as ``s3://b/../x`` or ``a/./b``
+    in the path would be rewritten by the browser (dot segments removed) into another address."""
+    return f"{reverse('orchestrator:web:dataset_named')}?{urlencode({'name': name})}"
+
+
+@viewer_required
+def dataset_named(request):
+    """The dataset page of ``?name=`` (what every link uses)."""
+    name = request.GET.get("name", "")
+    if not name:
+        raise InvalidInput("name", "which dataset? Give its name as ?name=")
+    return dataset_detail(request, name)
 
 
 @viewer_required

@@ -77,7 +77,8 @@ def graph(upstream: dict[str, list[str]], states: dict[str, str], links: dict[st
         for row, name in enumerate(column):
             where[name] = (PAD + col * (NODE_W + GAP_X), int(PAD + offset + row * (NODE_H + GAP_Y)))
     # Not role="img": it holds links, each named for a screen reader. graph.js pans and zooms the
-    # scroll box; without script it still scrolls.
+    # scroll box; without script it still scrolls, by keyboard too (a graph without links, of a
+    # workflow not run yet, still has a focusable box).
     parts = [format_html(
         '<div class="dag-view"><div class="dag-tools" role="toolbar" aria-label="zoom the graph">'
         '<button type="button" class="small" data-zoom="out" aria-label="zoom out">−</button>'
@@ -85,7 +86,8 @@ def graph(upstream: dict[str, list[str]], states: dict[str, str], links: dict[st
         '<button type="button" class="small" data-zoom="in" aria-label="zoom in">+</button>'
         '<button type="button" class="small" data-zoom="fit">fit</button>'
         '<button type="button" class="small" data-zoom="reset">100 %</button></div>'
-        '<div class="dag-scroll"><svg class="dag" viewBox="0 0 {} {}" width="{}" height="{}" role="group"'
+        '<div class="dag-scroll" tabindex="0" role="region" aria-label="task graph: scroll to pan">'
+        '<svg class="dag" viewBox="0 0 {} {}" width="{}" height="{}" role="group"'
         ' aria-label="task graph, {} tasks">',
         width, height, width, height, len(where),
     )]

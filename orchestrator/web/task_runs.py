@@ -7,9 +7,10 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.contrib import messages
-from django.http import FileResponse, Http404
+from django.http import FileResponse, Http404, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
+from django.utils.http import urlencode
 
 from orchestrator import audit, clock, control, logs, tracing
 from orchestrator.conf import app_settings
@@ -24,9 +25,10 @@ from orchestrator.states import (
 )
 from orchestrator.web import mapped
 from orchestrator.web.errors import InvalidInput, query_int
-from orchestrator.web.kit import POLL, back, operator_action, page, seconds, viewer_required
+from orchestrator.web.kit import POLL, back, is_htmx, operator_action, page, seconds, viewer_required
 
 LOG_PAGE = 64 * 1024
+AUDIT_NAMES = 50  # task names an audit record lists (its ids list them all)
 LIVE_STATES = (TaskState.WAITING, TaskState.SCHEDULED, TaskState.QUEUED, TaskState.RUNNING)
 
 # The task-level actions: what each one does, and the question the button asks first.
@@ -67,7 +69,12 @@ def task_actions(tr: TaskRun) -> list[tuple[str, str, str]]:
     if tr.state in MARKABLE_TASK_STATES and not mapped_row:
         labels += [(f"mark-{state}", f"Mark {state}") for state in (TaskState.SUCCEEDED.value, TaskState.FAILED.value)
                    if tr.state != state]
-    return [(action, label, TASK_ACTIONS[action].format(task=tr.task, run=tr.run_id)) for action, label in labels]
+    questions = [(action, label, TASK_ACTIONS[action].format(task=tr.task, run=tr.run_id)) for action, label in labels]
+    if tr.state == TaskState.RUNNING:
+        # Said before the operator confirms: the attempt in progress is stopped.
+        questions = [(action, label, question.replace("? ", "? Its running attempt is stopped. ", 1))
+                     for action, label, question in questions]
+    return questions
 
 
 def task_run_context(tr: TaskRun, now: datetime, attempt: int | None = None, offset: int = 0) -> dict:
@@ -120,10 +127,15 @@ def task_run_action(request, task_run_id, action):
     (hx-confirm) and the action is written to the audit log."""
     if action not in TASK_ACTIONS:
         raise InvalidInput("action", f"no task-run action {action!r}: use one of {', '.join(TASK_ACTIONS)}")
-    tr = get_object_or_404(TaskRun, pk=task_run_id)
+    tr = get_object_or_404(TaskRun.objects.select_related("run__workflow"), pk=task_run_id)
+    was = tr.state
     changed, done = act(request, tr, action)
-    detail = {"state": action.removeprefix("mark-")} if action.startswith("mark-") else {}
-    audit.record(action.split("-")[0], request=request, target=tr, changed=changed, **detail)
+    detail = {"state": action.removeprefix("mark-"), "was": was} if action.startswith("mark-") else {}
+    # The record names what it touched, so it reads without looking the ids up.
+    names = sorted(TaskRun.objects.filter(pk__in=changed[:AUDIT_NAMES]).values_list("task", flat=True))
+    audit.record(action.split("-")[0], request=request, target=tr, changed=changed,
+                 workflow=tr.run.workflow.name if tr.run.workflow_id else "", task=tr.task, run=tr.run_id,
+                 changed_tasks=names, **detail)
     if changed:
         messages.success(request, done)
     else:
@@ -135,9 +147,14 @@ def task_run_action(request, task_run_id, action):
 @viewer_required
 def attempt_log(request, attempt_id):
     """One page of an attempt's log from ``offset``: the "load more" button and the tail
-    follower ask for this fragment and append it."""
+    follower ask for this fragment and append it. A browser that opens the address itself (a
+    link copied, a new tab) gets the task run's page at that attempt and offset, where the log
+    sits in its box, not a bare fragment as wide as its longest line."""
     attempt = get_object_or_404(Attempt.objects.select_related("task_run"), pk=attempt_id)
     offset = query_int(request, "offset", 0, 0, MAX_LOG_OFFSET)
+    if not is_htmx(request):
+        query = urlencode({"attempt": attempt.number, **({"offset": offset} if offset else {})})
+        return HttpResponseRedirect(f"{reverse('orchestrator:web:task_run', args=[attempt.task_run_id])}?{query}")
     return page(request, "orchestrator/web/task_run.html#log_chunk", {"log": read_log(attempt, offset)})
 
 

@@ -42,6 +42,7 @@ urlpatterns = [
     path("workflows/<stored_name:name>/trigger/", workflows.workflow_trigger, name="workflow_trigger"),
     path("workflows/<stored_name:name>/pause/", workflows.workflow_pause, name="workflow_pause"),
     path("workflows/<stored_name:name>/resume/", workflows.workflow_resume, name="workflow_resume"),
+    path("workflows/<stored_name:name>/backfill/", workflows.workflow_backfill, name="workflow_backfill"),
     path("workflows/<stored_name:name>/", workflows.workflow_detail, name="workflow"),
     path("runs/", runs.run_list, name="runs"),
     path("runs/<int:run_id>/", runs.run_detail, name="run"),
@@ -58,6 +59,8 @@ urlpatterns = [
     path("approvals/answer/<str:token>/", approvals.link_view, name="approval_link"),
     path("audit/", audit.audit_log, name="audit"),
     path("datasets/", lineage.dataset_list, name="datasets"),
+    path("dataset/", lineage.dataset_named, name="dataset_named"),
+    # The address of the first links: a plain name still reaches its page there.
     path("datasets/<stored_name:name>/", lineage.dataset_detail, name="dataset"),
     path("preferences/clock/", preferences.clock_choice, name="clock"),
 ]

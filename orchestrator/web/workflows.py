@@ -11,8 +11,9 @@ from django.db import connection
 from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
+from django.utils.http import urlencode
 
-from orchestrator import audit, clock, control, cron
+from orchestrator import audit, backfill, clock, control, cron
 from orchestrator.limits import MAX_ID
 from orchestrator.models import Run, TaskRun, Workflow
 from orchestrator.params import ParamError
@@ -20,7 +21,13 @@ from orchestrator.runs import RunError, trigger_workflow
 from orchestrator.states import RunState, Trigger
 from orchestrator.web import grid, lineage, mapped, svg
 from orchestrator.web.errors import query_int
-from orchestrator.web.forms import param_fields, submitted_params
+from orchestrator.web.forms import (
+    BackfillForm,
+    backfill_digest,
+    backfill_preview,
+    param_fields,
+    submitted_params,
+)
 from orchestrator.web.kit import back, is_htmx, operator_action, page, seconds, viewer_required
 from orchestrator.web.task_runs import task_actions
 
@@ -79,6 +86,9 @@ def workflows_context(now: datetime) -> dict:
         wf.schedule_list = [(s, describe(s.cron)) for s in wf.schedules.all()]
         wf.task_count = len(wf.spec.get("tasks", {}))
         wf.next_fires = next_fires(wf, now)
+        # What starts it besides its schedules: its dataset triggers, (mode, dataset names).
+        wf.dataset_triggers = [(trigger.get("mode", "any"), list(trigger.get("datasets", [])))
+                               for trigger in wf.spec.get("triggers", []) if trigger.get("datasets")]
     return {"workflows": workflows}
 
 
@@ -207,6 +217,7 @@ def workflow_detail(request, name):
         return page(request, "orchestrator/web/workflow.html#task_panel", {"wf": wf, "panel": grid_panel(request, wf)})
     context = _page_context(request, wf)
     context["panel"] = grid_panel(request, wf)
+    context["backfill_form"] = BackfillForm(workflow=wf)
     return page(request, "orchestrator/web/workflow.html", context, partial="live")
 
 
@@ -222,7 +233,8 @@ def workflow_trigger(request, name):
     except RunError as exc:
         return page(request, "orchestrator/web/workflow.html",
                     _page_context(request, wf, submitted=values, form_error=str(exc)), status=400)
-    audit.record("trigger", request=request, target=run, workflow=wf.name, params=values)
+    # The params as the run holds them (typed and with defaults), not the form's strings.
+    audit.record("trigger", request=request, target=run, workflow=wf.name, params=run.params)
     messages.success(request, f"Triggered run #{run.pk} of {wf.name}.")
     return HttpResponseRedirect(reverse("orchestrator:web:run", args=[run.pk]))
 
@@ -243,3 +255,44 @@ def workflow_resume(request, name):
     audit.record("resume", request=request, target=wf)
     messages.success(request, f"Resumed {wf.name}.")
     return back(request, reverse("orchestrator:web:workflow", args=[wf.name]))
+
+
+@operator_action
+def workflow_backfill(request, name):
+    """The workflow page's backfill dialog (operators): the dates (UTC), schedule, reprocessing
+    and params → a dry run (how many runs, the first fire times) → start, only with the digest
+    of the values previewed (values edited since preview again); recorded in the audit log.
+    htmx swaps the dialog in place; without script the same dialog is a page of its own."""
+    wf = get_object_or_404(Workflow.objects.select_related("current_version"), name=name)
+    form = BackfillForm(request.POST, workflow=wf)
+    preview = None
+    status = 200
+    if form.is_valid():
+        data = form.cleaned_data
+        schedule = data["schedule_obj"]
+        try:
+            plan = backfill.plan(wf, data["start"], data["end"], schedule=schedule, reprocess=data["reprocess"])
+        except backfill.BackfillError as exc:
+            field = getattr(exc, "field", None)
+            form.add_error(field if field in form.fields else None, str(exc))
+        else:
+            digest = backfill_digest(data)
+            if "go" in request.POST and request.POST.get("confirm") == digest:
+                try:
+                    started = backfill.start(wf, data["start"], data["end"], reprocess=data["reprocess"],
+                                             params=data["params"], created_by=request.user, schedule=schedule)
+                except backfill.BackfillError as exc:
+                    form.add_error(None, str(exc))
+                else:
+                    audit.record("backfill", request=request, target=started, workflow=wf.name,
+                                 start=data["start"].isoformat(), end=data["end"].isoformat(), runs=started.total,
+                                 reprocess=data["reprocess"], params=data["params"])
+                    messages.success(request, f"Started a backfill of {wf.name}: {started.total} run(s).")
+                    runs = reverse("orchestrator:web:runs") + "?" + urlencode({"workflow": wf.name,
+                                                                               "trigger": Trigger.BACKFILL})
+                    return back(request, runs)
+            preview = backfill_preview(plan, digest)
+    if form.errors:
+        status = 400
+    return page(request, "orchestrator/web/backfill.html", {"wf": wf, "backfill_form": form, "preview": preview},
+                status=status, partial="dialog")

@@ -290,7 +290,7 @@ def test_an_operator_backfills_a_workflow_from_the_admin_after_a_dry_run(server,
     page.click("#preview-button")
     # 06:15 Berlin on weekdays: Monday 2 March to Thursday 5 March, 05:15 UTC
     assert page.inner_text("#preview-count") == "4"
-    assert page.locator("#preview-fires li").first.inner_text() == "2026-03-02 05:15:00"
+    assert page.locator("#preview-fires li").first.inner_text() == "2026-03-02 05:15:00 UTC 2026-03-02 06:15 Europe/Berlin"
     assert not Backfill.objects.exists() and not Run.objects.exists()
     shot(page, "admin-backfill-preview")
 

@@ -132,7 +132,8 @@ def test_an_attempts_log_is_searched_and_filtered_by_level(server, browser):
     page.fill("#log-search", "no such words")
     assert page.inner_text("#log-count") == "no match"
 
-    # Level: only records at or above it (a record's traceback stays with it; printed text stays).
+    # Level: only records at or above it (a record's traceback stays with it); printed text is a
+    # level of its own, hidden by the others and shown alone by "printed".
     def shown():
         return [line for line in page.inner_text("pre.log").splitlines() if line.strip()]
 
@@ -144,9 +145,13 @@ def test_an_attempts_log_is_searched_and_filtered_by_level(server, browser):
     assert any("warning: ORDERS are late" in line for line in lines)
     assert any("ValueError: no orders today" in line for line in lines)  # the traceback of the error record
     assert any("critical: giving up" in line for line in lines)
-    assert "printed before any record" in lines[0] and "printed at the end" in lines[-1]
+    assert not any(line.startswith("printed") for line in lines)
     page.fill("#log-search", "orders")
     assert page.inner_text("#log-count") == "1 of 4"  # hidden lines are not searched
+    page.select_option("#log-level", "debug")
+    assert any("debug line 1" in line for line in shown()) and len(shown()) == len(everything) - 2
+    page.select_option("#log-level", "stdout")
+    assert shown() == ["printed before any record", "printed at the end"]
     shot(page, "task-log-search")
     page.select_option("#log-level", "")
     assert shown() == everything

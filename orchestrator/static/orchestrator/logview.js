@@ -1,7 +1,7 @@
 // The log of an attempt: search within it (case-insensitive, next and previous match, Enter and
-// Shift+Enter in the box) and show only the lines of `logging` output at or above a level. Lines
-// come from the server as <span class="ln" data-level="…">; text a task printed has no level and
-// is shown only when no level is chosen. Works on the text the tail follower appends, too.
+// Shift+Enter in the box) and show only the lines of `logging` output at or above a level, or only
+// the text the task printed (its own level, "stdout"). Lines come from the server as
+// <span class="ln" data-level="…">. Works on the text the tail follower appends, too.
 (function () {
   "use strict";
   var RANK = { debug: 10, info: 20, warning: 30, error: 40, critical: 50 };
@@ -14,10 +14,11 @@
   function filter() {
     var pre = log(), choice = el("log-level");
     if (!pre || !choice) return;
-    var least = RANK[choice.value] || 0;
+    var printed = choice.value === "stdout", least = RANK[choice.value] || 0;
     pre.querySelectorAll(".ln").forEach(function (line) {
-      var level = line.getAttribute("data-level");
-      line.hidden = least > 0 && !!level && (RANK[level] || 0) < least;
+      var level = line.getAttribute("data-level") || "stdout";
+      if (printed) line.hidden = level !== "stdout";
+      else line.hidden = least > 0 && (level === "stdout" || (RANK[level] || 0) < least);
     });
   }
 
