@@ -117,7 +117,6 @@ class WorkflowAdmin(OperatorActions, admin.ModelAdmin):
         """Form → dry-run preview (count and first fire times from ``backfill.plan``) → start.
         The start button carries a digest of the previewed values: if they were edited after
         the preview, the page shows the new preview instead of starting."""
-
         if not access.is_operator(request.user):
             raise PermissionDenied("Only operators can start backfills.")
         wf = get_object_or_404(Workflow, pk=object_id)
