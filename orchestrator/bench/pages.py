@@ -44,6 +44,45 @@ JOIN (SELECT id, current_version_id, row_number() OVER (ORDER BY id) - 1 AS k,
 """
 
 
+# A run's task runs in one statement: ``n`` distinct tasks t000000, t000001, ... each downstream of
+# the one before (no mapping), or, with a mapped task's name, its ``n`` instances (its own row is
+# made apart). One in 97 is dead; each took 5 ms, one after the other from the run's start.
+FILL_TASK_RUNS = """
+INSERT INTO orchestrator_taskrun (run_id, task, map_index, state, spec, upstream, queue, priority, tenant, lane,
+    attempts, max_attempts, error, created_at, started_at, finished_at)
+SELECT r.id, coalesce(%(mapped)s, 't' || lpad(g::text, 6, '0')), CASE WHEN %(mapped)s IS NULL THEN -1 ELSE g END,
+       CASE WHEN g %% 97 = 5 THEN 'dead' ELSE 'succeeded' END, '{"kind": "python", "ref": "bench:noop"}'::jsonb,
+       CASE WHEN %(mapped)s IS NOT NULL OR g = 0 THEN '{}'::varchar[]
+            ELSE ARRAY['t' || lpad((g - 1)::text, 6, '0')]::varchar[] END,
+       'default', 0, 'default', 0, 1, 1, CASE WHEN g %% 97 = 5 THEN 'ValueError: item said no' ELSE '' END,
+       r.created_at, r.started_at + g * interval '5 milliseconds', r.started_at + (g + 1) * interval '5 milliseconds'
+FROM orchestrator_run r CROSS JOIN generate_series(0, %(n)s - 1) AS g
+WHERE r.id = %(run)s
+"""
+
+# One attempt per task run of the run, as it ended.
+FILL_ATTEMPTS = """
+INSERT INTO orchestrator_attempt (task_run_id, number, outcome, started_at, finished_at, error, traceback, log_path)
+SELECT id, 1, CASE WHEN state = 'dead' THEN 'failed' ELSE 'succeeded' END, started_at, finished_at, error, '', ''
+FROM orchestrator_taskrun WHERE run_id = %(run)s AND map_index >= CASE WHEN %(mapped)s IS NULL THEN -1 ELSE 0 END
+"""
+
+
+def fill_run(run: Run, n: int, mapped: str | None = None) -> None:
+    """Give ``run`` (created, without task runs) ``n`` task runs that ended: distinct tasks, or
+    the instances of the mapped task ``mapped`` (whose own row, the map's summary, comes first)."""
+    if mapped is not None:
+        TaskRun.objects.create(run=run, task=mapped, map_index=-1, state="succeeded", attempts=0,
+                               spec={"kind": "python", "ref": "bench:noop", "map_over": "items"},
+                               started_at=run.started_at, finished_at=run.finished_at)
+    with connection.cursor() as cursor:
+        params = {"run": run.pk, "n": n, "mapped": mapped}
+        cursor.execute(FILL_TASK_RUNS, params)
+        cursor.execute(FILL_ATTEMPTS, params)
+        cursor.execute("ANALYZE orchestrator_taskrun")
+        cursor.execute("ANALYZE orchestrator_attempt")
+
+
 def _percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
