@@ -207,10 +207,14 @@ def run_tasks(run_id: int, after: int | None = None, size: int = PAGE_SIZE) -> t
     """A page of the run's tasks (not its mapped tasks' instances) in the order they were created
     (the graph's order, as the run created them), from the one after task run ``after``; and the
     id to ask the next page after, when there is one."""
-    rows = TaskRun.objects.filter(run_id=run_id, map_index=-1)
+    # The run as a range of one, ordered by (run, id): the order of taskrun_tasks_of_run and of no
+    # other index. Written as "run_id = x ORDER BY id", the primary key has that order too, and the
+    # planner, who cannot know how few of the table's rows have map_index -1 in one run (a map
+    # over 100,000 items has one), may walk the whole primary key to find them.
+    rows = TaskRun.objects.filter(run_id__gte=run_id, run_id__lte=run_id, map_index=-1)
     if after is not None:
         rows = rows.filter(id__gt=after)
-    page = list(rows.order_by("id")[: size + 1])
+    page = list(rows.order_by("run_id", "id")[: size + 1])
     return page[:size], (page[size - 1].pk if len(page) > size else None)
 
 

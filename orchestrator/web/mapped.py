@@ -15,7 +15,7 @@ from datetime import datetime
 from django.db.models import Count, Max, Min
 from django.shortcuts import get_object_or_404
 
-from orchestrator import clock
+from orchestrator import clock, reads
 from orchestrator.limits import MAX_ID
 from orchestrator.models import TaskRun
 from orchestrator.states import TaskState
@@ -79,6 +79,38 @@ def summaries(run_ids: list[int]) -> dict[tuple[int, str], Summary]:
     return found
 
 
+def task_summary(run_id: int, task: str) -> Summary:
+    """The instances of one mapped task: one grouped statement on the task's range of
+    taskrun_unique_task, a row per state returned."""
+    summary = Summary()
+    rows = (TaskRun.objects.filter(run_id=run_id, task=task, map_index__gte=0).order_by()
+            .values("state").annotate(n=Count("id"), first=Min("started_at"), last=Max("finished_at")))
+    for row in rows:
+        summary.counts[row["state"]] = row["n"]
+        if row["first"] and (summary.first_start is None or row["first"] < summary.first_start):
+            summary.first_start = row["first"]
+        if row["last"] and (summary.last_end is None or row["last"] > summary.last_end):
+            summary.last_end = row["last"]
+    return summary
+
+
+def is_mapped(tr: TaskRun) -> bool:
+    """Whether ``tr`` is a mapped task's own task run (the summary of its instances)."""
+    return tr.map_index == -1 and "map_over" in (tr.spec or {})
+
+
+def page_summaries(run_id: int, instances: dict[str, dict[str, int]], tasks: list[str]) -> dict[str, Summary]:
+    """{task: Summary} of the mapped tasks among ``tasks`` (a page of the run page), from their
+    counts (``reads.run_counts``) and one statement for when their instances started and ended."""
+    shown = sorted(task for task in set(tasks) if task in instances)
+    spans = reads.instance_spans(run_id, shown)
+    found = {}
+    for task in shown:
+        first, last = spans.get(task, (None, None))
+        found[task] = Summary(dict(instances[task]), first, last)
+    return found
+
+
 def first_instances(run_id: int, tasks: list[str], limit: int = INSTANCES_SHOWN) -> dict[str, list[TaskRun]]:
     """The lowest-numbered instances of each of these mapped tasks."""
     shown: dict[str, list[TaskRun]] = {}
@@ -110,7 +142,7 @@ def instances_context(request, task_run_id: int) -> dict:
     for instance in page:
         instance.seconds = ((instance.finished_at or now) - instance.started_at).total_seconds() \
             if instance.started_at else None
-    summary = summaries([own.run_id]).get((own.run_id, own.task), Summary())
+    summary = task_summary(own.run_id, own.task)
     return {
         "tr": own, "run": own.run, "summary": summary, "instances": page, "state": state,
         "next_from": page[-1].map_index + 1 if more else None, "start": start,
