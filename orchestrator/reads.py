@@ -11,7 +11,6 @@ gets one answer, through one index, wherever it is asked.
 | a run's counts: its tasks by state, each mapped task's instances by state | ``run_counts()`` | ``taskrun_run_state`` (run, state, task, map_index), read alone |
 | a run's tasks (not instances), a page at a time in creation order | ``run_tasks()`` | ``taskrun_tasks_of_run`` (run, id) where map_index = -1 |
 | a run's task runs by task and map index, of a task, of a state | ``run_task_runs()`` | ``taskrun_unique_task`` (run, task, map_index), ``taskrun_run_state`` with a state |
-| when a mapped task's instances started and ended | ``instance_spans()`` | ``taskrun_unique_task`` |
 
 A workflow is named by id, resolved from its name once (``workflow_id``): the planner then sees
 one ``workflow_id`` and walks that workflow's index instead of joining a million rows.
@@ -26,8 +25,7 @@ would make a queue of delayed jobs look like workers falling behind. A scheduled
 **A run at any size** (a run of 100,000 task runs, or a map over 100,000 items): what its page and
 the API show is counted in SQL and paged, so no statement returns a row per task run. Counting
 still reads each task run's index entry once (``run_counts``, about 10 ms per 100,000 on a small
-machine, from ``taskrun_run_state``, without the table once autovacuum has marked it visible);
-``instance_spans`` reads the instances of the mapped tasks on one page.
+machine, from ``taskrun_run_state``, without the table once autovacuum has marked it visible).
 
 **Keyset pages** (``Keyset``): newest first by id, or by a time column and id; a page is one
 indexed query of at most ``size + 1`` rows, with no COUNT and no OFFSET, so the millionth row
@@ -164,14 +162,6 @@ RUN_COUNTS_SQL = """
      GROUP BY 1, 2
 """
 
-# The first start and the last end of the instances of some mapped tasks of a run.
-INSTANCE_SPANS_SQL = """
-    SELECT task, min(started_at), max(finished_at)
-      FROM orchestrator_taskrun WHERE run_id = %(run)s AND task = ANY(%(tasks)s) AND map_index >= 0
-     GROUP BY task
-"""
-
-
 @dataclass
 class RunCounts:
     tasks: dict[str, int]  # the run's tasks by state: a mapped task once, in its own row's state
@@ -194,15 +184,6 @@ def run_counts(run_id: int) -> RunCounts:
     return counts
 
 
-def instance_spans(run_id: int, tasks: list[str]) -> dict[str, tuple[datetime | None, datetime | None]]:
-    """{mapped task: (its first instance's start, its last instance's end)} of these tasks."""
-    if not tasks:
-        return {}
-    with connection.cursor() as cursor:
-        cursor.execute(INSTANCE_SPANS_SQL, {"run": run_id, "tasks": list(tasks)})
-        return {task: (first, last) for task, first, last in cursor.fetchall()}
-
-
 def run_tasks(run_id: int, after: int | None = None, size: int = PAGE_SIZE) -> tuple[list[TaskRun], int | None]:
     """A page of the run's tasks (not its mapped tasks' instances) in the order they were created
     (the graph's order, as the run created them), from the one after task run ``after``; and the
@@ -211,7 +192,8 @@ def run_tasks(run_id: int, after: int | None = None, size: int = PAGE_SIZE) -> t
     # other index. Written as "run_id = x ORDER BY id", the primary key has that order too, and the
     # planner, who cannot know how few of the table's rows have map_index -1 in one run (a map
     # over 100,000 items has one), may walk the whole primary key to find them.
-    rows = TaskRun.objects.filter(run_id__gte=run_id, run_id__lte=run_id, map_index=-1)
+    # Not the result: a mapped task's is the list of its instances' results.
+    rows = TaskRun.objects.filter(run_id__gte=run_id, run_id__lte=run_id, map_index=-1).defer("result")
     if after is not None:
         rows = rows.filter(id__gt=after)
     page = list(rows.order_by("run_id", "id")[: size + 1])

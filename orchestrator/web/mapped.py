@@ -15,7 +15,7 @@ from datetime import datetime
 from django.db.models import Count, Max, Min
 from django.shortcuts import get_object_or_404
 
-from orchestrator import clock, reads
+from orchestrator import clock
 from orchestrator.limits import MAX_ID
 from orchestrator.models import TaskRun
 from orchestrator.states import TaskState
@@ -80,18 +80,11 @@ def summaries(run_ids: list[int]) -> dict[tuple[int, str], Summary]:
 
 
 def task_summary(run_id: int, task: str) -> Summary:
-    """The instances of one mapped task: one grouped statement on the task's range of
-    taskrun_unique_task, a row per state returned."""
-    summary = Summary()
+    """The instances of one mapped task counted by state: one grouped statement, a row per state,
+    read from taskrun_run_state alone (no table row, so no instance's result)."""
     rows = (TaskRun.objects.filter(run_id=run_id, task=task, map_index__gte=0).order_by()
-            .values("state").annotate(n=Count("id"), first=Min("started_at"), last=Max("finished_at")))
-    for row in rows:
-        summary.counts[row["state"]] = row["n"]
-        if row["first"] and (summary.first_start is None or row["first"] < summary.first_start):
-            summary.first_start = row["first"]
-        if row["last"] and (summary.last_end is None or row["last"] > summary.last_end):
-            summary.last_end = row["last"]
-    return summary
+            .values_list("state").annotate(n=Count("id")))
+    return Summary(dict(rows))
 
 
 def is_mapped(tr: TaskRun) -> bool:
@@ -99,15 +92,18 @@ def is_mapped(tr: TaskRun) -> bool:
     return tr.map_index == -1 and "map_over" in (tr.spec or {})
 
 
-def page_summaries(run_id: int, instances: dict[str, dict[str, int]], tasks: list[str]) -> dict[str, Summary]:
-    """{task: Summary} of the mapped tasks among ``tasks`` (a page of the run page), from their
-    counts (``reads.run_counts``) and one statement for when their instances started and ended."""
-    shown = sorted(task for task in set(tasks) if task in instances)
-    spans = reads.instance_spans(run_id, shown)
+def page_summaries(instances: dict[str, dict[str, int]], task_runs: list[TaskRun],
+                   shown: dict[str, list[TaskRun]]) -> dict[str, Summary]:
+    """{task: Summary} of the mapped tasks among ``task_runs`` (a page of the run page), from their
+    counts (``reads.run_counts``) and their first instances (``first_instances``): the map's time
+    is from the first of those to start (instances start in index order, give or take the
+    workers' batches) to the mapped task's own end, so that no statement reads every instance's
+    row for a min() and a max()."""
     found = {}
-    for task in shown:
-        first, last = spans.get(task, (None, None))
-        found[task] = Summary(dict(instances[task]), first, last)
+    for tr in task_runs:
+        if tr.task in instances:
+            starts = [i.started_at for i in shown.get(tr.task, []) if i.started_at]
+            found[tr.task] = Summary(dict(instances[tr.task]), min(starts, default=None), tr.finished_at)
     return found
 
 

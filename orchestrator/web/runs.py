@@ -56,7 +56,7 @@ def run_list(request):
     return page(request, "orchestrator/web/runs.html", {"form": form, "runs": runs.rows, **page_links(request, runs)})
 
 
-TASKS_PAGE = 200  # tasks on one page of the run page; the graph is drawn when every task fits one
+TASKS_PAGE = 100  # tasks on one page of the run page; the graph is drawn when every task fits one
 GRAPH_MOST = TASKS_PAGE
 
 
@@ -93,11 +93,10 @@ def place_attempts(task_runs: list[TaskRun], axis: Axis, now: datetime) -> None:
                    for attempt in tr.attempt_set.all()]
 
 
-def place_instances(task_runs: list[TaskRun], summaries: dict[str, mapped.Summary], run_id: int, axis: Axis,
-                    now: datetime) -> None:
+def place_instances(task_runs: list[TaskRun], summaries: dict[str, mapped.Summary],
+                    shown: dict[str, list[TaskRun]], axis: Axis, now: datetime) -> None:
     """Mapped tasks on the run page: their counts, the first instances under their row, and one
-    timeline bar from the first instance's start to the last one's end."""
-    shown = mapped.first_instances(run_id, sorted(summaries))
+    timeline bar from the first instance's start to the map's end."""
     for tr in task_runs:
         tr.mapped = summaries.get(tr.task)
         if tr.mapped is None:
@@ -117,10 +116,11 @@ def run_context(run: Run, now: datetime, after: int | None = None) -> dict:
     task_runs, next_after, upstream = tasks_in_order(run, after)
     counts = reads.run_counts(run.pk)
     # The mapped tasks of this page: counted (reads.run_counts), a few instances loaded.
-    summaries = mapped.page_summaries(run.pk, counts.instances, [tr.task for tr in task_runs])
+    shown = mapped.first_instances(run.pk, sorted({tr.task for tr in task_runs} & set(counts.instances)))
+    summaries = mapped.page_summaries(counts.instances, task_runs, shown)
     axis = axis_of(run, task_runs, summaries, now)
     place_attempts(task_runs, axis, now)
-    place_instances(task_runs, summaries, run.pk, axis, now)
+    place_instances(task_runs, summaries, shown, axis, now)
     states = set(counts.tasks) | {state for by_state in counts.instances.values() for state in by_state}
     graph = None
     if upstream is not None:

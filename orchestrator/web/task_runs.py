@@ -96,7 +96,8 @@ def task_run_context(tr: TaskRun, now: datetime, attempt: int | None = None, off
 
 @viewer_required
 def task_run_detail(request, task_run_id):
-    tr = get_object_or_404(TaskRun.objects.select_related("run__workflow", "worker"), pk=task_run_id)
+    # The result when shown, which a mapped task's never is: the list of its instances' results.
+    tr = get_object_or_404(TaskRun.objects.select_related("run__workflow", "worker").defer("result"), pk=task_run_id)
     attempt = query_int(request, "attempt", None, 1, MAX_ID)
     offset = query_int(request, "offset", 0, 0, MAX_LOG_OFFSET)
     return page(request, "orchestrator/web/task_run.html", task_run_context(tr, clock.now(), attempt, offset),
