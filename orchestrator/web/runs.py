@@ -85,6 +85,14 @@ def axis_of(run: Run, task_runs: list[TaskRun], summaries: dict[str, mapped.Summ
     return Axis.over(intervals, now)
 
 
+def task_run_links(task_runs: list[TaskRun]) -> None:
+    """Each task run's page address, reversed once for the page rather than three times a row
+    (a third of the run page's time was spent in reverse())."""
+    pattern = reverse("orchestrator:web:task_run", args=[MAX_ID])
+    for tr in task_runs:
+        tr.url = pattern.replace(str(MAX_ID), str(tr.pk))
+
+
 def place_attempts(task_runs: list[TaskRun], axis: Axis, now: datetime) -> None:
     for tr in task_runs:
         tr.seconds = seconds(tr.started_at, tr.finished_at, now)
@@ -121,11 +129,11 @@ def run_context(run: Run, now: datetime, after: int | None = None) -> dict:
     axis = axis_of(run, task_runs, summaries, now)
     place_attempts(task_runs, axis, now)
     place_instances(task_runs, summaries, shown, axis, now)
+    task_run_links(task_runs)
     states = set(counts.tasks) | {state for by_state in counts.instances.values() for state in by_state}
     graph = None
     if upstream is not None:
-        graph = svg.graph(upstream, {tr.task: tr.state for tr in task_runs},
-                          {tr.task: reverse("orchestrator:web:task_run", args=[tr.pk]) for tr in task_runs},
+        graph = svg.graph(upstream, {tr.task: tr.state for tr in task_runs}, {tr.task: tr.url for tr in task_runs},
                           {task: (summary.short, summary.words) for task, summary in summaries.items()})
     return {
         "run": run,
