@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.db import connection
-from django.db.models import Q, QuerySet
+from django.db.models import Case, F, JSONField, Q, QuerySet, Value, When
 
 from orchestrator.limits import PAGE_SIZE
 from orchestrator.models import Run, TaskRun, Workflow
@@ -205,7 +205,11 @@ def run_task_runs(run_id: int, *, task: str | None = None, state: str | None = N
     """A page of the run's task runs (instances too) by task name and map index, of one task and
     one state when given, after the (task, map index) ``after``; and whether more follow. The row
     comparison bounds the index scan where the page starts, however deep the page."""
-    rows = TaskRun.objects.filter(run_id=run_id)
+    # A mapped task's own result is the list of all its instances' results: not on a page of rows
+    # (``listed_result`` is null for it; the task run's own answer has it).
+    rows = TaskRun.objects.filter(run_id=run_id).defer("result").annotate(listed_result=Case(
+        When(map_index=-1, spec__has_key="map_over", then=Value(None, output_field=JSONField())),
+        default=F("result")))
     if task is not None:
         rows = rows.filter(task=task)
     if state is not None:

@@ -159,6 +159,15 @@ class TaskRunSerializer(serializers.ModelSerializer):
                   "due_at", "timeout", "result", "error", "created_at", "queued_at", "started_at", "finished_at"]
 
 
+class RunTaskRunSerializer(TaskRunSerializer):
+    result = serializers.JSONField(source="listed_result", read_only=True, allow_null=True,
+                                   help_text="null for a mapped task's own task run: its result, the list of "
+                                             "every instance's result, is in GET /api/task-runs/{id}/")
+
+    class Meta(TaskRunSerializer.Meta):
+        pass
+
+
 class TaskCountsSerializer(serializers.Serializer):
     total = serializers.IntegerField(help_text="the run's tasks: one per task of its graph, a mapped task once")
     by_state = serializers.DictField(child=serializers.IntegerField())

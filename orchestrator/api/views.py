@@ -173,13 +173,13 @@ class RunTaskRunsView(APIBase):
                                "and map index; filtered by task and state. Pages go forward only (`next`; "
                                "`previous` is always null). The run's counts are in the run itself.",
                    parameters=[s.RunTaskRunFilterSerializer, RUN_TASK_RUN_CURSOR, LIMIT],
-                   responses={200: paginated_schema(s.TaskRunSerializer), **errors(400, 401, 403, 404)})
+                   responses={200: paginated_schema(s.RunTaskRunSerializer), **errors(400, 401, 403, 404)})
     def get(self, request, pk):
         filters = validated_query(s.RunTaskRunFilterSerializer, request.query_params)
         run = get_run(pk)
         paginator = RunTaskRunPagination(run.pk, filters.get("task"), filters.get("state"))
         rows = paginator.paginate_queryset(TaskRun.objects.filter(run_id=run.pk), request, view=self)
-        return paginator.get_paginated_response(s.TaskRunSerializer(rows, many=True).data)
+        return paginator.get_paginated_response(s.RunTaskRunSerializer(rows, many=True).data)
 
 
 class RunCancelView(APIBase):
