@@ -16,7 +16,7 @@ from django.urls import reverse
 from orchestrator import access
 from orchestrator.bench.pages import fill_run
 from orchestrator.models import Run, TaskRun, Workflow
-from tests.api_support import api, operator  # noqa: F401 - fixtures
+from tests.support.api_support import api, operator  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
