@@ -83,7 +83,7 @@ def task_summary(run_id: int, task: str) -> Summary:
     """The instances of one mapped task counted by state: one grouped statement, a row per state,
     read from taskrun_run_state alone (no table row, so no instance's result)."""
     rows = (TaskRun.objects.filter(run_id=run_id, task=task, map_index__gte=0).order_by()
-            .values_list("state").annotate(n=Count("id")))
+            .values_list("state").annotate(n=Count("*")))
     return Summary(dict(rows))
 
 
