@@ -312,6 +312,13 @@ class TaskRun(models.Model):
                          name="taskrun_active_instances"),
             # Approvals waiting for an answer, by their timeout (approvals.expire reads the due ones).
             models.Index(fields=["due_at"], condition=Q(state=TaskState.AWAITING), name="taskrun_awaiting"),
+            # A run's tasks (its task runs but a mapped task's instances) in the order they were
+            # created, a page at a time: the run page and its graph (reads.run_tasks).
+            models.Index(fields=["run", "id"], condition=Q(map_index=-1), name="taskrun_tasks_of_run"),
+            # A run's task runs of one state, by task and map index: the API's task-run pages and
+            # the instances page filtered by state, and a run's counts by state (reads.run_counts),
+            # read from the index alone.
+            models.Index(fields=["run", "state", "task", "map_index"], name="taskrun_run_state"),
         ]
 
     def __str__(self):

@@ -8,6 +8,9 @@ gets one answer, through one index, wherever it is asked.
 | dead task runs, by workflow, queue, error, time of death | ``dead_letters()`` | ``taskrun_dead`` (finished_at) where state = dead, the last to die first |
 | how many are dead | ``dead_letter_count()`` | ``taskrun_dead`` |
 | queue depths: queued, due, running, per queue | ``queue_depths()`` | the queued, due and running partial indexes |
+| a run's counts: its tasks by state, each mapped task's instances by state | ``run_counts()`` | ``taskrun_run_state`` (run, state, task, map_index), read alone |
+| a run's tasks (not instances), a page at a time in creation order | ``run_tasks()`` | ``taskrun_tasks_of_run`` (run, id) where map_index = -1 |
+| a run's task runs by task and map index, of a task, of a state | ``run_task_runs()`` | ``taskrun_unique_task`` (run, task, map_index), ``taskrun_run_state`` with a state |
 
 A workflow is named by id, resolved from its name once (``workflow_id``): the planner then sees
 one ``workflow_id`` and walks that workflow's index instead of joining a million rows.
@@ -18,6 +21,11 @@ claim (``due.py``). A task run scheduled for later (a retry's backoff, a delayed
 next check) is not in the queue yet: it waits for its time, not for a worker, and counting it
 would make a queue of delayed jobs look like workers falling behind. A scheduled row without a
 ``due_at`` is never claimed, so it is not counted either (no writer leaves one).
+
+**A run at any size** (a run of 100,000 task runs, or a map over 100,000 items): what its page and
+the API show is counted in SQL and paged, so no statement returns a row per task run. Counting
+still reads each task run's index entry once (``run_counts``: 614 pages of ``taskrun_run_state``
+for 100,000 task runs, without the table once autovacuum has marked it visible).
 
 **Keyset pages** (``Keyset``): newest first by id, or by a time column and id; a page is one
 indexed query of at most ``size + 1`` rows, with no COUNT and no OFFSET, so the millionth row
@@ -32,7 +40,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.db import connection
-from django.db.models import Q, QuerySet
+from django.db.models import Case, F, JSONField, Q, QuerySet, Value, When
 
 from orchestrator.limits import PAGE_SIZE
 from orchestrator.models import Run, TaskRun, Workflow
@@ -142,6 +150,74 @@ def queue_depths(now: datetime) -> dict[str, Depth]:
         for queue, kind, count in cursor.fetchall():
             setattr(depths.setdefault(queue, Depth()), kind, count)
     return depths
+
+
+# --- a run's task runs, at any size ------------------------------------------------------------
+
+# A run's tasks (map_index -1: its ordinary tasks and its mapped tasks' own rows) by state, and
+# each mapped task's instances by state: (1 + mapped tasks) x states rows, whatever the run's size.
+RUN_COUNTS_SQL = """
+    SELECT CASE WHEN map_index >= 0 THEN task END, state, count(*)
+      FROM orchestrator_taskrun WHERE run_id = %(run)s
+     GROUP BY 1, 2
+"""
+
+@dataclass
+class RunCounts:
+    tasks: dict[str, int]  # the run's tasks by state: a mapped task once, in its own row's state
+    instances: dict[str, dict[str, int]]  # {mapped task: {state: its instances in that state}}
+
+    @property
+    def total_tasks(self) -> int:
+        return sum(self.tasks.values())
+
+
+def run_counts(run_id: int) -> RunCounts:
+    counts = RunCounts({}, {})
+    with connection.cursor() as cursor:
+        cursor.execute(RUN_COUNTS_SQL, {"run": run_id})
+        for mapped_task, state, n in cursor.fetchall():
+            if mapped_task is None:
+                counts.tasks[state] = n
+            else:
+                counts.instances.setdefault(mapped_task, {})[state] = n
+    return counts
+
+
+def run_tasks(run_id: int, after: int | None = None, size: int = PAGE_SIZE) -> tuple[list[TaskRun], int | None]:
+    """A page of the run's tasks (not its mapped tasks' instances) in the order they were created
+    (the graph's order, as the run created them), from the one after task run ``after``; and the
+    id to ask the next page after, when there is one."""
+    # The run as a range of one, ordered by (run, id): the order of taskrun_tasks_of_run and of no
+    # other index. Written as "run_id = x ORDER BY id", the primary key has that order too, and the
+    # planner, who cannot know how few of the table's rows have map_index -1 in one run (a map
+    # over 100,000 items has one), may walk the whole primary key to find them.
+    # Not the result: a mapped task's is the list of its instances' results.
+    rows = TaskRun.objects.filter(run_id__gte=run_id, run_id__lte=run_id, map_index=-1).defer("result")
+    if after is not None:
+        rows = rows.filter(id__gt=after)
+    page = list(rows.order_by("run_id", "id")[: size + 1])
+    return page[:size], (page[size - 1].pk if len(page) > size else None)
+
+
+def run_task_runs(run_id: int, *, task: str | None = None, state: str | None = None,
+                  after: tuple[str, int] | None = None, size: int = PAGE_SIZE) -> tuple[list[TaskRun], bool]:
+    """A page of the run's task runs (instances too) by task name and map index, of one task and
+    one state when given, after the (task, map index) ``after``; and whether more follow. The row
+    comparison bounds the index scan where the page starts, however deep the page."""
+    # A mapped task's own result is the list of all its instances' results: not on a page of rows
+    # (``listed_result`` is null for it; the task run's own answer has it).
+    rows = TaskRun.objects.filter(run_id=run_id).defer("result").annotate(listed_result=Case(
+        When(map_index=-1, spec__has_key="map_over", then=Value(None, output_field=JSONField())),
+        default=F("result")))
+    if task is not None:
+        rows = rows.filter(task=task)
+    if state is not None:
+        rows = rows.filter(state=state)
+    if after is not None:
+        rows = rows.extra(where=["(task, map_index) > (%s, %s)"], params=list(after))
+    page = list(rows.order_by("task", "map_index")[: size + 1])
+    return page[:size], len(page) > size
 
 
 # --- keyset pages --------------------------------------------------------------------------------

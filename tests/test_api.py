@@ -64,13 +64,19 @@ def test_an_unknown_workflow_is_a_json_404(api, workflow):
     assert "did you mean /api/workflows/reports/runs/" in api.post("/api/workflows/reports/runs").json()["detail"]
 
 
-def test_it_shows_a_run_with_its_task_runs_and_a_task_run_with_its_attempts(api, workflow):
+def test_it_shows_a_run_with_its_counts_its_task_runs_paged_and_a_task_run_with_its_attempts(api, workflow):
     run, _ = trigger_workflow(workflow, {"day": "2026-03-01"})
     detail = api.get(f"/api/runs/{run.pk}/").json()
     assert detail["workflow"] == "reports"
     assert detail["params"] == {"orders": 5, "currency": "EUR", "day": "2026-03-01"}
-    states = {t["task"]: t["state"] for t in detail["task_runs"]}
-    assert states == {"extract": "scheduled", "load": "waiting"}
+    # Counts, not the task runs themselves: those are a page away.
+    assert detail["tasks"] == {"total": 2, "by_state": {"scheduled": 1, "waiting": 1}}
+    assert detail["mapped"] == [] and "task_runs" not in detail
+    assert detail["task_runs_url"] == f"/api/runs/{run.pk}/task-runs/"
+    page = api.get(detail["task_runs_url"]).json()
+    assert [(t["task"], t["map_index"], t["state"]) for t in page["results"]] == [
+        ("extract", -1, "scheduled"), ("load", -1, "waiting")]
+    assert page["next"] is None and page["previous"] is None
 
     extract = TaskRun.objects.get(run=run, task="extract")
     task_run = api.get(f"/api/task-runs/{extract.pk}/").json()
@@ -137,7 +143,7 @@ def test_an_operator_triggers_a_run_with_checked_params(api, operator, workflow)
     run = Run.objects.get(pk=body["id"])
     assert (run.trigger, run.created_by, run.priority) == ("api", operator, 3)
     assert run.params == {"orders": 7, "currency": "EUR", "day": "2026-03-01"}
-    assert body["params"] == run.params and len(body["task_runs"]) == 2
+    assert body["params"] == run.params and body["tasks"]["total"] == 2
 
 
 @pytest.mark.parametrize("data, errors", [

@@ -48,7 +48,7 @@ def test_the_run_page_shows_a_mapped_task_as_one_node_and_one_row_with_counts(wf
     # One node for the mapped task, drawn as a stack, with ended/total and the counts by state.
     nodes = re.findall(r'<g class="node mapped st-(\w+)"><title>([^<]*)</title>', html)
     assert nodes == [("failed", "double: failed, 30 instances: 29 succeeded, 1 dead")]
-    assert re.search(r'<text class="count"[^>]*>30/30</text>', html)
+    assert re.search(r'<tspan class="count"[^>]*>30/30</tspan>', html)
     # One row for it in the task table (its own task run), the counts next to it ...
     own_link = reverse("orchestrator:web:task_run", args=[own.pk])
     assert html.count(f'href="{own_link}"') == 3  # the graph node, the timeline label, the table row

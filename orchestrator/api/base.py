@@ -78,7 +78,9 @@ def get_workflow(name: str) -> Workflow:
 
 
 def get_run(pk: int, **filters) -> Run:
-    run = Run.objects.select_related("workflow", "version", "schedule", "created_by").filter(pk=pk, **filters).first()
+    # Not the graph (a workflow of 100,000 tasks has megabytes of it): a run is shown without.
+    run = (Run.objects.select_related("workflow", "version", "schedule", "created_by")
+           .defer("version__spec").filter(pk=pk, **filters).first())
     if run is None:
         raise NotFound(f"no run {pk}" if not filters else f"no job {pk}")
     return run

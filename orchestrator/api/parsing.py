@@ -118,6 +118,46 @@ class KeysetPagination(BasePagination):
                          "results": data})
 
 
+RUN_TASK_RUN_CURSOR_PATTERN = r"^after\.[0-9]{1,18}$"
+RUN_TASK_RUN_CURSOR = OpenApiParameter(
+    "cursor", {"type": "string", "pattern": RUN_TASK_RUN_CURSOR_PATTERN},
+    description="From a page's next link: `after.<task run id>`, the task runs after that one by task and "
+                "map index (a cursor of another run's task run gives an empty page).",
+)
+
+
+class RunTaskRunPagination(BasePagination):
+    """A run's task runs by task name and map index, forward only (``reads.run_task_runs``): a page
+    is one indexed query of at most ``limit + 1`` rows, page 2,000 of a map over 100,000 items
+    included, plus the lookup of the cursor's task run."""
+
+    def __init__(self, run_id: int, task: str | None, state: str | None):
+        self.run_id, self.task, self.state = run_id, task, state
+
+    def paginate_queryset(self, queryset, request, view=None):
+        self.request = request
+        size = page_size(request)
+        after = None
+        text = request.query_params.get("cursor")
+        if text is not None:
+            if not re.fullmatch(RUN_TASK_RUN_CURSOR_PATTERN, text):
+                raise ValidationError({"cursor": [f"expected a cursor like 'after.42' (from a page's next link), "
+                                                  f"got {shown(text)}"]})
+            after = queryset.filter(pk=int(text.split(".")[1])).values_list("task", "map_index").first()
+            if after is None:
+                self.rows, self.more = [], False
+                return self.rows
+        self.rows, self.more = reads.run_task_runs(self.run_id, task=self.task, state=self.state, after=after,
+                                                   size=size)
+        return self.rows
+
+    def get_paginated_response(self, data):
+        next_link = None
+        if self.more:
+            next_link = replace_query_param(self.request.build_absolute_uri(), "cursor", f"after.{self.rows[-1].pk}")
+        return Response({"next": next_link, "previous": None, "results": data})
+
+
 class DeadLetterPagination(KeysetPagination):
     """The last to fail first."""
 

@@ -5,13 +5,15 @@ nothing stored."""
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from orchestrator import backfill as backfills
-from orchestrator import cron
+from orchestrator import cron, reads
 from orchestrator.api.fields import (
     AwareDateTimeField,
     Flag,
@@ -148,17 +150,79 @@ class RunSerializer(serializers.ModelSerializer):
 
 
 class TaskRunSerializer(serializers.ModelSerializer):
+    map_index = serializers.IntegerField(
+        read_only=True, help_text="-1 for a task's own task run; a mapped task's instances are numbered from 0")
+
     class Meta:
         model = TaskRun
-        fields = ["id", "task", "state", "upstream", "queue", "priority", "attempts", "max_attempts", "due_at",
-                  "timeout", "result", "error", "created_at", "queued_at", "started_at", "finished_at"]
+        fields = ["id", "task", "map_index", "state", "upstream", "queue", "priority", "attempts", "max_attempts",
+                  "due_at", "timeout", "result", "error", "created_at", "queued_at", "started_at", "finished_at"]
+
+
+class RunTaskRunSerializer(TaskRunSerializer):
+    result = serializers.JSONField(source="listed_result", read_only=True, allow_null=True,
+                                   help_text="null for a mapped task's own task run: its result, the list of "
+                                             "every instance's result, is in GET /api/task-runs/{id}/")
+
+    class Meta(TaskRunSerializer.Meta):
+        pass
+
+
+class TaskCountsSerializer(serializers.Serializer):
+    total = serializers.IntegerField(help_text="the run's tasks: one per task of its graph, a mapped task once")
+    by_state = serializers.DictField(child=serializers.IntegerField())
+
+
+class MappedTaskSerializer(serializers.Serializer):
+    task = serializers.CharField()
+    task_run = serializers.IntegerField(help_text="the mapped task's own task run (map_index -1)")
+    state = serializers.ChoiceField(choices=TaskState.choices, help_text="the mapped task's own state")
+    instances = serializers.IntegerField(help_text="how many instances it has")
+    by_state = serializers.DictField(child=serializers.IntegerField(), help_text="its instances by state")
+    instances_url = serializers.CharField(help_text="its instances, a page at a time")
+
+
+class RunTaskRunFilterSerializer(serializers.Serializer):
+    task = serializers.CharField(required=False, max_length=255, trim_whitespace=False,
+                                 help_text="one task's task runs (a mapped task's: its own and its instances)")
+    state = serializers.ChoiceField(choices=TaskState.choices, required=False)
 
 
 class RunDetailSerializer(RunSerializer):
-    task_runs = TaskRunSerializer(many=True, read_only=True)
+    """A run with its counts, never a list of its task runs (a run may have 100,000): those are
+    paged at ``task_runs_url``."""
+
+    tasks = serializers.SerializerMethodField()
+    mapped = serializers.SerializerMethodField(help_text="every mapped task of the run, with its instances' counts")
+    task_runs_url = serializers.SerializerMethodField(
+        help_text="the run's task runs, instances too, by task and map index, a page at a time")
 
     class Meta(RunSerializer.Meta):
-        fields = [*RunSerializer.Meta.fields, "task_runs"]
+        fields = [*RunSerializer.Meta.fields, "tasks", "mapped", "task_runs_url"]
+
+    def to_representation(self, run):
+        # Both counts come from one statement (reads.run_counts), asked once per run.
+        self._counts = reads.run_counts(run.pk)
+        return super().to_representation(run)
+
+    @extend_schema_field(TaskCountsSerializer)
+    def get_tasks(self, run) -> dict:
+        return {"total": self._counts.total_tasks, "by_state": self._counts.tasks}
+
+    @extend_schema_field(MappedTaskSerializer(many=True))
+    def get_mapped(self, run) -> list[dict]:
+        instances = self._counts.instances
+        if not instances:
+            return []
+        own = {task: (pk, state) for task, pk, state in TaskRun.objects.filter(
+            run_id=run.pk, map_index=-1, task__in=sorted(instances)).values_list("task", "id", "state")}
+        url = reverse("orchestrator:api:run-task-runs", args=[run.pk])
+        return [{"task": task, "task_run": own[task][0], "state": own[task][1], "instances": sum(counts.values()),
+                 "by_state": counts, "instances_url": f"{url}?{urlencode({'task': task})}"}
+                for task, counts in sorted(instances.items()) if task in own]
+
+    def get_task_runs_url(self, run) -> str:
+        return reverse("orchestrator:api:run-task-runs", args=[run.pk])
 
 
 class AttemptSerializer(serializers.ModelSerializer):

@@ -13,6 +13,7 @@ urlpatterns = [
     path("workflows/<str:name>/runs/", views.WorkflowRunsView.as_view(), name="workflow-runs"),
     path("runs/", views.RunListView.as_view(), name="runs"),
     path("runs/<int:pk>/", views.RunDetailView.as_view(), name="run"),
+    path("runs/<int:pk>/task-runs/", views.RunTaskRunsView.as_view(), name="run-task-runs"),
     path("runs/<int:pk>/cancel/", views.RunCancelView.as_view(), name="run-cancel"),
     path("runs/<int:pk>/retry/", views.RunRetryView.as_view(), name="run-retry"),
     path("task-runs/<int:pk>/", views.TaskRunDetailView.as_view(), name="task-run"),

@@ -31,8 +31,10 @@ from orchestrator.api.errors import field_errors
 from orchestrator.api.parsing import (
     CURSOR,
     LIMIT,
+    RUN_TASK_RUN_CURSOR,
     TIME_CURSOR,
     DeadLetterPagination,
+    RunTaskRunPagination,
     validated_query,
 )
 from orchestrator.api.permissions import OperatorsOnly
@@ -158,10 +160,26 @@ class WorkflowRunsView(APIBase):
 
 
 class RunDetailView(APIBase):
-    @extend_schema(tags=["runs"], summary="A run with its task runs",
+    @extend_schema(tags=["runs"], summary="A run with its tasks' and its mapped tasks' instances' counts by state",
                    responses={200: s.RunDetailSerializer, **errors(401, 403, 404)})
     def get(self, request, pk):
         return Response(run_detail(get_run(pk)))
+
+
+class RunTaskRunsView(APIBase):
+    @extend_schema(tags=["runs"], operation_id="runs_task_runs_list",
+                   summary="A run's task runs, a page at a time, by task and map index",
+                   description="Every task run of the run, a mapped task's instances too, ordered by task name "
+                               "and map index; filtered by task and state. Pages go forward only (`next`; "
+                               "`previous` is always null). The run's counts are in the run itself.",
+                   parameters=[s.RunTaskRunFilterSerializer, RUN_TASK_RUN_CURSOR, LIMIT],
+                   responses={200: paginated_schema(s.RunTaskRunSerializer), **errors(400, 401, 403, 404)})
+    def get(self, request, pk):
+        filters = validated_query(s.RunTaskRunFilterSerializer, request.query_params)
+        run = get_run(pk)
+        paginator = RunTaskRunPagination(run.pk, filters.get("task"), filters.get("state"))
+        rows = paginator.paginate_queryset(TaskRun.objects.filter(run_id=run.pk), request, view=self)
+        return paginator.get_paginated_response(s.RunTaskRunSerializer(rows, many=True).data)
 
 
 class RunCancelView(APIBase):

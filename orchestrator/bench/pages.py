@@ -19,6 +19,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import override_settings
 
+from orchestrator import clock
 from orchestrator.models import Run, TaskRun, Workflow
 from orchestrator.runs import task_runs_for
 from orchestrator.sync import sync_workflows
@@ -42,6 +43,49 @@ JOIN (SELECT id, current_version_id, row_number() OVER (ORDER BY id) - 1 AS k,
              count(*) OVER () AS c FROM orchestrator_workflow WHERE current_version_id IS NOT NULL) AS w
   ON w.k = g %% w.c
 """
+
+
+# A run's task runs in one statement: ``n`` distinct tasks t000000, t000001, ... each downstream of
+# the one before (no mapping), or, with a mapped task's name, its ``n`` instances (its own row is
+# made apart). One in 97 is dead; each took 5 ms, one after the other from the run's start.
+FILL_TASK_RUNS = """
+INSERT INTO orchestrator_taskrun (run_id, task, map_index, state, spec, upstream, queue, priority, tenant, lane,
+    attempts, max_attempts, error, created_at, started_at, finished_at)
+SELECT r.id, coalesce(%(mapped)s, 't' || lpad(g::text, 6, '0')), CASE WHEN %(mapped)s IS NULL THEN -1 ELSE g END,
+       CASE WHEN g %% 97 = 5 THEN 'dead' ELSE 'succeeded' END, '{"kind": "python", "ref": "bench:noop"}'::jsonb,
+       CASE WHEN %(mapped)s IS NOT NULL OR g = 0 THEN '{}'::varchar[]
+            ELSE ARRAY['t' || lpad((g - 1)::text, 6, '0')]::varchar[] END,
+       'default', 0, 'default', 0, 1, 1, CASE WHEN g %% 97 = 5 THEN 'ValueError: item said no' ELSE '' END,
+       r.created_at, r.started_at + g * interval '5 milliseconds', r.started_at + (g + 1) * interval '5 milliseconds'
+FROM orchestrator_run r CROSS JOIN generate_series(0, %(n)s - 1) AS g
+WHERE r.id = %(run)s
+"""
+
+# One attempt per task run of the run, as it ended.
+FILL_ATTEMPTS = """
+INSERT INTO orchestrator_attempt (task_run_id, number, outcome, started_at, finished_at, error, traceback, log_path)
+SELECT id, 1, CASE WHEN state = 'dead' THEN 'failed' ELSE 'succeeded' END, started_at, finished_at, error, '', ''
+FROM orchestrator_taskrun WHERE run_id = %(run)s AND map_index >= CASE WHEN %(mapped)s IS NULL THEN -1 ELSE 0 END
+"""
+
+
+def fill_run(run: Run, n: int, mapped: str | None = None) -> None:
+    """Give ``run`` (created, without task runs) ``n`` task runs that ended: distinct tasks, or
+    the instances of the mapped task ``mapped`` (whose own row, the map's summary, comes first)."""
+    if mapped is not None:
+        TaskRun.objects.create(run=run, task=mapped, map_index=-1, state="succeeded", attempts=0,
+                               spec={"kind": "python", "ref": "bench:noop", "map_over": "items"},
+                               started_at=run.started_at, finished_at=run.finished_at)
+    with connection.cursor() as cursor:
+        params = {"run": run.pk, "n": n, "mapped": mapped}
+        cursor.execute(FILL_TASK_RUNS, params)
+        cursor.execute(FILL_ATTEMPTS, params)
+        if mapped is not None:
+            # The map's result, as its end writes it: every instance's result in one list.
+            cursor.execute("UPDATE orchestrator_taskrun SET result = (SELECT jsonb_agg(g::bigint * g ORDER BY g) "
+                           "FROM generate_series(0, %(n)s - 1) AS g) WHERE run_id = %(run)s AND map_index = -1", params)
+        cursor.execute("ANALYZE orchestrator_taskrun")
+        cursor.execute("ANALYZE orchestrator_attempt")
 
 
 def _percentile(values: list[float], fraction: float) -> float:
@@ -114,6 +158,49 @@ def explain(sql_and_params) -> str:
         return "\n".join(row[0] for row in cursor.fetchall())
 
 
+def big_runs(n: int, out) -> dict[str, Run]:
+    """Two runs of ``n`` task runs each, made once per database: ``n`` distinct tasks, and a map
+    over ``n`` items; vacuumed, so that counting reads the index alone as it does once autovacuum
+    has been by."""
+    workflow, _ = Workflow.objects.get_or_create(name=f"bench_big_{n}")
+    made = {}
+    for shape, mapped in (("tasks", None), ("map", "square")):
+        run = Run.objects.filter(workflow=workflow, reason=shape).first()
+        if run is None:
+            started = time.monotonic()
+            now = clock.now()
+            run = Run.objects.create(workflow=workflow, trigger="manual", state="failed", reason=shape,
+                                     logical_date=now, started_at=now, finished_at=now)
+            fill_run(run, n, mapped)
+            out.write(f"  filled a run of {n:,} task runs ({shape}) in {time.monotonic() - started:.1f}s\n")
+        made[shape] = run
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE orchestrator_taskrun")
+        cursor.execute("VACUUM ANALYZE orchestrator_attempt")
+    return made
+
+
+def big_run_pages(made: dict[str, Run]) -> dict[str, str]:
+    """The pages and API answers of the big runs that must stay fast (label -> path)."""
+    tasks, mapped = made["tasks"], made["map"]
+    own = TaskRun.objects.get(run=mapped, map_index=-1)
+    deep = TaskRun.objects.filter(run=mapped, map_index__gte=0).order_by("-map_index").values_list("id", flat=True)[100]
+    return {
+        "run page, 100,000 tasks": f"/runs/{tasks.pk}/",
+        "run page, map over 100,000": f"/runs/{mapped.pk}/",
+        "API run, 100,000 tasks": f"/api/runs/{tasks.pk}/",
+        "API run, map over 100,000": f"/api/runs/{mapped.pk}/",
+        "API task runs, deep page": f"/api/runs/{mapped.pk}/task-runs/?cursor=after.{deep}",
+        "mapped task's task-run page": f"/task-runs/{own.pk}/",
+        "instances page, dead, deep": f"/task-runs/{own.pk}/instances/?state=dead&from=90000",
+    }
+
+
+def run_big(out=sys.stdout, n: int = 100_000, repeat: int = 15) -> dict[str, dict[str, float]]:
+    out.write(f"pages: runs of {n:,} task runs\n")
+    return time_pages(big_run_pages(big_runs(n, out)), out, repeat)
+
+
 def run(out=sys.stdout, runs: int = 1_000_000, repeat: int = 15) -> dict[str, dict[str, float]]:
     from orchestrator.web.runs import filter_runs
 
@@ -136,6 +223,7 @@ def run(out=sys.stdout, runs: int = 1_000_000, repeat: int = 15) -> dict[str, di
         "dead-letter queue": "/dead-letter/",
     }
     results = time_pages(pages, out, repeat)
+    results.update(run_big(out, repeat=repeat))
     # The plans behind the runs list: every one must walk an index, never scan the table.
     checks = {
         "first page": filter_runs({}).order_by("-id")[:51],

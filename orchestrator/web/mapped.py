@@ -79,6 +79,34 @@ def summaries(run_ids: list[int]) -> dict[tuple[int, str], Summary]:
     return found
 
 
+def task_summary(run_id: int, task: str) -> Summary:
+    """The instances of one mapped task counted by state: one grouped statement, a row per state,
+    read from taskrun_run_state alone (no table row, so no instance's result)."""
+    rows = (TaskRun.objects.filter(run_id=run_id, task=task, map_index__gte=0).order_by()
+            .values_list("state").annotate(n=Count("*")))
+    return Summary(dict(rows))
+
+
+def is_mapped(tr: TaskRun) -> bool:
+    """Whether ``tr`` is a mapped task's own task run (the summary of its instances)."""
+    return tr.map_index == -1 and "map_over" in (tr.spec or {})
+
+
+def page_summaries(instances: dict[str, dict[str, int]], task_runs: list[TaskRun],
+                   shown: dict[str, list[TaskRun]]) -> dict[str, Summary]:
+    """{task: Summary} of the mapped tasks among ``task_runs`` (a page of the run page), from their
+    counts (``reads.run_counts``) and their first instances (``first_instances``): the map's time
+    is from the first of those to start (instances start in index order, give or take the
+    workers' batches) to the mapped task's own end, so that no statement reads every instance's
+    row for a min() and a max()."""
+    found = {}
+    for tr in task_runs:
+        if tr.task in instances:
+            starts = [i.started_at for i in shown.get(tr.task, []) if i.started_at]
+            found[tr.task] = Summary(dict(instances[tr.task]), min(starts, default=None), tr.finished_at)
+    return found
+
+
 def first_instances(run_id: int, tasks: list[str], limit: int = INSTANCES_SHOWN) -> dict[str, list[TaskRun]]:
     """The lowest-numbered instances of each of these mapped tasks."""
     shown: dict[str, list[TaskRun]] = {}
@@ -110,7 +138,7 @@ def instances_context(request, task_run_id: int) -> dict:
     for instance in page:
         instance.seconds = ((instance.finished_at or now) - instance.started_at).total_seconds() \
             if instance.started_at else None
-    summary = summaries([own.run_id]).get((own.run_id, own.task), Summary())
+    summary = task_summary(own.run_id, own.task)
     return {
         "tr": own, "run": own.run, "summary": summary, "instances": page, "state": state,
         "next_from": page[-1].map_index + 1 if more else None, "start": start,

@@ -132,16 +132,18 @@ def mapped_node(name: str, x: int, y: int, node_state: str, short: str, long: st
         '<g class="node mapped st-{}"><title>{}: {}, {}</title>'
         '<rect class="stack" x="{}" y="{}" width="{}" height="{}" rx="5"/>'
         '<rect x="{}" y="{}" width="{}" height="{}" rx="5"/>'
-        '<circle cx="{}" cy="{}" r="4"/><text x="{}" y="{}">{}</text>'
-        '<text class="count" x="{}" y="{}" text-anchor="end">{}</text></g>',
+        '<circle cx="{}" cy="{}" r="4"/><text x="{}" y="{}">{} <tspan class="count" x="{}" text-anchor="end">{}</tspan>'
+        '</text></g>',
         node_state, name, str(node_state).replace("_", " "), long,
         x + 3, y - 3, NODE_W, NODE_H, x, y, NODE_W, NODE_H,
         x + 12, y + NODE_H // 2, x + 22, y + NODE_H // 2 + 4, _label(name, 13),
-        x + NODE_W - 8, y + NODE_H // 2 + 4, short,
+        x + NODE_W - 8, short,
     )
     if not link:
         return node
-    return format_html('<a id="{}" href="{}" aria-label="{}: {}, {}">{}</a>', node_id, link, name,
+    # The accessible name holds the visible text ("name ended/total", one text element so that the
+    # two read as words), as a spoken label must.
+    return format_html('<a id="{}" href="{}" aria-label="{} {} ended: {}, {}">{}</a>', node_id, link, name, short,
                        str(node_state).replace("_", " "), long, node)
 
 

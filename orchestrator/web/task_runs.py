@@ -60,7 +60,7 @@ def read_log(attempt: Attempt, offset: int) -> dict:
 
 def task_actions(tr: TaskRun) -> list[tuple[str, str, str]]:
     """The actions that apply to a task run in its state: (action, button label, question)."""
-    mapped_row = tr.map_index == -1 and "map_over" in (tr.spec or {})
+    mapped_row = mapped.is_mapped(tr)
     labels = []
     if tr.state in RETRYABLE_TASK_STATES and not mapped_row:
         labels.append(("retry", "Retry"))
@@ -87,7 +87,10 @@ def task_run_context(tr: TaskRun, now: datetime, attempt: int | None = None, off
     for each in attempts:
         each.seconds = seconds(each.started_at, each.finished_at, now)
     trace_id = tracing.trace_id_of(tr.spec)
+    # A mapped task's own task run never runs: its instances do. Its page counts them by state.
+    summary = mapped.task_summary(tr.run_id, tr.task) if mapped.is_mapped(tr) else None
     return {
+        "summary": summary,
         "trace_id": trace_id,
         "trace_url": app_settings.TRACE_URL.replace("{trace_id}", trace_id) if trace_id else "",
         "tr": tr, "run": tr.run, "attempts": attempts, "selected": selected,
@@ -100,7 +103,8 @@ def task_run_context(tr: TaskRun, now: datetime, attempt: int | None = None, off
 
 @viewer_required
 def task_run_detail(request, task_run_id):
-    tr = get_object_or_404(TaskRun.objects.select_related("run__workflow", "worker"), pk=task_run_id)
+    # The result when shown, which a mapped task's never is: the list of its instances' results.
+    tr = get_object_or_404(TaskRun.objects.select_related("run__workflow", "worker").defer("result"), pk=task_run_id)
     attempt = query_int(request, "attempt", None, 1, MAX_ID)
     offset = query_int(request, "offset", 0, 0, MAX_LOG_OFFSET)
     return page(request, "orchestrator/web/task_run.html", task_run_context(tr, clock.now(), attempt, offset),
