@@ -23,7 +23,9 @@ class TaskContext:
     logical_date: datetime
     params: dict
     attempt: int
-    upstream: dict = field(default_factory=dict)  # parent task name -> its JSON result
+    # parent task name -> its JSON result; a mapped instance has its item under the mapped-over
+    # parent's name (a mapped parent's result is the list of its instances' results).
+    upstream: dict = field(default_factory=dict)
     workflow: str = ""
     task_run_id: int = 0
     # A mapped task's instance: its position in the parent's list and the item itself.
@@ -46,20 +48,26 @@ WHERE r.id = ANY (%(runs)s)
 """
 
 # A mapped parent counts by its own row (map_index -1), whose result is the list of its
-# instances' results, in order.
+# instances' results, in order. An instance's mapped-over parent is left out: the instance is
+# given its own item instead (ITEMS), not the whole list.
+# Each parent is found by its whole key (run, task, -1), from the claimed rows: no plan reads the
+# run's other task runs (a mapped run has one per instance).
 PARENT_RESULTS = """
 SELECT c.id, p.task, p.result
 FROM orchestrator_taskrun c
-JOIN orchestrator_taskrun p ON p.run_id = c.run_id AND p.task = ANY (c.upstream) AND p.map_index = -1
-WHERE c.id = ANY (%(ids)s)
+CROSS JOIN LATERAL unnest(c.upstream) AS u(task)
+JOIN orchestrator_taskrun p ON p.run_id = c.run_id AND p.task = u.task AND p.map_index = -1
+WHERE c.id = ANY (%(ids)s) AND (c.map_index < 0 OR u.task IS DISTINCT FROM c.spec->>'map_over')
 """
 
-# A mapped instance's item: its element of the mapped-over task's list (read here rather than
-# copied into every instance row at expansion).
+# A mapped instance's item, from its own row (mapping.EXPAND stores it there). Instances created
+# before items were stored have none (SQL NULL; an item null is JSON null) and read their
+# element of the list, only then.
 ITEMS = """
-SELECT c.id, c.map_index, p.result -> c.map_index
+SELECT c.id, c.map_index, c.spec->>'map_over', COALESCE(c.item, (
+    SELECT p.result -> c.map_index FROM orchestrator_taskrun p
+    WHERE p.run_id = c.run_id AND p.task = c.spec->>'map_over' AND p.map_index = -1))
 FROM orchestrator_taskrun c
-JOIN orchestrator_taskrun p ON p.run_id = c.run_id AND p.task = c.spec->>'map_over' AND p.map_index = -1
 WHERE c.id = ANY (%(ids)s) AND c.map_index >= 0
 """
 
@@ -87,7 +95,7 @@ def fill(cursor, messages: list[dict]) -> None:
     mapped = [m["id"] for m in tasks if m["spec"].get("map_over")]
     if mapped:
         cursor.execute(ITEMS, {"ids": mapped})
-        items = {row[0]: (row[1], _json(row[2])) for row in cursor.fetchall()}
+        items = {row[0]: (row[1], row[2], _json(row[3])) for row in cursor.fetchall()}
     events = {}
     data_runs = [run_id for run_id, row in context.items() if row[3] == "dataset"]
     if data_runs:
@@ -99,6 +107,8 @@ def fill(cursor, messages: list[dict]) -> None:
         m.update(logical_date=logical_date, params=_json(params) or {}, workflow=workflow,
                  upstream=upstream.get(m["id"], {}))
         if m["id"] in items:
-            m["map_index"], m["item"] = items[m["id"]]
+            # ctx.upstream of an instance holds its item under the mapped-over parent's name.
+            m["map_index"], over, m["item"] = items[m["id"]]
+            m["upstream"][over] = m["item"]
         if m["run_id"] in events:
             m["events"] = events[m["run_id"]]
