@@ -142,7 +142,7 @@ UPDATE orchestrator_taskrun t SET
     result = s.results, finished_at = %(now)s,
     error = CASE WHEN s.ok = s.n THEN '' ELSE (s.n - s.ok) || ' of ' || s.n || ' mapped instances did not succeed' END
 FROM s WHERE t.id = s.id AND t.state = '{TaskState.MAPPED}'
-RETURNING t.id
+RETURNING t.run_id
 """
 
 # An instance retried or cleared: its mapped task waits for it again (and so do the children,
@@ -169,13 +169,13 @@ def expand(cursor, ids: list[int], now: datetime) -> int:
     return cursor.rowcount
 
 
-def settle(cursor, runs: list[int], now: datetime) -> tuple[int, int]:
+def settle(cursor, runs: list[int], now: datetime) -> tuple[int, list[int]]:
     """Release waiting instances up to max_parallel and end the mapped tasks whose instances have
-    all ended; returns (instances released, mapped tasks ended)."""
+    all ended; returns (instances released, the run of each mapped task ended)."""
     cursor.execute(RELEASE_INSTANCES, {"runs": runs, "now": now})
     released = len(cursor.fetchall())
     cursor.execute(FINISH_MAPPED, {"runs": runs, "now": now})
-    return released, len(cursor.fetchall())
+    return released, [row[0] for row in cursor.fetchall()]
 
 
 def reopen(cursor, instance_ids: list[int]) -> None:

@@ -13,8 +13,10 @@ Sections (``--only pg,jobs,peers,latency,steady,backlog,history,dag,fleet,io,sch
   (see ``bench.fleet``).
 - io: 10,000 jobs that each wait 50 ms on one worker process, async and thread executors beside the
   forked default (see ``bench.iobound``).
-- scheduler, pages, cron, map: see ``bench.scheduler``, ``bench.pages``, ``bench.cron`` and
-  ``bench.mapping``.
+- scheduler, pages, cron: see ``bench.scheduler``, ``bench.pages`` and ``bench.cron``.
+- map: maps over 1,000, 10,000 and 100,000 no-op items (``--map-items``): time from the parent's
+  success to the last instance's end, instances/s beside the plain-job rate of the same
+  processes, worker memory (see ``bench.mapping``).
 - footprint: the memory (PSS) of the whole ``./dev run`` stack once idle (see ``bench.footprint``).
 """
 
@@ -31,7 +33,8 @@ SECTIONS = ("pg", "jobs", "peers", "latency", "steady", "backlog", "history", "d
 
 def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int = 16, rates=(500, 2000),
         seconds: float = 5.0, backlog=(0, 100_000, 1_000_000), delayed: int = 1_000_000,
-        history: int = 1_000_000, fleet_sizes=(1, 4, 16, 64), fleet_rate: float = 50.0, rounds: int = 3) -> None:
+        history: int = 1_000_000, fleet_sizes=(1, 4, 16, 64), fleet_rate: float = 50.0, rounds: int = 3,
+        map_items=mapping.SIZES) -> None:
     only = list(only or SECTIONS)
     unknown = [name for name in only if name not in SECTIONS]
     if unknown:
@@ -70,8 +73,13 @@ def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int 
         out("I/O-bound jobs (each waits 50 ms) on one worker process, per executor (see bench.iobound):")
         iobound.run(out)
     for name, title, module in (("scheduler", "Scheduler:", scheduler), ("pages", "Pages:", pages),
-                                ("cron", "Cron over long ranges:", cron), ("map", "Mapping:", mapping),
-                                ("footprint", "Idle footprint:", footprint)):
+                                ("cron", "Cron over long ranges:", cron)):
         if name in only:
             out(title)
             module.run(out)
+    if "map" in only:
+        out("Mapping (maps of no-op items beside plain no-op jobs, same processes):")
+        mapping.run(out, map_items)
+    if "footprint" in only:
+        out("Idle footprint:")
+        footprint.run(out)
