@@ -8,7 +8,7 @@ then ``succeeded`` (every instance succeeded or was skipped; its result is the l
 results, in order) or ``failed``. Children wait for that row like for any parent. Each instance
 is an ordinary task run: it is queued, claimed, retried, reaped, sent to the dead-letter queue
 and retried from it on its own. Each instance holds its own item (``TaskRun.item``), copied when it
-is created, so a claimed instance reads its own row (``taskcontext.ITEMS``) and never the
+is created, so a claimed instance reads its own row (``taskcontext.UPSTREAM``) and never the
 mapped-over list, whose size would otherwise be paid once per instance.
 
 The instances are created in the transaction that settles the mapped task (the one recording
@@ -145,6 +145,14 @@ FROM s WHERE t.id = s.id AND t.state = '{TaskState.MAPPED}'
 RETURNING t.run_id
 """
 
+# Both steps in one statement (one round trip per batch of instances). They write different rows
+# (waiting instances; the mapped task's own row) and agree on one snapshot: a waiting instance
+# released here is active before and after, so the map cannot be seen as over.
+SETTLE = f"""
+WITH released AS ({RELEASE_INSTANCES}), finished AS ({FINISH_MAPPED})
+SELECT (SELECT count(*) FROM released), ARRAY(SELECT run_id FROM finished)
+"""
+
 # An instance retried or cleared: its mapped task waits for it again (and so do the children,
 # which control re-waits like those of any retried task).
 REOPEN = f"""
@@ -172,10 +180,9 @@ def expand(cursor, ids: list[int], now: datetime) -> int:
 def settle(cursor, runs: list[int], now: datetime) -> tuple[int, list[int]]:
     """Release waiting instances up to max_parallel and end the mapped tasks whose instances have
     all ended; returns (instances released, the run of each mapped task ended)."""
-    cursor.execute(RELEASE_INSTANCES, {"runs": runs, "now": now})
-    released = len(cursor.fetchall())
-    cursor.execute(FINISH_MAPPED, {"runs": runs, "now": now})
-    return released, [row[0] for row in cursor.fetchall()]
+    cursor.execute(SETTLE, {"runs": runs, "now": now})
+    released, ended = cursor.fetchone()
+    return released, list(ended)
 
 
 def reopen(cursor, instance_ids: list[int]) -> None:

@@ -2,7 +2,7 @@
 mapped-over list; and the index of a run's unfinished task runs (``taskrun_unfinished``), so a
 run's end is decided by one index probe instead of reading every task run of the run, and the
 resolver reads a run's unfinished tasks without its instances. Instances
-created before have no item: they read it from the list (``taskcontext.ITEMS``). The index is
+created before have no item: they read it from the list (``taskcontext.UPSTREAM``). The index is
 built concurrently, so the upgrade of a big task-run table blocks no writer."""
 
 from django.contrib.postgres.operations import AddIndexConcurrently
