@@ -19,6 +19,16 @@ never gets here: the worker fails the parent that returned it (``executor.check_
 
 A branch task returns the name(s) of the children to follow; the other direct children become
 ``skipped`` (``SKIP_UNCHOSEN``) and their descendants follow their trigger rules.
+
+What a map costs. ``EXPAND`` reads the list once and writes one row per item: linear (recording
+a 3,000-item list's success reads about 9 times the rows of a 300-item one, where the length
+computed per instance row read about 29 times). A batch of instances in the middle of a map runs
+one statement of this module (``SETTLE``: one index probe asks whether any instance is active)
+and nothing else of the resolver (``resolver.resolve_runs``' ``quiet`` runs); only the batch of
+the last instance aggregates the results. ``tests/test_mapping_scale.py`` counts it: a claim of
+ten instances and a batch recording ten and claiming ten read the same rows (66 and 104) and
+send the same statements (4 and 7) in maps of 1,000 and 10,000 items; before, 119 -> 442 and
+1,181 -> 10,504 rows, with 5 and 13 statements.
 """
 
 from __future__ import annotations

@@ -397,7 +397,7 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
     mapped task's row stays active until every instance ended, so in such a run nothing but the
     map can move: its step (mapping.settle) runs alone, and the rest of the resolution (the
     children, the run's end) only where it ended a mapped task. A batch of instances in the
-    middle of a map costs two statements."""
+    middle of a map costs one statement (mapping.SETTLE)."""
     runs = sorted(set(run_ids))
     if not runs:
         return 0
