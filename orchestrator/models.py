@@ -177,7 +177,7 @@ class Run(models.Model):
     priority = models.IntegerField(default=0)
     lane = models.SmallIntegerField(choices=Lane.choices, default=Lane.LIVE)
     state = models.CharField(max_length=10, choices=RunState.choices, default=RunState.RUNNING)
-    reason = models.TextField(blank=True, help_text="Why the run was skipped, missed or cancelled.")
+    reason = models.TextField(blank=True, help_text="Why the run was skipped, missed, cancelled or timed out.")
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001 - NULL: no key, unique when set
     # sha256 of the request that created the run, to tell a retry from a conflicting reuse of a key.
     payload_hash = models.CharField(max_length=64, blank=True)

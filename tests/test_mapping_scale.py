@@ -104,7 +104,9 @@ def batch_costs(big, clock, monkeypatch, n) -> tuple[Counted, Counted, list[dict
     loop = worker_loop()
     run = mapped_run(big, clock, loop, n)
     counted = Counted(monkeypatch)
-    loop.batch.current_limits()  # read once per poll interval, not per batch
+    # The concurrency limits are read once per poll interval, not per batch: here once, before.
+    loop.batch.poll = 3600
+    loop.batch.current_limits()
     with counted as claim:
         messages = loop.batch.flush(claim=BATCH)
     assert len(messages) == BATCH
@@ -125,7 +127,7 @@ def test_a_batch_of_instances_costs_the_same_whatever_the_number_of_items(big, c
     assert [m["upstream"] for m in messages] == [{"listing": m["item"]} for m in messages]
     # A claim of ten instances and a batch that records ten outcomes (resolving the run: is the
     # mapped task done? is the run done?) and claims ten more: the same statements, and the same
-    # rows read, in a map over 100 items and over 10,000.
+    # rows read, in a map over 1,000 items and over 10,000.
     assert (large_claim.statements, large_outcomes.statements) == (small_claim.statements, small_outcomes.statements)
     assert large_claim.rows == small_claim.rows, (small_claim.rows, large_claim.rows)
     assert large_outcomes.rows == small_outcomes.rows, (small_outcomes.rows, large_outcomes.rows)

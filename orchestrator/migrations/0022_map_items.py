@@ -3,7 +3,8 @@ mapped-over list; and the index of a run's unfinished task runs (``taskrun_unfin
 run's end is decided by one index probe instead of reading every task run of the run, and the
 resolver reads a run's unfinished tasks without its instances. Instances
 created before have no item: they read it from the list (``taskcontext.UPSTREAM``). The index is
-built concurrently, so the upgrade of a big task-run table blocks no writer."""
+built concurrently, so the upgrade of a big task-run table blocks no writer. A run's reason also
+says why it timed out (it then ends failed)."""
 
 from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
@@ -17,6 +18,11 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.AlterField(
+            model_name='run',
+            name='reason',
+            field=models.TextField(blank=True, help_text='Why the run was skipped, missed, cancelled or timed out.'),
+        ),
         migrations.AddField(
             model_name='taskrun',
             name='item',
