@@ -14,7 +14,7 @@ from orchestrator.models import Run, TaskRun
 from orchestrator.resolver import Ending
 from orchestrator.runs import trigger_workflow
 from orchestrator.states import TaskState
-from tests.features_support import sync_module, worker_loop
+from tests.support.features_support import sync_module, worker_loop
 from tests.test_execution_rules import execute_claimed
 
 pytestmark = pytest.mark.django_db
