@@ -14,7 +14,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ('orchestrator', '0021_rules_run_admission_indexes'),
+        ('orchestrator', '0025_throughput'),
     ]
 
     operations = [
