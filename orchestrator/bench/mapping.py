@@ -33,11 +33,11 @@ from django.db import connection
 from orchestrator.bench.core import (
     JOBS_MODULE,
     Roles,
-    _count_done,
-    _last_finish,
-    _unfinished,
+    count_done,
     enqueue_noops,
+    last_finish,
     reset_work,
+    unfinished,
 )
 
 SIZES = (1_000, 10_000, 100_000)
@@ -96,10 +96,10 @@ def plain_rate(n: int = PLAIN_JOBS) -> float:
     for offset in range(0, n, 500):
         enqueue_noops(min(500, n - offset))
     deadline = time.monotonic() + 120
-    while _unfinished() and time.monotonic() < deadline:
+    while unfinished() and time.monotonic() < deadline:
         time.sleep(0.05)
-    elapsed = _last_finish() - started
-    return _count_done() / elapsed if elapsed > 0 else 0.0
+    elapsed = last_finish() - started
+    return count_done() / elapsed if elapsed > 0 else 0.0
 
 
 def one_map(out, items: int, workers: list[int]) -> None:
