@@ -19,7 +19,7 @@ from datetime import datetime
 from django.db import OperationalError, connection, transaction
 from psycopg.errors import DeadlockDetected
 
-from orchestrator import callbacks, clock, cron, deadlines, mapping, resolver, retries
+from orchestrator import callbacks, clock, cron, deadlines, mapping, notifier, resolver, retries
 from orchestrator.channels import announce_cancelled, wake_due, wake_schedulers
 from orchestrator.models import Backfill, Run, Schedule, TaskRun, Workflow
 from orchestrator.states import (
@@ -226,29 +226,34 @@ def resume_schedule(schedule: Schedule | int | str, workflow: Workflow | int | s
 # --- Runs and task runs ------------------------------------------------------------------------
 
 
-def cancel_run(run: Run | int, reason: str = "", by=None) -> bool:
+def cancel_run(run: Run | int, reason: str = "", by=None, *, timed_out: bool = False) -> bool:
     """Cancel a pending or running run: its unfinished task runs are cancelled and workers kill
-    the processes of those that are running. False when the run had already ended."""
+    the processes of those that are running. False when the run had already ended. A run past
+    its run_timeout (``timed_out``) is stopped the same way but ends ``failed``."""
     # A worker claiming the run's first task locks that task run, then the run; this locks the
     # run, then its task runs. PostgreSQL breaks such a rare cycle by aborting one side: retry.
     for attempt in range(3):
         try:
-            return _cancel_run(run, reason, by)
+            return _cancel_run(run, reason, by, timed_out)
         except OperationalError as exc:
             if not isinstance(exc.__cause__, DeadlockDetected) or attempt == 2:
                 raise
     return False
 
 
-def _cancel_run(run: Run | int, reason: str, by) -> bool:
+def _cancel_run(run: Run | int, reason: str, by, timed_out: bool) -> bool:
     run_id = _run_id(run)
     now = clock.now()
     who = getattr(by, "username", None) or (str(by) if by else "")
     reason = reason or (f"cancelled by {who}" if who else "cancelled")
     with transaction.atomic():
-        if not Run.objects.filter(pk=run_id, state__in=ACTIVE_RUN_STATES).update(
-            state=RunState.CANCELLED, reason=reason, finished_at=now
-        ):
+        if timed_out:
+            ended = Run.objects.filter(pk=run_id, state=RunState.RUNNING).update(
+                state=RunState.FAILED, reason=reason, finished_at=now)
+        else:
+            ended = Run.objects.filter(pk=run_id, state__in=ACTIVE_RUN_STATES).update(
+                state=RunState.CANCELLED, reason=reason, finished_at=now)
+        if not ended:
             return False
         with connection.cursor() as cursor:
             cursor.execute(CANCEL_TASK_RUNS, {"run": run_id, "now": now, "reason": reason})
@@ -258,25 +263,30 @@ def _cancel_run(run: Run | int, reason: str, by) -> bool:
                 cursor.execute(CANCEL_ATTEMPTS, {"ids": running, "now": now, "reason": reason})
                 announce_cancelled(running)
     if isinstance(run, Run):
-        run.state, run.reason, run.finished_at = RunState.CANCELLED, reason, now
+        run.state, run.reason, run.finished_at = RunState.FAILED if timed_out else RunState.CANCELLED, reason, now
     return True
 
 
 def cancel_timed_out(now: datetime, limit: int = 100) -> int:
-    """Cancel the runs still active past their run timeout (``deadlines.TIMED_OUT``); returns how
-    many were cancelled. The scheduler's leader calls it on every tick."""
+    """End the runs still active past their run timeout (``deadlines.TIMED_OUT``) as ``failed``,
+    with the reason, their running tasks killed like a cancel's; returns how many. The workflow's
+    webhooks and notifications hear of a failed run, its on_failure callbacks of ``timed_out``.
+    The scheduler's leader calls it on every tick."""
     with connection.cursor() as cursor:
         cursor.execute(deadlines.TIMED_OUT, {"now": now, "limit": limit})
         rows = cursor.fetchall()
-    cancelled = 0
+    ended = 0
     for run_id, seconds, _ in rows:
         reason = f"timed out: still active {float(seconds):g}s after it started (run_timeout)"
         # cancel_run is itself a guarded update: a run that ended meanwhile is left alone.
-        if cancel_run(run_id, reason=reason):
-            callbacks.run_ended([(run_id, "timed_out")])
-            cancelled += 1
-            log.warning("run %s cancelled: %s", run_id, reason, extra={"action": "run_timed_out", "run_id": run_id})
-    return cancelled
+        with transaction.atomic():
+            if not cancel_run(run_id, reason=reason, timed_out=True):
+                continue
+            notifier.runs_finished([(run_id, RunState.FAILED)], now=now)
+            callbacks.run_ended([(run_id, "timed_out")], now=now)
+        ended += 1
+        log.warning("run %s failed: %s", run_id, reason, extra={"action": "run_timed_out", "run_id": run_id})
+    return ended
 
 
 def retry_task_runs(ids: Iterable[TaskRun | int], *, now=None) -> int:

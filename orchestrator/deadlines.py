@@ -6,9 +6,11 @@
   the event ``deadline_missed``, and the dashboard lists it; the run goes on. A run that ends
   late between two checks is recorded when it ends (``finished_late``).
 * **Run timeout** (``Workflow(run_timeout=seconds)``): a run still active that long after it
-  started (``Run.timeout_at``) is cancelled with the reason, like an operator's cancel: its
-  running tasks are killed. The workflow's ``on_failure`` callbacks are called. The query
-  (``TIMED_OUT``) is here; the cancel is ``control.cancel_timed_out``, with the other cancels.
+  started (``Run.timeout_at``) ends ``failed`` with the reason (as Airflow's dagrun_timeout
+  does): its unfinished tasks are cancelled and the running ones killed, like an operator's
+  cancel. The workflow's webhooks and notifications hear of a failed run, its ``on_failure``
+  callbacks of ``timed_out``. The query (``TIMED_OUT``) is here; the ending is
+  ``control.cancel_timed_out``, with the cancels.
 
 Both reads use partial indexes on active runs, so finished history costs nothing.
 """

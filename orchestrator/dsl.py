@@ -92,7 +92,7 @@ class Workflow:
         self.callbacks = {"on_failure": on_failure, "on_success": on_success, "on_retry": on_retry}
         register_callbacks(self.callbacks)
         self.deadline = deadline  # seconds after the logical date; a later run is recorded as late
-        self.run_timeout = run_timeout  # seconds after a run starts; it is then cancelled
+        self.run_timeout = run_timeout  # seconds after a run starts; it then fails, its tasks cancelled
         # Who hears of this workflow's runs: emails and chat posts (orchestrator.notifications).
         self.notify = [notify] if isinstance(notify, Notify) else list(notify)
         self.tasks: dict[str, Task] = {}

@@ -177,7 +177,7 @@ class Run(models.Model):
     priority = models.IntegerField(default=0)
     lane = models.SmallIntegerField(choices=Lane.choices, default=Lane.LIVE)
     state = models.CharField(max_length=10, choices=RunState.choices, default=RunState.RUNNING)
-    reason = models.TextField(blank=True, help_text="Why the run was skipped, missed or cancelled.")
+    reason = models.TextField(blank=True, help_text="Why the run was skipped, missed, cancelled or timed out.")
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001 - NULL: no key, unique when set
     # sha256 of the request that created the run, to tell a retry from a conflicting reuse of a key.
     payload_hash = models.CharField(max_length=64, blank=True)
@@ -282,6 +282,9 @@ class TaskRun(models.Model):
     worker = models.ForeignKey("Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
                                db_index=False, db_constraint=False)
     result = models.JSONField(null=True, blank=True)
+    # A mapped instance's item, copied from the mapped-over list when the instance is created, so
+    # a claimed instance reads its own item and never the parent's whole list. NULL on the others.
+    item = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     queued_at = models.DateTimeField(null=True, blank=True)
@@ -310,6 +313,12 @@ class TaskRun(models.Model):
             # any is left (mapping.FINISH_MAPPED), which must not read every instance.
             models.Index(fields=["run", "task"], condition=Q(map_index__gte=0, state__in=[*ACTIVE_TASK_STATES]),
                          name="taskrun_active_instances"),
+            # A run's unfinished task runs. Whether any is left is one probe (resolver.FINISH_RUNS,
+            # in every completion batch), and the resolver's steps read the run's unfinished tasks
+            # (map_index -1: waiting children, mapped tasks) without the instances, whatever the
+            # run's size.
+            models.Index(fields=["run", "map_index"], condition=Q(state__in=[*ACTIVE_TASK_STATES]),
+                         name="taskrun_unfinished"),
             # Approvals waiting for an answer, by their timeout (approvals.expire reads the due ones).
             models.Index(fields=["due_at"], condition=Q(state=TaskState.AWAITING), name="taskrun_awaiting"),
             # A run's tasks (its task runs but a mapped task's instances) in the order they were

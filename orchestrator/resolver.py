@@ -33,6 +33,7 @@ from orchestrator import (
 )
 from orchestrator.channels import wake_due
 from orchestrator.states import (
+    ACTIVE_TASK_STATES,
     DEFAULT_TRIGGER_RULE,
     FINISHED_TASK_STATES,
     PARENT_BAD,
@@ -88,7 +89,8 @@ RUNS_OF = "SELECT DISTINCT run_id FROM orchestrator_taskrun WHERE id = ANY (%s)"
 # (max_attempts grows by one, so attempt numbers stay unique and every check stays in the history).
 # The run of a one-task job (``job_runs``) ends here with its task run: it releases nothing, and
 # the check that no other task run of it is unfinished keeps the rule of FINISH_RUNS. Each row
-# says whether its run maps or branches (for mapping.py) and how a job run ended (run_state).
+# says whether its run maps or branches (for mapping.py), how a job run ended (run_state) and
+# whether it is a mapped instance.
 END_TASK_RUNS = db.prepared(f"""
 WITH l AS MATERIALIZED (
     {_LOCK_RUNS.format("%(runs)s::bigint[]")}
@@ -120,7 +122,8 @@ FROM d
 WHERE (SELECT count(*) FROM l) >= 0
   AND t.id = d.id AND (t.state = '{TaskState.RUNNING}' AND t.attempts = d.number
   AND (%(worker)s::bigint IS NULL OR t.worker_id = %(worker)s::bigint)) IS TRUE
-RETURNING t.id, t.run_id, t.state, t.spec ? 'produces' AS produces, t.spec ? 'callbacks' AS calls
+RETURNING t.id, t.run_id, t.state, t.spec ? 'produces' AS produces, t.spec ? 'callbacks' AS calls,
+    t.map_index >= 0 AS instance
 ), a AS (
     -- The attempt rows of the task runs whose end was accepted above, in the same round trip.
     UPDATE orchestrator_attempt a SET outcome = d.outcome, finished_at = %(now)s, error = d.error,
@@ -140,7 +143,7 @@ RETURNING t.id, t.run_id, t.state, t.spec ? 'produces' AS produces, t.spec ? 'ca
                       AND x.state NOT IN ({sql_list(FINISHED_TASK_STATES)}))
     RETURNING r.id, r.state, r.workflow_id
 )
-SELECT t.id, t.run_id, t.state, t.produces, t.calls, l.dynamic, j.state AS run_state, j.workflow_id
+SELECT t.id, t.run_id, t.state, t.produces, t.calls, l.dynamic, j.state AS run_state, j.workflow_id, t.instance
 FROM t JOIN l ON l.id = t.run_id LEFT JOIN j ON j.id = t.run_id
 """)
 
@@ -238,19 +241,26 @@ FROM orchestrator_taskrun t
 WHERE t.id = ANY (%(ids)s) AND t.spec->'sensor'->>'timeout' IS NOT NULL
 """
 
-# A running run whose task runs have all ended: succeeded when each one ended well. The runs are
+# A running run whose task runs have all ended: succeeded when each one ended well. Whether any
+# task run of a run is unfinished is one probe of the partial index taskrun_unfinished per run,
+# which stops at the first entry: a batch pays the same in a run of ten task runs or of 100,000,
+# and only the run's last batch reads its task runs (once, to tell success from failure, stopping
+# at the first that did not end well). Scalar subqueries with LIMIT 1, not NOT EXISTS: the planner
+# may turn NOT EXISTS into an anti-join that reads the index's entries of every run. The runs are
 # found by their ids, not by joining every running run: after a burst of new runs the planner's
 # statistics can still count a few dozen running ones, and a hash join would read them all.
 FINISH_RUNS = f"""
-WITH f AS (
-    SELECT run_id, bool_and(state IN ({sql_list(SUCCESSFUL_TASK_STATES)})) AS ok
-    FROM orchestrator_taskrun WHERE run_id = ANY (%(runs)s)
-    GROUP BY run_id
-    HAVING bool_and(state IN ({sql_list(FINISHED_TASK_STATES)}))
+WITH f AS MATERIALIZED (
+    SELECT r.id, (SELECT x.id FROM orchestrator_taskrun x
+                  WHERE x.run_id = r.id AND x.state NOT IN ({sql_list(SUCCESSFUL_TASK_STATES)}) LIMIT 1) IS NULL AS ok
+    FROM orchestrator_run r
+    WHERE r.id = ANY (%(runs)s) AND (r.state = '{RunState.RUNNING}') IS TRUE
+      AND (SELECT x.id FROM orchestrator_taskrun x
+           WHERE x.run_id = r.id AND x.state IN ({sql_list(ACTIVE_TASK_STATES)}) LIMIT 1) IS NULL
 )
 UPDATE orchestrator_run r SET state = CASE WHEN f.ok THEN '{RunState.SUCCEEDED}' ELSE '{RunState.FAILED}' END,
     finished_at = %(now)s
-FROM f WHERE r.id = f.run_id AND r.id = ANY (%(runs)s) AND (r.state = '{RunState.RUNNING}') IS TRUE
+FROM f WHERE r.id = f.id AND (r.state = '{RunState.RUNNING}') IS TRUE
 RETURNING r.id, r.state, r.workflow_id
 """
 
@@ -313,7 +323,7 @@ def receive_endings(sent: SentEndings) -> list[tuple[int, int, str]]:
     if not rows:
         return []
     finished = list({run_id: (run_id, run_state, workflow_id)
-                     for _, run_id, _, _, _, _, run_state, workflow_id in rows if run_state is not None}.values())
+                     for _, run_id, _, _, _, _, run_state, workflow_id, _ in rows if run_state is not None}.values())
     if finished:
         _runs_finished(finished, sent.now)
     dynamic = {row[1] for row in rows if row[5]}
@@ -322,7 +332,10 @@ def receive_endings(sent: SentEndings) -> list[tuple[int, int, str]]:
     mine = [e for e in sent.endings if e.task_run_id in won]
     _announce(rows, mine, sent.now)
     tracing.task_runs_ended(accepted, FINISHED_TASK_STATES)
-    _resolve_after(accepted, mine, sent.now, done={row[1] for row in rows if row[6] is not None}, dynamic=dynamic)
+    # The runs of which only mapped instances ended in this batch (see resolve_runs' ``quiet``).
+    quiet = dynamic - {row[1] for row in rows if not row[8]}
+    _resolve_after(accepted, mine, sent.now, done={row[1] for row in rows if row[6] is not None}, dynamic=dynamic,
+                   quiet=quiet)
     return accepted
 
 
@@ -345,16 +358,17 @@ def _announce(rows: list[tuple], mine: list[Ending], now: datetime) -> None:
 
 
 def _resolve_after(accepted: list[tuple], mine: list[Ending], now: datetime, done=frozenset(),
-                   dynamic=frozenset()) -> None:
+                   dynamic=frozenset(), quiet=frozenset()) -> None:
     """Release the children of the task runs that ended (a job has none) and end complete runs
     (but ``done``: ended already); wake the dispatchers when something became due (a retry, a
-    released child). ``dynamic``: the runs that map or branch, as locked."""
+    released child). ``dynamic``: the runs that map or branch, as locked; ``quiet``: those of
+    them where only mapped instances ended."""
     ended_runs = {run_id for _, run_id, state in accepted if state not in (TaskState.SCHEDULED, TaskState.AWAITING)} - done
     jobs = {e.task_run_id for e in mine if e.job}
     parents = {run_id for task_run_id, run_id, state in accepted
                if state not in (TaskState.SCHEDULED, TaskState.AWAITING) and task_run_id not in jobs}
     retrying = any(state == TaskState.SCHEDULED for _, _, state in accepted)
-    released = resolve_runs(ended_runs, now=now, release=parents, dynamic=dynamic) if ended_runs else 0
+    released = resolve_runs(ended_runs, now=now, release=parents, dynamic=dynamic, quiet=quiet) if ended_runs else 0
     if retrying or released:
         wake_due()
 
@@ -384,11 +398,17 @@ def _sensor_timeouts(endings: Sequence[Ending], now: datetime) -> list[Ending]:
 
 
 def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release: Iterable[int] | None = None,
-                 dynamic: Iterable[int] | None = None) -> int:
+                 dynamic: Iterable[int] | None = None, quiet: Iterable[int] = ()) -> int:
     """Decide the waiting children of these runs (of ``release`` only, when given: runs known to
     have no waiting tasks can skip that query), then end the runs that are complete. Returns how
     many children were released (made due). ``dynamic``: which of them map or branch, when the
-    caller locked the runs already (otherwise they are locked here)."""
+    caller locked the runs already (otherwise they are locked here).
+
+    ``quiet``: runs of which only mapped instances ended. An instance has no children and its
+    mapped task's row stays active until every instance ended, so in such a run nothing but the
+    map can move: its step (mapping.settle) runs alone, and the rest of the resolution (the
+    children, the run's end) only where it ended a mapped task. A batch of instances in the
+    middle of a map costs one statement (mapping.SETTLE)."""
     runs = sorted(set(run_ids))
     if not runs:
         return 0
@@ -398,6 +418,13 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
     with connection.cursor() as cursor:
         if dynamic is None:
             dynamic = lock_runs(cursor, runs)
+        quiet = sorted(set(quiet) & set(dynamic) & set(runs))
+        if quiet:
+            freed, ended = mapping.settle(cursor, quiet, now)
+            released += freed
+            going_on = set(quiet) - set(ended)
+            runs = [run_id for run_id in runs if run_id not in going_on]
+            release = [run_id for run_id in release if run_id not in going_on]
         dynamic = sorted(set(dynamic) & set(release))
         # A child that ends (upstream_failed/skipped) can settle its own children, and so can a
         # branch's choice or a mapped task's end: repeat until nothing more is decided. Each pass
@@ -408,7 +435,7 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
                 settled += mapping.skip_unchosen(cursor, dynamic, now)
                 freed, ended = mapping.settle(cursor, dynamic, now)
                 released += freed
-                settled += ended
+                settled += len(ended)
             cursor.execute(RELEASE_CHILDREN, {"runs": release, "now": now})
             states = [row[0] for row in cursor.fetchall()]
             released += states.count(TaskState.SCHEDULED)
@@ -420,8 +447,10 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
                 settled += len(decided)
             if not settled:
                 break
-        cursor.execute(FINISH_RUNS, {"runs": runs, "now": now})
-        finished = cursor.fetchall()
+        finished = []
+        if runs:
+            cursor.execute(FINISH_RUNS, {"runs": runs, "now": now})
+            finished = cursor.fetchall()
     if finished:
         _runs_finished(finished, now)
     return released

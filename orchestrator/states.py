@@ -185,7 +185,7 @@ RUN_TRANSITIONS = [
     (None, R.MISSED, "scheduler: recorded after its start deadline"),
     (R.PENDING, R.RUNNING, "runs: a held-back run is released"),
     (R.RUNNING, R.SUCCEEDED, "resolver: every task run ended well"),
-    (R.RUNNING, R.FAILED, "resolver: every task run ended, some badly"),
+    (R.RUNNING, R.FAILED, "resolver: every task run ended, some badly; control: past its run_timeout"),
     (R.PENDING, R.CANCELLED, "control: cancelled"),
     (R.RUNNING, R.CANCELLED, "control: cancelled"),
     (R.PENDING, R.MISSED, "scheduler: no task started within the start deadline"),

@@ -23,7 +23,9 @@ class TaskContext:
     logical_date: datetime
     params: dict
     attempt: int
-    upstream: dict = field(default_factory=dict)  # parent task name -> its JSON result
+    # parent task name -> its JSON result; a mapped instance has its item under the mapped-over
+    # parent's name (a mapped parent's result is the list of its instances' results).
+    upstream: dict = field(default_factory=dict)
     workflow: str = ""
     task_run_id: int = 0
     # A mapped task's instance: its position in the parent's list and the item itself.
@@ -45,22 +47,21 @@ FROM orchestrator_run r LEFT JOIN orchestrator_workflow w ON w.id = r.workflow_i
 WHERE r.id = ANY (%(runs)s)
 """
 
-# A mapped parent counts by its own row (map_index -1), whose result is the list of its
-# instances' results, in order.
-PARENT_RESULTS = """
-SELECT c.id, p.task, p.result
+# The parents' results: a mapped parent counts by its own row (map_index -1), whose result is
+# the list of its instances' results, in order. A mapped instance is given its own item (stored
+# in its row by mapping.EXPAND) under the mapped-over parent's name, never that parent's list:
+# the CASE does not evaluate (nor read out of line) the list's value then. Instances created
+# before items were stored have none (SQL NULL; an item null is JSON null) and read their element
+# of the list, only then. Each parent is found by its whole key (run, task, -1), from the claimed
+# rows: no plan reads the run's other task runs (a mapped run has one per instance).
+UPSTREAM = """
+SELECT c.id, c.map_index, u.task, u.task = c.spec->>'map_over' AND c.map_index >= 0 AS item,
+       CASE WHEN u.task = c.spec->>'map_over' AND c.map_index >= 0 THEN COALESCE(c.item, p.result -> c.map_index)
+            ELSE p.result END
 FROM orchestrator_taskrun c
-JOIN orchestrator_taskrun p ON p.run_id = c.run_id AND p.task = ANY (c.upstream) AND p.map_index = -1
+CROSS JOIN LATERAL unnest(c.upstream) AS u(task)
+JOIN orchestrator_taskrun p ON p.run_id = c.run_id AND p.task = u.task AND p.map_index = -1
 WHERE c.id = ANY (%(ids)s)
-"""
-
-# A mapped instance's item: its element of the mapped-over task's list (read here rather than
-# copied into every instance row at expansion).
-ITEMS = """
-SELECT c.id, c.map_index, p.result -> c.map_index
-FROM orchestrator_taskrun c
-JOIN orchestrator_taskrun p ON p.run_id = c.run_id AND p.task = c.spec->>'map_over' AND p.map_index = -1
-WHERE c.id = ANY (%(ids)s) AND c.map_index >= 0
 """
 
 
@@ -78,16 +79,14 @@ def fill(cursor, messages: list[dict]) -> None:
     cursor.execute(RUN_CONTEXT, {"runs": sorted({m["run_id"] for m in tasks})})
     context = {row[0]: row[1:] for row in cursor.fetchall()}
     upstream: dict[int, dict] = {}
+    items: dict[int, tuple[int, object]] = {}
     with_parents = [m["id"] for m in tasks if m.get("has_parents", True)]
     if with_parents:
-        cursor.execute(PARENT_RESULTS, {"ids": with_parents})
-        for child, parent, result in cursor.fetchall():
-            upstream.setdefault(child, {})[parent] = _json(result)
-    items: dict[int, tuple[int, object]] = {}
-    mapped = [m["id"] for m in tasks if m["spec"].get("map_over")]
-    if mapped:
-        cursor.execute(ITEMS, {"ids": mapped})
-        items = {row[0]: (row[1], _json(row[2])) for row in cursor.fetchall()}
+        cursor.execute(UPSTREAM, {"ids": with_parents})
+        for child, map_index, parent, is_item, value in cursor.fetchall():
+            upstream.setdefault(child, {})[parent] = value = _json(value)
+            if is_item:
+                items[child] = (map_index, value)
     events = {}
     data_runs = [run_id for run_id, row in context.items() if row[3] == "dataset"]
     if data_runs:

@@ -83,7 +83,7 @@ def test_a_run_in_time_records_no_miss(slow, clock, loop):
     assert not WebhookDelivery.objects.filter(event="deadline_missed").exists()
 
 
-def test_a_run_still_active_after_its_run_timeout_is_cancelled_with_the_reason(slow, clock, loop):
+def test_a_run_still_active_after_its_run_timeout_fails_with_the_reason(slow, clock, loop):
     run, _ = trigger_workflow(slow, now=clock.now())
     assert run.timeout_at == clock.now() + timedelta(seconds=3600)
     dispatcher.tick(now=clock.now())
@@ -94,7 +94,8 @@ def test_a_run_still_active_after_its_run_timeout_is_cancelled_with_the_reason(s
     clock.advance(seconds=2)
     scheduler_tick(clock)
     run.refresh_from_db()
-    assert run.state == "cancelled"
+    # It fails, as a timed-out DAG run does in Airflow, saying why; its tasks are stopped.
+    assert run.state == "failed"
     assert run.reason == "timed out: still active 3600s after it started (run_timeout)"
     assert dict(TaskRun.objects.filter(run=run).values_list("task", "state")) == {
         "first": "cancelled", "second": "cancelled"}
@@ -102,6 +103,9 @@ def test_a_run_still_active_after_its_run_timeout_is_cancelled_with_the_reason(s
     [job] = TaskRun.objects.filter(spec__callback="on_failure")
     context = job.spec["args"][0]
     assert (context["run_id"], context["state"], context["error"]) == (run.pk, "timed_out", run.reason)
+    # The workflow's webhooks hear of a failed run.
+    assert sorted(WebhookDelivery.objects.filter(run=run).values_list("event", flat=True)) == [
+        "deadline_missed", "run.failed"]
 
 
 def test_a_held_back_run_times_out_from_when_it_starts_not_when_it_was_created(slow, clock, loop):

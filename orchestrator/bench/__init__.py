@@ -8,8 +8,8 @@
 - ``scheduler``, ``pages``, ``cron``: the scheduler's insert and failover, page speed with a big
   history, cron over long ranges.
 - ``footprint``: the idle memory of the whole ``./dev run`` stack;
-- ``mapping``: a map over 10,000 no-op items, from the parent's success to the last instance's
-  end, and the run page's time for that run.
+- ``mapping``: maps over 1,000, 10,000 and 100,000 no-op items, from the parent's success to the
+  last instance's end, beside the plain-job rate of the same processes, with worker memory.
 """
 
 from orchestrator.bench.core import BENCH_DB, Output, child_env, prepare_database

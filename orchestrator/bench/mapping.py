@@ -1,27 +1,68 @@
-"""``manage.py bench --only map``: a map over many items of no-op tasks, with a real dispatcher
-and real worker processes on the benchmark database.
+"""``manage.py bench --only map``: maps over 1,000, 10,000 and 100,000 no-op items
+(``--map-items``), with a real dispatcher and real worker processes on the benchmark database,
+each beside the plain-job rate measured with the same processes just before it.
 
-Two figures: the time from the mapped-over parent's success (its recorded ``finished_at``) to
-the last instance's end, i.e. creating the instances, dispatching, running and recording them,
-and ending the mapped task; then the server time of the run page for that run (Django's test
-client, median of a few requests), which must not grow with the number of instances.
+Per size:
+
+- plain jobs: ``PLAIN_JOBS`` no-op jobs enqueued in batches (as ``bench.core``'s jobs section
+  does), from the first enqueue to the last recorded success, just before the map and just
+  after it (the load of a shared machine moves: the ratio is printed against both);
+- the map: the time from the mapped-over parent's success (its recorded ``finished_at``) to the
+  last instance's end (creating the instances, claiming, running and recording them, ending
+  the mapped task and the run), instances per second, and that rate as a share of the plain-job
+  rate; the time before the first instance started;
+- the workers' memory: the resident set (RSS) of each worker process (the parent that claims,
+  records and resolves; not its forked children) before the map and at its peak during it;
+- the server time of the run page and of the mapped task's instances page for that run (Django's
+  test client, median of a few requests).
+
+The limits a big map needs are raised for the benchmark's processes only (``ORCHESTRATOR_MAX_
+MAP_ITEMS``, ``ORCHESTRATOR_MAX_RESULT_BYTES``). A map still unfinished after ``MAP_TIMEOUT``
+seconds is reported as such, with how many instances ended.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
+from pathlib import Path
 
-from orchestrator.bench.core import JOBS_MODULE, Roles, reset_work
+from django.db import connection
 
-ITEMS = 10_000  # also the default of ORCHESTRATOR_MAX_MAP_ITEMS
+from orchestrator.bench.core import (
+    JOBS_MODULE,
+    Roles,
+    count_done,
+    enqueue_noops,
+    last_finish,
+    reset_work,
+    unfinished,
+)
+
+SIZES = (1_000, 10_000, 100_000)
+PLAIN_JOBS = 5_000
+MAP_TIMEOUT = 600.0
+# What the benchmark's processes allow: a list of 100,000 numbers is about 600 KB of JSON.
+LIMITS = {"ORCHESTRATOR_MAX_MAP_ITEMS": "1000000", "ORCHESTRATOR_MAX_RESULT_BYTES": str(64 * 1024 * 1024)}
 
 
 def _spec(ref: str, upstream=(), **extra) -> dict:
     return {"kind": "python", "ref": f"{JOBS_MODULE}:{ref}", "upstream": list(upstream), **extra}
 
 
-def page_times(path: str, repeat: int = 5) -> list[float]:
+def rss_mib(pid: int) -> float:
+    """A process's resident set in MiB (0 once it has gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return 0.0
+
+
+def page_times(path: str, repeat: int = 3) -> list[float]:
     from django.contrib.auth import get_user_model
     from django.test import Client
     from django.test.utils import override_settings
@@ -41,46 +82,97 @@ def page_times(path: str, repeat: int = 5) -> list[float]:
     return times
 
 
-def run(out, items: int = ITEMS, workers: int = 2, concurrency: int = 16) -> None:
-    from django.db.models import Max
+def reset_runs() -> None:
+    """Empty the run tables between measures, the workers' own rows kept (they are running)."""
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE orchestrator_attempt, orchestrator_taskrun, orchestrator_webhookdelivery, "
+                       "orchestrator_run CASCADE")
+
+
+def plain_rate(n: int = PLAIN_JOBS) -> float:
+    """No-op jobs per second through the running workers (bench.core's jobs section, smaller)."""
+    reset_runs()
+    started = time.time()
+    for offset in range(0, n, 500):
+        enqueue_noops(min(500, n - offset))
+    deadline = time.monotonic() + 120
+    while unfinished() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    elapsed = last_finish() - started
+    return count_done() / elapsed if elapsed > 0 else 0.0
+
+
+def one_map(out, items: int, workers: list[int]) -> None:
+    from django.db.models import Max, Min
     from django.urls import reverse
 
     from orchestrator.models import Run, TaskRun
     from orchestrator.runs import create_run
 
-    reset_work()
-    roles = Roles()
-    try:
-        roles.start("dispatcher")
-        roles.workers(workers, concurrency)
-        time.sleep(0.5)
-        started = time.perf_counter()
-        run, _ = create_run(None, trigger="manual", params={"items": items}, tasks={
-            "listing": _spec("listing", mapped_by=["work"]),
-            "work": _spec("noop_item", ["listing"], map_over="listing"),
-        })
-        deadline = time.monotonic() + 900
-        state = "running"
-        while state in ("pending", "running") and time.monotonic() < deadline:
-            time.sleep(0.05)
-            state = Run.objects.values_list("state", flat=True).get(pk=run.pk)
-        wall = time.perf_counter() - started
-    finally:
-        roles.stop()
+    plain = plain_rate()
+    reset_runs()
+    before = [rss_mib(pid) for pid in workers]
+    peak = list(before)
+    started = time.perf_counter()
+    run, _ = create_run(None, trigger="manual", params={"items": items}, tasks={
+        "listing": _spec("listing", mapped_by=["work"]),
+        "work": _spec("noop_item", ["listing"], map_over="listing"),
+    })
+    deadline = time.monotonic() + MAP_TIMEOUT
+    state = "running"
+    while state in ("pending", "running") and time.monotonic() < deadline:
+        time.sleep(0.1)
+        peak = [max(p, rss_mib(pid)) for p, pid in zip(peak, workers, strict=True)]
+        state = Run.objects.values_list("state", flat=True).get(pk=run.pk)
+    wall = time.perf_counter() - started
     parent = TaskRun.objects.get(run=run, task="listing")
     instances = TaskRun.objects.filter(run=run, task="work", map_index__gte=0)
-    last_end = instances.aggregate(last=Max("finished_at"))["last"]
+    ends = instances.aggregate(last=Max("finished_at"), first=Min("started_at"))
     done = instances.filter(state="succeeded").count()
-    if parent.finished_at is None or last_end is None:
-        out(f"  map over {items:,} items: the run ended {state} before any instance ended")
+    run_page = reverse("orchestrator:web:run", args=[run.pk])
+    instances_page = reverse("orchestrator:web:mapped_instances",
+                             args=[TaskRun.objects.get(run=run, task="work", map_index=-1).pk])
+    pages = [(label, page_times(path)) for label, path in (("run page", run_page), ("instances page", instances_page))]
+    # The plain-job rate again, after the map: on a shared machine the load moves between the two.
+    after = plain_rate()
+    low, high = sorted((plain, after))
+    memory = ", ".join(f"{b:.0f} -> {p:.0f}" for b, p in zip(before, peak, strict=True))
+    if parent.finished_at is None or ends["last"] is None:
+        out(f"  map over {items:,} items: the run ended {state} before any instance ended ({wall:.0f} s)")
         return
-    fan = (last_end - parent.finished_at).total_seconds()
-    out(f"  map over {items:,} no-op items, {workers} workers x {concurrency}: parent's success -> last instance's "
-        f"end {fan:.2f} s ({done / fan if fan else 0:,.0f} instances/s; {done:,} succeeded; run {state}, "
-        f"{wall:.2f} s from trigger)")
-    for label, path in (("run page", reverse("orchestrator:web:run", args=[run.pk])),
-                        ("instances page", reverse("orchestrator:web:mapped_instances",
-                                                   args=[TaskRun.objects.get(run=run, task="work", map_index=-1).pk]))):
-        times = page_times(path)
-        out(f"  {label} of that run ({items:,} instances): median {statistics.median(times):.1f} ms, "
-            f"max {max(times):.1f} ms over {len(times)} requests")
+    if state in ("pending", "running"):
+        out(f"  map over {items:,} no-op items: unfinished after {MAP_TIMEOUT:.0f} s, {done:,} instances succeeded "
+            f"({done / (wall or 1):,.0f}/s); plain jobs {low:,.0f}-{high:,.0f}/s; worker RSS MiB {memory}")
+        return
+    fan = (ends["last"] - parent.finished_at).total_seconds()
+    rate = done / fan if fan else 0.0
+    first = (ends["first"] - parent.finished_at).total_seconds() if ends["first"] else float("nan")
+    out(f"  map over {items:>7,} no-op items: parent's success -> last instance's end {fan:7.2f} s, "
+        f"{rate:>6,.0f} instances/s = {rate / high if high else 0:.0%}-{rate / low if low else 0:.0%} of the plain-job "
+        f"rate ({low:,.0f}-{high:,.0f} jobs/s, {PLAIN_JOBS:,} jobs before and after); first instance started after "
+        f"{first:.2f} s; {done:,} succeeded, run {state}; worker RSS MiB (before -> peak) {memory}")
+    for label, times in pages:
+        out(f"    {label} of that run: median {statistics.median(times):.1f} ms, max {max(times):.1f} ms "
+            f"over {len(times)} requests")
+
+
+def run(out, sizes=SIZES, workers: int = 2, concurrency: int = 16) -> None:
+    saved = {key: os.environ.get(key) for key in LIMITS}
+    os.environ.update(LIMITS)  # the processes started below inherit them (bench.core.child_env)
+    roles = Roles()
+    try:
+        reset_work()
+        roles.start("dispatcher")
+        roles.workers(workers, concurrency)
+        worker_pids = [proc.pid for proc in roles.procs[1:]]
+        out(f"  {workers} worker process(es) x {concurrency} children, one dispatcher; each map beside "
+            f"{PLAIN_JOBS:,} plain no-op jobs run by the same processes just before and just after it")
+        for items in sizes:
+            one_map(out, items, worker_pids)
+    finally:
+        roles.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -13,8 +13,10 @@ Sections (``--only pg,jobs,peers,latency,steady,backlog,history,dag,fleet,io,sch
   (see ``bench.fleet``).
 - io: 10,000 jobs that each wait 50 ms on one worker process, async and thread executors beside the
   forked default (see ``bench.iobound``).
-- scheduler, pages, cron, map: see ``bench.scheduler``, ``bench.pages``, ``bench.cron`` and
-  ``bench.mapping``.
+- scheduler, pages, cron: see ``bench.scheduler``, ``bench.pages`` and ``bench.cron``.
+- map: maps over 1,000, 10,000 and 100,000 no-op items (``--map-items``): time from the parent's
+  success to the last instance's end, instances/s beside the plain-job rate of the same
+  processes, worker memory (see ``bench.mapping``).
 - footprint: the memory (PSS) of the whole ``./dev run`` stack once idle (see ``bench.footprint``).
 """
 
@@ -31,7 +33,8 @@ SECTIONS = ("pg", "jobs", "peers", "latency", "steady", "backlog", "history", "d
 
 def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int = 16, rates=(500, 2000),
         seconds: float = 5.0, backlog=(0, 100_000, 1_000_000), delayed: int = 1_000_000,
-        history: int = 1_000_000, fleet_sizes=(1, 4, 16, 64), fleet_rate: float = 50.0, rounds: int = 3) -> None:
+        history: int = 1_000_000, fleet_sizes=(1, 4, 16, 64), fleet_rate: float = 50.0, rounds: int = 3,
+        map_items=mapping.SIZES) -> None:
     only = list(only or SECTIONS)
     unknown = [name for name in only if name not in SECTIONS]
     if unknown:
@@ -39,39 +42,31 @@ def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int 
     out = out if isinstance(out, Output) else Output(out)
     out(f"benchmark database {BENCH_DB!r} (dropped and created), {os.cpu_count()} CPU(s)")
     core.prepare_database()
-    if "pg" in only:
-        out("PostgreSQL's own ceiling:")
-        core.bench_pg(out)
-    if "jobs" in only:
-        out("Jobs end to end:")
-        core.bench_jobs(out, jobs, concurrency)
-    if "peers" in only:
-        out("Beside PgQueuer (same server, same job and process counts):")
-        peers.run(out, jobs, concurrency, rounds)
-    if "latency" in only:
-        out("Start delay at light load:")
-        core.bench_latency(out)
-    if "steady" in only:
-        out("Start delay under a steady arrival rate (per stage: enqueue -> claimed -> child started):")
-        load.run_steady(out, rates, seconds)
-    if "backlog" in only:
-        out("With a backlog waiting (2 workers x 16):")
-        load.run_backlog(out, backlog, delayed, max(seconds, 8.0))
-    if "history" in only:
-        out("With finished history in the tables (2 workers x 16):")
-        load.run_history(out, history, max(seconds, 8.0))
-    if "dag" in only:
-        out("DAG wall time:")
-        core.bench_dag(out)
-    if "fleet" in only:
-        out("A fleet's cost per job (N workers of concurrency 1, most of them idle):")
-        fleet.run(out, fleet_sizes, fleet_rate, seconds)
-    if "io" in only:
-        out("I/O-bound jobs (each waits 50 ms) on one worker process, per executor (see bench.iobound):")
-        iobound.run(out)
-    for name, title, module in (("scheduler", "Scheduler:", scheduler), ("pages", "Pages:", pages),
-                                ("cron", "Cron over long ranges:", cron), ("map", "Mapping:", mapping),
-                                ("footprint", "Idle footprint:", footprint)):
+    steps = (
+        ("pg", "PostgreSQL's own ceiling:", lambda: core.bench_pg(out)),
+        ("jobs", "Jobs end to end:", lambda: core.bench_jobs(out, jobs, concurrency)),
+        ("peers", "Beside PgQueuer (same server, same job and process counts):",
+         lambda: peers.run(out, jobs, concurrency, rounds)),
+        ("latency", "Start delay at light load:", lambda: core.bench_latency(out)),
+        ("steady", "Start delay under a steady arrival rate (per stage: enqueue -> claimed -> child started):",
+         lambda: load.run_steady(out, rates, seconds)),
+        ("backlog", "With a backlog waiting (2 workers x 16):",
+         lambda: load.run_backlog(out, backlog, delayed, max(seconds, 8.0))),
+        ("history", "With finished history in the tables (2 workers x 16):",
+         lambda: load.run_history(out, history, max(seconds, 8.0))),
+        ("dag", "DAG wall time:", lambda: core.bench_dag(out)),
+        ("fleet", "A fleet's cost per job (N workers of concurrency 1, most of them idle):",
+         lambda: fleet.run(out, fleet_sizes, fleet_rate, seconds)),
+        ("io", "I/O-bound jobs (each waits 50 ms) on one worker process, per executor (see bench.iobound):",
+         lambda: iobound.run(out)),
+        ("scheduler", "Scheduler:", lambda: scheduler.run(out)),
+        ("pages", "Pages:", lambda: pages.run(out)),
+        ("cron", "Cron over long ranges:", lambda: cron.run(out)),
+        ("map", "Mapping (maps of no-op items beside plain no-op jobs, same processes):",
+         lambda: mapping.run(out, map_items)),
+        ("footprint", "Idle footprint:", lambda: footprint.run(out)),
+    )
+    for name, title, step in steps:
         if name in only:
             out(title)
-            module.run(out)
+            step()

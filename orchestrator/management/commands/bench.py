@@ -36,9 +36,11 @@ class Command(BaseCommand):
                             help="Interleaved rounds of the peers section (this product, then PgQueuer, each).")
         parser.add_argument("--history", type=int, default=1_000_000,
                             help="Finished runs, task runs and attempts filled in the history section.")
+        parser.add_argument("--map-items", default="1000,10000,100000",
+                            help="Items of each map in the map section, one map each.")
 
     def handle(self, *args, only, jobs, concurrency, rates, seconds, backlog, delayed, history, fleet, fleet_rate,
-               rounds, **options):
+               rounds, map_items, **options):
         sections = [s.strip() for s in only.split(",") if s.strip()]
         if not 0 < fleet_rate <= 10_000:
             raise CommandError("--fleet-rate must be more than 0 and at most 10000 jobs a second")
@@ -50,6 +52,6 @@ class Command(BaseCommand):
             bench.run(lambda line: (self.stdout.write(line), self.stdout.flush()), only=sections, jobs=jobs,
                       concurrency=concurrency, rates=_ints(rates), seconds=seconds, backlog=_ints(backlog),
                       delayed=delayed, history=history, fleet_sizes=_ints(fleet), fleet_rate=fleet_rate,
-                      rounds=rounds)
+                      rounds=rounds, map_items=_ints(map_items))
         except ValueError as exc:
             raise CommandError(str(exc)) from None
