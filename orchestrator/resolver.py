@@ -342,7 +342,10 @@ def _resolve_after(accepted: list[tuple], mine: list[Ending], now: datetime, don
     jobs = {e.task_run_id for e in mine if e.job}
     parents = {run_id for task_run_id, run_id, state in accepted
                if state not in (TaskState.SCHEDULED, TaskState.AWAITING) and task_run_id not in jobs}
-    retrying = any(state == TaskState.SCHEDULED for _, _, state in accepted)
+    # A sensor's "not yet" wakes nobody: its next check is due an interval from now, and every
+    # role already waits until the next due time it knows (the worker that recorded it knows it).
+    checks = {e.task_run_id for e in mine if e.outcome == AttemptOutcome.RESCHEDULED}
+    retrying = any(state == TaskState.SCHEDULED and task_run_id not in checks for task_run_id, _, state in accepted)
     released = resolve_runs(ended_runs, now=now, release=parents, dynamic=dynamic) if ended_runs else 0
     if retrying or released:
         wake_due()

@@ -278,7 +278,11 @@ class Worker(Role):
 
     def child_replied(self, message: dict, reply: tuple) -> None:
         # (task_run_id, number, outcome, result, error, traceback, log, metadata, exception class)
-        self.batch.add(Ending(*reply, job=message.get("spec", {}).get("call") == "job", run_id=message["run_id"]))
+        ending = Ending(*reply, job=message.get("spec", {}).get("call") == "job", run_id=message["run_id"])
+        self.batch.add(ending)
+        if ending.outcome == AttemptOutcome.RESCHEDULED:
+            # A "not yet" wakes nobody: this worker, which records it, looks again when it is due.
+            self.next_due = min(self.next_due, time.monotonic() + float(message["spec"]["sensor"]["every"]))
 
     def child_died(self, message: dict, how: str) -> None:
         self.batch.add(Ending(message["id"], message["number"], AttemptOutcome.FAILED, run_id=message["run_id"],
