@@ -48,10 +48,11 @@ WHERE t.id = old.id
 RETURNING t.id, old.state
 """
 
-# The running attempts of cancelled task runs end now; the worker's later write is then a no-op.
+# The running attempts of cancelled task runs end now (and a waiting sensor's try); the worker's
+# later write is then a no-op.
 CANCEL_ATTEMPTS = f"""
 UPDATE orchestrator_attempt SET outcome = '{AttemptOutcome.CANCELLED}', finished_at = %(now)s, error = %(reason)s
-WHERE task_run_id = ANY (%(ids)s) AND outcome = '{AttemptOutcome.RUNNING}'
+WHERE task_run_id = ANY (%(ids)s) AND outcome IN ('{AttemptOutcome.RUNNING}', '{AttemptOutcome.RESCHEDULED}')
 """
 
 # Dead (or discarded) task runs get a fresh set of attempts: as many as the task allows,

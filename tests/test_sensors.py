@@ -2,11 +2,17 @@
 clock: a "not yet" wakes no process (its next check's time is known), and a check is not an
 attempt."""
 
-import pytest
+from datetime import timedelta
 
+import pytest
+from django.db import transaction
+
+from orchestrator import executor, resolver
 from orchestrator.channels import DISPATCH_CHANNEL, DUE_CHANNEL, listen_connection, queue_channel
-from orchestrator.models import TaskRun
+from orchestrator.models import Attempt, TaskRun
+from orchestrator.resolver import Ending
 from orchestrator.runs import trigger_workflow
+from orchestrator.worker.batch import CHECK_LEASE_SECONDS
 from tests.features_support import run_to_end, sync_module, worker_loop
 
 MODULE = '''
@@ -68,3 +74,80 @@ def test_a_not_yet_wakes_no_process_and_a_retry_due_now_still_does(workflows, cl
         assert DUE_CHANNEL in notifications(listener)
     finally:
         listener.close()
+
+
+FLAKY_SENSOR = '''
+import os
+
+from orchestrator.dsl import Param, Workflow
+
+flaky = Workflow("flaky", params={"flag": Param(str, default=""), "boom": Param(str, default="")})
+
+@flaky.sensor(every=60, timeout=3600, retries=1, retry_delay=0)
+def arrived(ctx):
+    if os.path.exists(ctx.params["boom"]):
+        os.remove(ctx.params["boom"])
+        raise OSError("the share is away")
+    return os.path.exists(ctx.params["flag"]) and "here"
+'''
+
+
+@pytest.mark.django_db
+def test_checks_are_no_attempts_a_raising_check_is_a_failed_attempt_and_retries(tmp_path, clock):
+    wfs = sync_module(tmp_path, FLAKY_SENSOR, name="flakymod")
+    loop = worker_loop()
+    flag, boom = tmp_path / "flag", tmp_path / "boom"
+    run, _ = trigger_workflow(wfs["flaky"], {"flag": str(flag), "boom": str(boom)}, now=clock.now())
+    started = clock.now()
+    for n in range(1, 4):
+        run_to_end(run, clock, loop)
+        sensor = TaskRun.objects.get(run=run, task="arrived")
+        # Waiting: a row with its check count, latest answer and next check; one attempt, still open.
+        assert (sensor.state, sensor.checks, sensor.last_answer) == ("sensing", n, "false")
+        assert sensor.due_at == clock.now() + timedelta(seconds=60) and sensor.worker_id == loop.id
+        assert list(Attempt.objects.filter(task_run=sensor).values_list("number", "outcome", "finished_at")) == [
+            (1, "rescheduled", None)]
+        clock.advance(seconds=60)
+    # A check that raises ends the try as a failed attempt; the retry rule gives it another.
+    boom.touch()
+    run_to_end(run, clock, loop, rounds=1)
+    sensor = TaskRun.objects.get(run=run, task="arrived")
+    assert sensor.state == "scheduled" and sensor.attempts == 1 and sensor.checks == 4
+    first = Attempt.objects.get(task_run=sensor, number=1)
+    assert first.outcome == "failed" and "the share is away" in first.error
+    assert first.started_at == started and first.finished_at == clock.now()
+    # The second try: its own attempt, which spans its checks until one says yes.
+    run_to_end(run, clock, loop)
+    clock.advance(seconds=60)
+    flag.touch()
+    run_to_end(run, clock, loop)
+    sensor = TaskRun.objects.get(run=run, task="arrived")
+    assert (sensor.state, sensor.result, sensor.attempts, sensor.checks) == ("succeeded", "here", 2, 6)
+    assert list(Attempt.objects.filter(task_run=sensor).order_by("number").values_list("outcome", flat=True)) == [
+        "failed", "succeeded"]
+    run.refresh_from_db()
+    assert run.state == "succeeded"
+
+
+@pytest.mark.django_db
+def test_a_check_claimed_again_after_its_lease_is_recorded_once(workflows, clock, tmp_path):
+    first, second = worker_loop(), worker_loop()
+    run, _ = trigger_workflow(workflows["sensing"], {"flag": str(tmp_path / "never")}, now=clock.now())
+    run_to_end(run, clock, first, rounds=1)  # the first check, an attempt: not yet
+    clock.advance(seconds=30)
+    with transaction.atomic():
+        (lost,) = first.claim(1, clock.now())  # a waiting sensor's check: no attempt, a lease
+    assert lost["check"] == 1 and TaskRun.objects.get(pk=lost["id"]).due_at == clock.now() + timedelta(
+        seconds=CHECK_LEASE_SECONDS)
+    assert first.claim(1, clock.now()) == []  # held by its lease
+    clock.advance(seconds=CHECK_LEASE_SECONDS)
+    with transaction.atomic():
+        (again,) = second.claim(1, clock.now())
+    # The first worker's late answer changes nothing; the second's counts.
+    with transaction.atomic():
+        assert resolver.end_attempts([Ending(*executor.run(lost), check=lost["check"])],
+                                     worker_id=first.id, now=clock.now()) == []
+        assert len(resolver.end_attempts([Ending(*executor.run(again), check=again["check"])],
+                                         worker_id=second.id, now=clock.now())) == 1
+    sensor = TaskRun.objects.get(pk=again["id"])
+    assert sensor.state == "sensing" and sensor.checks == 2 and sensor.attempts == 1

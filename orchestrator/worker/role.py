@@ -28,7 +28,13 @@ from orchestrator.loop import DATABASE_ERRORS, Loop, Role, first_line
 from orchestrator.resolver import Ending
 from orchestrator.states import AttemptOutcome, WorkerState
 from orchestrator.worker import heartbeat, reconnect
-from orchestrator.worker.batch import COALESCE_SECONDS, Batch
+from orchestrator.worker.batch import (
+    CHECK_LEASE_SECONDS,
+    CHECK_TIMEOUT_SECONDS,
+    CHECKS_PER_CHILD,
+    COALESCE_SECONDS,
+    Batch,
+)
 from orchestrator.worker.drain import Drain
 from orchestrator.worker.pool import Pool, Slot
 from orchestrator.worker.wakeup import Wakeup
@@ -89,6 +95,10 @@ class Worker(Role):
         # When due work this worker may claim itself is next due (time.monotonic(); inf: none known):
         # a delayed job, a retry, or work held by another worker's claim a moment ago.
         self.next_due = float("inf")
+        # Waiting sensors' checks: claimed ones no child took yet, and when the next one is due
+        # (time.monotonic()): they go to children in batches (CHECKS_PER_CHILD per round trip).
+        self.checks: list[dict] = []
+        self.next_check = 0.0
         self.next_heartbeat = 0.0
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -170,6 +180,9 @@ class Worker(Role):
         deadlines = self.pool.deadlines(shrinking=not self.drain.active)
         if deadlines:
             timeout = min(timeout, min(deadlines) - now)
+        if not self.drain.active and self.check_room(self.pool.idle_slots()):
+            # Only while a child may take checks: otherwise a freed child's reply wakes the loop.
+            timeout = min(timeout, 0.0 if self.checks else self.next_check - now)
         asked = self.want_claim or self.wakeup.asked(now)
         if (self.batch.endings or (asked and self.pool.idle_slots())) and not self.drain.active:
             timeout = min(timeout, self.batch.last_flush + COALESCE_SECONDS - now) if self.holding(now) else 0.0
@@ -177,6 +190,12 @@ class Worker(Role):
 
     def end_overdue_tasks(self, now: float) -> None:
         for message in self.pool.overdue(now):
+            if "checks" in message:
+                for check in message["checks"]:
+                    self.batch.add(Ending(check["id"], check["number"], AttemptOutcome.TIMED_OUT, run_id=check["run_id"],
+                                          check=check["check"], error=f"timed out after {message['timeout']:g}s: the "
+                                          "batch of checks it was in outlived its time and its process was killed"))
+                continue
             self.batch.add(Ending(
                 message["id"], message["number"], AttemptOutcome.TIMED_OUT,
                 error=f"timed out after {message['timeout']:g}s: the task's process was killed",
@@ -203,15 +222,54 @@ class Worker(Role):
         idle = self.pool.idle_slots()
         answering = not self.want_claim and self.wakeup.asked(now)
         claim = len(idle) if self.want_claim else self.wakeup.claim_size(len(idle)) if answering else 0
-        if not (self.batch.endings or claim) or self.holding(now):
+        room = self.check_room(idle)
+        # Checks are claimed when one is due (or the worker looks anyway), none claimed is left,
+        # and a child may take them.
+        checks = room * CHECKS_PER_CHILD if room and not self.checks and (now >= self.next_check or claim) else 0
+        if not (self.batch.endings or claim or checks or (self.checks and room)) or self.holding(now):
             return False
-        claimed = self.batch.flush(claim)
+        claimed = self.batch.flush(claim, checks) if self.batch.endings or claim or checks else []
+        ordinary = [m for m in claimed if "check" not in m]
+        self.checks += [m for m in claimed if "check" in m]
+        if checks:
+            self.after_checks(now, len(claimed) - len(ordinary), checks)
         if claim:
             self.last_claim = now
-            self.after_claim(now, claim, len(claimed), answering)
-            for slot, message in zip(idle, claimed, strict=False):
-                self.pool.start_task(slot, message)
+            self.after_claim(now, claim, len(ordinary), answering)
+        for slot, message in zip(idle, ordinary, strict=False):
+            self.pool.start_task(slot, message)
+        self.start_checks()
         return True
+
+    def check_room(self, idle: list[Slot]) -> int:
+        """How many of these idle children may take a batch of checks: every child but one is
+        left to ordinary work (all of them with a concurrency of one), so a job due beside
+        thousands of waiting sensors finds a free child."""
+        checking = sum(1 for slot in self.pool.busy() if "checks" in slot.message)
+        return max(0, min(len(idle), max(1, self.concurrency - 1) - checking))
+
+    def start_checks(self) -> None:
+        """Give the claimed checks to the children that may take them, CHECKS_PER_CHILD each."""
+        for slot in self.pool.idle_slots()[:self.check_room(self.pool.idle_slots())]:
+            if not self.checks:
+                return
+            batch, self.checks = self.checks[:CHECKS_PER_CHILD], self.checks[CHECKS_PER_CHILD:]
+            # The child's time for the batch: each check's own (a timer in the child ends one that
+            # hangs), within the lease, after which another worker may take them.
+            timeout = min(sum(float(check["timeout"] or CHECK_TIMEOUT_SECONDS) for check in batch),
+                          CHECK_LEASE_SECONDS / 2)
+            self.pool.start_task(slot, {"id": batch[0]["id"], "number": batch[0]["number"], "run_id": batch[0]["run_id"],
+                                        "task": batch[0]["task"], "spec": {}, "timeout": timeout, "checks": batch})
+
+    def after_checks(self, now: float, claimed: int, asked: int) -> None:
+        """When to claim checks next: at once while more are due, else when the next one is due
+        (none known: at the next look, or when this worker records a "not yet")."""
+        next_due = self.batch.checks_next_due
+        wait = None if next_due is None else (next_due - clock.now()).total_seconds()
+        if claimed == asked or (wait is not None and wait <= 0):
+            self.next_check = now
+        else:
+            self.next_check = float("inf") if wait is None else now + wait
 
     def after_claim(self, now: float, asked: int, claimed: int, answering: bool) -> None:
         """What the claim's answer says about what comes next. The claim also read when the rest
@@ -278,13 +336,25 @@ class Worker(Role):
 
     def child_replied(self, message: dict, reply: tuple) -> None:
         # (task_run_id, number, outcome, result, error, traceback, log, metadata, exception class)
-        ending = Ending(*reply, job=message.get("spec", {}).get("call") == "job", run_id=message["run_id"])
+        if "checks" in message:
+            for check, answer in zip(message["checks"], reply, strict=False):
+                self.check_answered(check, Ending(*answer, run_id=check["run_id"], check=check["check"]))
+            return
+        self.check_answered(message, Ending(*reply, job=message.get("spec", {}).get("call") == "job",
+                                            run_id=message["run_id"]))
+
+    def check_answered(self, message: dict, ending: Ending) -> None:
         self.batch.add(ending)
         if ending.outcome == AttemptOutcome.RESCHEDULED:
-            # A "not yet" wakes nobody: this worker, which records it, looks again when it is due.
-            self.next_due = min(self.next_due, time.monotonic() + float(message["spec"]["sensor"]["every"]))
+            # A "not yet" wakes nobody: this worker, which records it, checks again when it is due.
+            self.next_check = min(self.next_check, time.monotonic() + float(message["spec"]["sensor"]["every"]))
 
     def child_died(self, message: dict, how: str) -> None:
+        if "checks" in message:
+            for check in message["checks"]:
+                self.batch.add(Ending(check["id"], check["number"], AttemptOutcome.FAILED, run_id=check["run_id"],
+                                      check=check["check"], error=f"the checks' process ended unexpectedly ({how})"))
+            return
         self.batch.add(Ending(message["id"], message["number"], AttemptOutcome.FAILED, run_id=message["run_id"],
                               error=f"the task's process ended unexpectedly ({how})"))
 
@@ -343,7 +413,8 @@ class Worker(Role):
 
     def check_ownership(self) -> None:
         """Kill the tasks whose attempts are no longer this worker's (cancelled or reaped)."""
-        busy = self.pool.busy()
+        # A batch of checks is no attempt: a check claimed again meanwhile is recorded once anyway.
+        busy = [slot for slot in self.pool.busy() if "checks" not in slot.message]
         if not busy:
             return
         mine = heartbeat.still_mine(self.id, [slot.message for slot in busy])
