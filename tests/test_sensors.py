@@ -151,3 +151,31 @@ def test_a_check_claimed_again_after_its_lease_is_recorded_once(workflows, clock
                                          worker_id=second.id, now=clock.now())) == 1
     sensor = TaskRun.objects.get(pk=again["id"])
     assert sensor.state == "sensing" and sensor.checks == 2 and sensor.attempts == 1
+
+
+@pytest.mark.django_db
+def test_a_waiting_sensor_shows_its_checks_and_next_check_on_its_page_and_in_the_api(workflows, clock, tmp_path,
+                                                                                     client):
+    from django.urls import reverse
+
+    from orchestrator import access
+    from tests.api_support import client_for, make_user
+
+    loop = worker_loop()
+    run, _ = trigger_workflow(workflows["sensing"], {"flag": str(tmp_path / "flag")}, now=clock.now())
+    for _ in range(2):
+        run_to_end(run, clock, loop)
+        clock.advance(seconds=30)
+    sensor = TaskRun.objects.get(run=run, task="arrived")
+    viewer = make_user("victor", access.VIEWERS)
+    client.force_login(viewer)
+    html = client.get(reverse("orchestrator:web:task_run", args=[sensor.pk])).content.decode()
+    body = client_for(viewer).get(reverse("orchestrator:api:task-run", args=[sensor.pk])).json()
+    # One attempt tab for the whole wait, not one per check; the waiting said in words, its time a
+    # <time> element that the page shows in the viewer's time zone, as every time there.
+    assert html.count('data-outcome="') == 1 and 'data-outcome="rescheduled"' in html
+    assert 'id="sensor-waiting">waiting, 2 checks, next check at <time datetime="2026-03-02T09:01:00Z"' in html
+    assert "(last answer <code>false</code>)" in html
+    assert body["state"] == "sensing" and body["attempts"] == 1 and len(body["attempt_list"]) == 1
+    assert body["sensor"] == {"waiting": True, "checks": 2, "last_answer": "false",
+                              "next_check_at": "2026-03-02T09:01:00Z"}

@@ -27,7 +27,7 @@ from orchestrator.web.errors import InvalidInput, query_int
 from orchestrator.web.kit import POLL, back, operator_action, page, seconds, viewer_required
 
 LOG_PAGE = 64 * 1024
-LIVE_STATES = (TaskState.WAITING, TaskState.SCHEDULED, TaskState.QUEUED, TaskState.RUNNING)
+LIVE_STATES = (TaskState.WAITING, TaskState.SCHEDULED, TaskState.QUEUED, TaskState.RUNNING, TaskState.SENSING)
 
 # The task-level actions: what each one does, and the question the button asks first.
 TASK_ACTIONS = {
