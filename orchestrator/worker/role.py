@@ -99,6 +99,8 @@ class Worker(Role):
         # (time.monotonic()): they go to children in batches (CHECKS_PER_CHILD per round trip).
         self.checks: list[dict] = []
         self.next_check = 0.0
+        self.check_batches = 0  # batches of checks given to children, and the checks in them
+        self.checks_run = 0
         self.next_heartbeat = 0.0
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -140,8 +142,9 @@ class Worker(Role):
                 # The row keeps its old heartbeat: the reaper marks it lost and rescues its attempts.
                 log.warning("could not mark worker %s stopped (%s)", self.name, first_line(exc),
                             extra={"action": "worker_db_error"})
-        log.info("worker %s stopped after %d task runs", self.name, self.batch.completed,
-                 extra={"action": "worker_stop"})
+        log.info("worker %s stopped after %d task runs (%d waiting sensors' checks in %d batches)", self.name,
+                 self.batch.completed, self.checks_run, self.check_batches,
+                 extra={"action": "worker_stop", "checks": self.checks_run, "check_batches": self.check_batches})
 
     def finished(self, stop_requests: int) -> bool:
         return self.drain.done
@@ -254,6 +257,8 @@ class Worker(Role):
             if not self.checks:
                 return
             batch, self.checks = self.checks[:CHECKS_PER_CHILD], self.checks[CHECKS_PER_CHILD:]
+            self.check_batches += 1
+            self.checks_run += len(batch)
             # The child's time for the batch: each check's own (a timer in the child ends one that
             # hangs), within the lease, after which another worker may take them.
             timeout = min(sum(float(check["timeout"] or CHECK_TIMEOUT_SECONDS) for check in batch),

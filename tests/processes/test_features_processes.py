@@ -4,6 +4,7 @@ real signals; what ran is recorded by the tasks themselves (tests/support/featur
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from django.utils import timezone
 
 from orchestrator.models import Attempt, ConsumerRun, DatasetEvent, Run, TaskRun, Workflow, WorkflowVersion
 from orchestrator.runs import create_run, trigger_workflow
+from orchestrator.worker.batch import CHECKS_PER_CHILD
 from tests.conftest import process_env, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -127,6 +129,10 @@ def test_a_thousand_waiting_sensors_hold_no_worker_slot_while_other_jobs_run(pro
     assert Attempt.objects.filter(task_run__run__in=sensors).count() == 1000
     assert set(sensor_rows.values_list("result", flat=True)) == {"seen"}
     processes.stop(worker)
+    # The second round were waiting sensors' checks: many per round trip to a child, not one each.
+    checks, batches = map(int, re.search(r"\((\d+) waiting sensors' checks in (\d+) batches\)",
+                                         processes.output(worker)).groups())
+    assert checks == 1000 and batches <= 2 * 1000 // CHECKS_PER_CHILD
 
 
 def _data_workflows(record: Path):
