@@ -1,7 +1,7 @@
 """``manage.py bench``: the sections it runs, in order, on a benchmark database dropped and created
 for the purpose (``bench.core``).
 
-Sections (``--only pg,jobs,latency,steady,backlog,history,dag,fleet,scheduler,pages,cron,map,footprint``):
+Sections (``--only pg,jobs,latency,steady,backlog,history,dag,fleet,scheduler,pages,cron,map,sensors,footprint``):
 
 - pg, jobs, latency, dag: PostgreSQL's own ceiling, jobs end to end, the start delay at light
   load, DAG wall time (see ``bench.core``).
@@ -9,8 +9,8 @@ Sections (``--only pg,jobs,latency,steady,backlog,history,dag,fleet,scheduler,pa
   and cost with a due backlog, a delayed backlog and a finished history (see ``bench.load``).
 - fleet: database transactions per job with 1 to 64 mostly idle workers at a steady arrival rate
   (see ``bench.fleet``).
-- scheduler, pages, cron, map: see ``bench.scheduler``, ``bench.pages``, ``bench.cron`` and
-  ``bench.mapping``.
+- scheduler, pages, cron, map, sensors: see ``bench.scheduler``, ``bench.pages``, ``bench.cron``,
+  ``bench.mapping`` and ``bench.sensors``.
 - footprint: the memory (PSS) of the whole ``./dev run`` stack once idle (see ``bench.footprint``).
 """
 
@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import os
 
-from orchestrator.bench import core, cron, fleet, footprint, load, mapping, pages, scheduler
+from orchestrator.bench import core, cron, fleet, footprint, load, mapping, pages, scheduler, sensors
 from orchestrator.bench.core import BENCH_DB, Output
 
 SECTIONS = ("pg", "jobs", "latency", "steady", "backlog", "history", "dag", "fleet", "scheduler", "pages", "cron",
-            "map", "footprint")
+            "map", "sensors", "footprint")
 
 
 def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int = 16, rates=(500, 2000),
@@ -61,6 +61,7 @@ def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int 
         fleet.run(out, fleet_sizes, fleet_rate, seconds)
     for name, title, module in (("scheduler", "Scheduler:", scheduler), ("pages", "Pages:", pages),
                                 ("cron", "Cron over long ranges:", cron), ("map", "Mapping:", mapping),
+                                ("sensors", "Waiting sensors:", sensors),
                                 ("footprint", "Idle footprint:", footprint)):
         if name in only:
             out(title)
