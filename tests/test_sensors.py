@@ -179,3 +179,20 @@ def test_a_waiting_sensor_shows_its_checks_and_next_check_on_its_page_and_in_the
     assert body["state"] == "sensing" and body["attempts"] == 1 and len(body["attempt_list"]) == 1
     assert body["sensor"] == {"waiting": True, "checks": 2, "last_answer": "false",
                               "next_check_at": "2026-03-02T09:01:00Z"}
+
+
+@pytest.mark.django_db
+def test_checks_a_stopping_worker_will_not_run_are_due_again_at_once_not_after_their_lease(workflows, clock,
+                                                                                           tmp_path):
+    stopping, other = worker_loop(), worker_loop()
+    run, _ = trigger_workflow(workflows["sensing"], {"flag": str(tmp_path / "never")}, now=clock.now())
+    run_to_end(run, clock, stopping, rounds=1)
+    clock.advance(seconds=30)
+    with transaction.atomic():
+        claimed = stopping.claim(1, clock.now())
+    assert other.claim(1, clock.now()) == []  # leased to the stopping worker
+    clock.advance(seconds=5)
+    stopping.batch.release_checks(claimed, now=clock.now())
+    assert TaskRun.objects.get(pk=claimed[0]["id"]).due_at == clock.now()
+    with transaction.atomic():
+        assert [m["id"] for m in other.claim(1, clock.now())] == [claimed[0]["id"]]

@@ -145,12 +145,25 @@ SELECT t.id, t.run_id, t.task, t.attempts, t.checks, t.spec, t.timeout, t.has_pa
 FROM upcoming LEFT JOIN t ON true
 """)
 
+# Claimed checks this worker will not run (it is shutting down): due again now, for any worker,
+# instead of at the end of their lease.
+RELEASE_CHECKS = f"""
+UPDATE orchestrator_taskrun SET due_at = %(now)s
+WHERE id = ANY (%(ids)s::bigint[]) AND (state = '{TaskState.SENSING}' AND worker_id = %(worker)s) IS TRUE
+"""
+
 # How long a claimed check is this worker's before any worker may claim it again (its due time
 # moves this far ahead at the claim). Longer than a batch of checks may run (see CHECKS_PER_CHILD).
 CHECK_LEASE_SECONDS = 600
 
 # How many checks one child runs per round trip: a batch is one message to a child and one reply.
 CHECKS_PER_CHILD = 50
+
+# While checks come due one after another (10,000 sensors at every=60: one every 6 ms), a worker
+# claims them at most this often, so each claim and each round trip to a child carries many: a
+# check is then up to this late, against a parent that would otherwise claim a check or two at a
+# time, all the time.
+CHECK_GATHER_SECONDS = 0.25
 
 # What a check may take when its sensor sets no timeout (poke_timeout=None).
 CHECK_TIMEOUT_SECONDS = 60
@@ -336,6 +349,13 @@ class Batch:
             with connection.cursor() as context:
                 taskcontext.fill(context, messages)
         return messages
+
+    def release_checks(self, checks: list[dict], now=None) -> None:
+        """Give back claimed checks that will not run here (RELEASE_CHECKS)."""
+        if checks:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(RELEASE_CHECKS, {"ids": [c["id"] for c in checks], "worker": self.worker_id,
+                                                "now": now or clock.now()})
 
     def waiting(self, n: int) -> int:
         """How many task runs of these queues wait for a worker, counted up to ``n``."""

@@ -29,6 +29,7 @@ from orchestrator.resolver import Ending
 from orchestrator.states import AttemptOutcome, WorkerState
 from orchestrator.worker import heartbeat, reconnect
 from orchestrator.worker.batch import (
+    CHECK_GATHER_SECONDS,
     CHECK_LEASE_SECONDS,
     CHECK_TIMEOUT_SECONDS,
     CHECKS_PER_CHILD,
@@ -156,6 +157,8 @@ class Worker(Role):
         self.end_overdue_tasks(now)
         if self.loop.stop_requests and not self.drain.active:
             self.drain.begin(now)
+            self.batch.release_checks(self.checks)  # claimed, not started: due again for any worker
+            self.checks = []
         if self.drain.active:
             if self.pool.retiring:
                 self.pool.reap_retired(now)
@@ -271,10 +274,11 @@ class Worker(Role):
         (none known: at the next look, or when this worker records a "not yet")."""
         next_due = self.batch.checks_next_due
         wait = None if next_due is None else (next_due - clock.now()).total_seconds()
-        if claimed == asked or (wait is not None and wait <= 0):
-            self.next_check = now
+        if claimed == asked:
+            self.next_check = now  # a backlog: claim again as soon as a child may take them
         else:
-            self.next_check = float("inf") if wait is None else now + wait
+            # Not before CHECK_GATHER_SECONDS: checks that come due meanwhile go in one claim.
+            self.next_check = float("inf") if wait is None else now + max(wait, CHECK_GATHER_SECONDS)
 
     def after_claim(self, now: float, asked: int, claimed: int, answering: bool) -> None:
         """What the claim's answer says about what comes next. The claim also read when the rest
