@@ -196,3 +196,45 @@ def test_checks_a_stopping_worker_will_not_run_are_due_again_at_once_not_after_t
     assert TaskRun.objects.get(pk=claimed[0]["id"]).due_at == clock.now()
     with transaction.atomic():
         assert [m["id"] for m in other.claim(1, clock.now())] == [claimed[0]["id"]]
+
+
+HANGING_SENSOR = '''
+import os
+import time
+
+from orchestrator.dsl import Param, Workflow
+
+hanging = Workflow("hanging", params={"hang": Param(str, default="")})
+
+@hanging.sensor(every=10, timeout=None, poke_timeout=0.3)
+def stuck(ctx):
+    if os.path.exists(ctx.params["hang"]):
+        time.sleep(30)
+    return False
+'''
+
+
+@pytest.mark.django_db
+def test_a_hanging_check_in_a_batch_times_out_alone_and_the_others_are_answered(tmp_path, clock):
+    wfs = sync_module(tmp_path, HANGING_SENSOR, name="hangmod")
+    loop = worker_loop()
+    hang = tmp_path / "hang"
+    runs = [trigger_workflow(wfs["hanging"], {"hang": str(hang) if i == 1 else ""}, now=clock.now())[0]
+            for i in range(3)]
+    for run in runs:
+        run_to_end(run, clock, loop, rounds=1)
+    clock.advance(seconds=10)
+    hang.touch()
+    with transaction.atomic():
+        checks = loop.claim(3, clock.now())
+    assert len(checks) == 3 and all("check" in m for m in checks)
+    replies = executor.run_checks({"checks": checks})  # one round trip for the three
+    outcomes = {reply[0]: reply[2] for reply in replies}
+    hung = TaskRun.objects.get(run=runs[1]).pk
+    assert outcomes.pop(hung) == "timed_out" and set(outcomes.values()) == {"rescheduled"}
+    with transaction.atomic():
+        resolver.end_attempts([Ending(*reply, check=m["check"]) for m, reply in zip(checks, replies, strict=True)],
+                              worker_id=loop.id, now=clock.now())
+    states = dict(TaskRun.objects.filter(run__in=runs).values_list("pk", "state"))
+    assert states.pop(hung) == "dead" and set(states.values()) == {"sensing"}
+    assert "the check was interrupted" in Attempt.objects.get(task_run_id=hung).error
