@@ -225,6 +225,9 @@ class Worker(Role):
         if now >= self.next_poll or now >= self.next_due:
             self.want_claim = True
             self.next_due = float("inf")
+        # Checks claimed before go to the children that may take them first (no transaction needed);
+        # the claim then counts the children still idle.
+        started = bool(self.checks) and self.start_checks()
         idle = self.pool.idle_slots()
         answering = not self.want_claim and self.wakeup.asked(now)
         claim = len(idle) if self.want_claim else self.wakeup.claim_size(len(idle)) if answering else 0
@@ -232,9 +235,9 @@ class Worker(Role):
         # Checks are claimed when one is due (or the worker looks anyway), none claimed is left,
         # and a child may take them.
         checks = room * CHECKS_PER_CHILD if room and not self.checks and (now >= self.next_check or claim) else 0
-        if not (self.batch.endings or claim or checks or (self.checks and room)) or self.holding(now):
-            return False
-        claimed = self.batch.flush(claim, checks) if self.batch.endings or claim or checks else []
+        if not (self.batch.endings or claim or checks) or self.holding(now):
+            return started
+        claimed = self.batch.flush(claim, checks)
         ordinary = [m for m in claimed if "check" not in m]
         self.checks += [m for m in claimed if "check" in m]
         if checks:
@@ -254,11 +257,14 @@ class Worker(Role):
         checking = sum(1 for slot in self.pool.busy() if "checks" in slot.message)
         return max(0, min(len(idle), max(1, self.concurrency - 1) - checking))
 
-    def start_checks(self) -> None:
-        """Give the claimed checks to the children that may take them, CHECKS_PER_CHILD each."""
+    def start_checks(self) -> bool:
+        """Give the claimed checks to the children that may take them, CHECKS_PER_CHILD each;
+        whether any started."""
+        started = False
         for slot in self.pool.idle_slots()[:self.check_room(self.pool.idle_slots())]:
             if not self.checks:
-                return
+                break
+            started = True
             batch, self.checks = self.checks[:CHECKS_PER_CHILD], self.checks[CHECKS_PER_CHILD:]
             self.check_batches += 1
             self.checks_run += len(batch)
@@ -268,6 +274,7 @@ class Worker(Role):
                           CHECK_LEASE_SECONDS / 2)
             self.pool.start_task(slot, {"id": batch[0]["id"], "number": batch[0]["number"], "run_id": batch[0]["run_id"],
                                         "task": batch[0]["task"], "spec": {}, "timeout": timeout, "checks": batch})
+        return started
 
     def after_checks(self, now: float, claimed: int, asked: int) -> None:
         """When to claim checks next: at once while more are due, else when the next one is due
