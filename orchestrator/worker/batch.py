@@ -3,6 +3,9 @@
 ready; it commits before any child starts user code. One round trip carries the whole batch
 (``db.pipeline``).
 
+Waiting sensors' checks are claimed in the same transaction by a statement of their own
+(``CLAIM_CHECKS``): no attempt, a lease on the row instead, many per child round trip.
+
 Outcomes wait a few milliseconds for their neighbours while other tasks still run
 (``COALESCE_SECONDS``), so a busy worker records and claims many per transaction. The latest
 recorded outcomes are kept, to record again those a database crash lost (``recorded``).
