@@ -254,8 +254,11 @@ def _cancel_run(run: Run | int, reason: str, by) -> bool:
             cursor.execute(CANCEL_TASK_RUNS, {"run": run_id, "now": now, "reason": reason})
             rows = cursor.fetchall()
             running = [task_run_id for task_run_id, old in rows if old == TaskState.RUNNING]
+            # A waiting sensor's try is open between its checks: it ends too (no process to kill).
+            open_tries = running + [task_run_id for task_run_id, old in rows if old == TaskState.SENSING]
+            if open_tries:
+                cursor.execute(CANCEL_ATTEMPTS, {"ids": open_tries, "now": now, "reason": reason})
             if running:
-                cursor.execute(CANCEL_ATTEMPTS, {"ids": running, "now": now, "reason": reason})
                 announce_cancelled(running)
     if isinstance(run, Run):
         run.state, run.reason, run.finished_at = RunState.CANCELLED, reason, now
@@ -390,6 +393,12 @@ RETURNING t.id, t.run_id, t.task, t.map_index
 """
 
 
+# A waiting sensor marked by hand: the attempt of its try (open between its checks) ends too.
+END_SENSOR_TRIES = f"""
+UPDATE orchestrator_attempt SET outcome = '{AttemptOutcome.CANCELLED}', finished_at = %(now)s, error = %(reason)s
+WHERE task_run_id = ANY (%(ids)s) AND outcome = '{AttemptOutcome.RESCHEDULED}'
+"""
+
 MARK_SUCCEEDED = _mark_sql(TaskState.SUCCEEDED)
 MARK_FAILED = _mark_sql(TaskState.FAILED)
 MARKS = {TaskState.SUCCEEDED: MARK_SUCCEEDED, TaskState.FAILED: MARK_FAILED}
@@ -448,6 +457,9 @@ def mark_task_runs(ids: Iterable[int], state: str, *, by=None, now=None) -> list
         if not marked:
             return []
         runs = sorted({run_id for _, run_id, _, _ in marked})
+        cursor.execute(END_SENSOR_TRIES, {"ids": [row[0] for row in marked], "now": now,
+                                          "reason": f"ended by hand: the task run was marked {state}"
+                                                    + (f" by {who}" if who else "")})
         mapping.reopen(cursor, [task_run_id for task_run_id, _, _, map_index in marked if map_index >= 0])
         below = _descendants(cursor, runs, {(run_id, task) for _, run_id, task, _ in marked})
         if below:

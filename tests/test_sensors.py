@@ -238,3 +238,23 @@ def test_a_hanging_check_in_a_batch_times_out_alone_and_the_others_are_answered(
     states = dict(TaskRun.objects.filter(run__in=runs).values_list("pk", "state"))
     assert states.pop(hung) == "dead" and set(states.values()) == {"sensing"}
     assert "the check was interrupted" in Attempt.objects.get(task_run_id=hung).error
+
+
+@pytest.mark.django_db
+def test_a_waiting_sensor_marked_or_cancelled_by_hand_leaves_no_try_open(workflows, clock, tmp_path):
+    from orchestrator import control
+
+    loop = worker_loop()
+    runs = [trigger_workflow(workflows["sensing"], {"flag": str(tmp_path / "never")}, now=clock.now())[0]
+            for _ in range(2)]
+    for run in runs:
+        run_to_end(run, clock, loop)
+    marked, cancelled = (TaskRun.objects.get(run=run, task="arrived") for run in runs)
+    assert marked.state == cancelled.state == "sensing"
+    assert control.mark_task_runs([marked.pk], "succeeded", now=clock.now()) == [marked.pk]
+    assert control.cancel_run(runs[1].pk)
+    for sensor in (marked, cancelled):
+        attempt = Attempt.objects.get(task_run=sensor)
+        assert attempt.outcome == "cancelled" and attempt.finished_at is not None
+    assert "marked succeeded" in Attempt.objects.get(task_run=marked).error
+    assert TaskRun.objects.get(pk=cancelled.pk).state == "cancelled"
