@@ -232,9 +232,11 @@ class Worker(Role):
         answering = not self.want_claim and self.wakeup.asked(now)
         claim = len(idle) if self.want_claim else self.wakeup.claim_size(len(idle)) if answering else 0
         room = self.check_room(idle)
-        # Checks are claimed when one is due (or the worker looks anyway), none claimed is left,
-        # and a child may take them.
-        checks = room * CHECKS_PER_CHILD if room and not self.checks and (now >= self.next_check or claim) else 0
+        # Checks are claimed when one is due (or the worker looks unasked), none claimed is left,
+        # and a child may take them; never just because a notification brought a job, whose start
+        # would then wait for the checks' claim too.
+        checks = room * CHECKS_PER_CHILD if room and not self.checks and (now >= self.next_check or self.want_claim) \
+            else 0
         if not (self.batch.endings or claim or checks) or self.holding(now):
             return started
         claimed = self.batch.flush(claim, checks)
