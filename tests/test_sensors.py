@@ -13,7 +13,7 @@ from orchestrator.models import Attempt, TaskRun
 from orchestrator.resolver import Ending
 from orchestrator.runs import trigger_workflow
 from orchestrator.worker.batch import CHECK_LEASE_SECONDS
-from tests.features_support import run_to_end, sync_module, worker_loop
+from tests.support.features_support import run_to_end, sync_module, worker_loop
 
 MODULE = '''
 import os
@@ -159,7 +159,7 @@ def test_a_waiting_sensor_shows_its_checks_and_next_check_on_its_page_and_in_the
     from django.urls import reverse
 
     from orchestrator import access
-    from tests.api_support import client_for, make_user
+    from tests.support.api_support import client_for, make_user
 
     loop = worker_loop()
     run, _ = trigger_workflow(workflows["sensing"], {"flag": str(tmp_path / "flag")}, now=clock.now())

@@ -150,12 +150,11 @@ class Wakeup:
             self.everyone = True
             self.more = self.more or wake is None or ring is None or wake[0] > ring.size
         else:
-            # More places named than this worker has slots (many notifications of a row or two,
-            # one per transaction that enqueued): it claims more while rows stay due, as for a
-            # notification to everyone that counted more rows than the ring has places; capping
-            # the debt alone would leave the rest to the next poll.
-            self.more = self.more or self.owed + share > self.concurrency
-            self.owed = min(self.concurrency, self.owed + share)
+            # Not capped at this worker's slots: many notifications of a row or two (one per
+            # transaction that enqueued) can name its places more times than it has slots, and
+            # what it owes beyond them it claims as slots free (a cap would leave those rows to
+            # the next poll). A claim that comes back short forgets the debt (after_claim).
+            self.owed += share
 
     def asked(self, now: float) -> bool:
         """Whether a notification asks for a claim now (not while backing off)."""
