@@ -49,10 +49,11 @@ WHERE t.id = old.id
 RETURNING t.id, old.state
 """
 
-# The running attempts of cancelled task runs end now; the worker's later write is then a no-op.
+# The running attempts of cancelled task runs end now (and a waiting sensor's try); the worker's
+# later write is then a no-op.
 CANCEL_ATTEMPTS = f"""
 UPDATE orchestrator_attempt SET outcome = '{AttemptOutcome.CANCELLED}', finished_at = %(now)s, error = %(reason)s
-WHERE task_run_id = ANY (%(ids)s) AND outcome = '{AttemptOutcome.RUNNING}'
+WHERE task_run_id = ANY (%(ids)s) AND outcome IN ('{AttemptOutcome.RUNNING}', '{AttemptOutcome.RESCHEDULED}')
 """
 
 # Dead (or discarded) task runs get a fresh set of attempts: as many as the task allows,
@@ -259,8 +260,11 @@ def _cancel_run(run: Run | int, reason: str, by, timed_out: bool) -> bool:
             cursor.execute(CANCEL_TASK_RUNS, {"run": run_id, "now": now, "reason": reason})
             rows = cursor.fetchall()
             running = [task_run_id for task_run_id, old in rows if old == TaskState.RUNNING]
+            # A waiting sensor's try is open between its checks: it ends too (no process to kill).
+            open_tries = running + [task_run_id for task_run_id, old in rows if old == TaskState.SENSING]
+            if open_tries:
+                cursor.execute(CANCEL_ATTEMPTS, {"ids": open_tries, "now": now, "reason": reason})
             if running:
-                cursor.execute(CANCEL_ATTEMPTS, {"ids": running, "now": now, "reason": reason})
                 announce_cancelled(running)
     if isinstance(run, Run):
         run.state, run.reason, run.finished_at = RunState.FAILED if timed_out else RunState.CANCELLED, reason, now
@@ -401,6 +405,12 @@ RETURNING t.id, t.run_id, t.task, t.map_index, old.state, t.finished_at
 """
 
 
+# A waiting sensor marked by hand: the attempt of its try (open between its checks) ends too.
+END_SENSOR_TRIES = f"""
+UPDATE orchestrator_attempt SET outcome = '{AttemptOutcome.CANCELLED}', finished_at = %(now)s, error = %(reason)s
+WHERE task_run_id = ANY (%(ids)s) AND outcome = '{AttemptOutcome.RESCHEDULED}'
+"""
+
 MARK_SUCCEEDED = _mark_sql(TaskState.SUCCEEDED)
 MARK_FAILED = _mark_sql(TaskState.FAILED)
 MARKS = {TaskState.SUCCEEDED: MARK_SUCCEEDED, TaskState.FAILED: MARK_FAILED}
@@ -471,6 +481,8 @@ def mark_task_runs(ids: Iterable[int], state: str, *, by=None, now=None) -> list
         runs = sorted({row[1] for row in marked})
         finished = dict(Run.objects.filter(pk__in=runs).values_list("id", "finished_at"))
         running = _end_running_attempts(cursor, marked, reason, now)
+        # A waiting sensor's try is open between its checks: it ends with the mark.
+        cursor.execute(END_SENSOR_TRIES, {"ids": [row[0] for row in marked], "now": now, "reason": reason})
         mapping.reopen(cursor, [row[0] for row in marked if row[3] >= 0])
         below = _descendants(cursor, runs, {(row[1], row[2]) for row in marked})
         if below:

@@ -106,7 +106,7 @@ def child_main(conn, parent_pid: int) -> None:
                 with contextlib.suppress(Exception):
                     connections.close_all()
                 break
-            conn.send(run(message))
+            conn.send(run_checks(message) if "checks" in message else run(message))
             close_old_connections()  # a task that used the ORM must not leave a broken connection
     except BaseException:  # noqa: B036 - a child must never unwind into the worker's loop
         traceback.print_exc()
@@ -307,7 +307,8 @@ def run(message: dict, log_stream=None, declared: dict | None = None, functions:
     the task's spec as the caller's own workflow object declares it, ``functions`` the objects it
     holds (see ``resolve``)."""
     spec = message["spec"]
-    log = log_stream or logs.AttemptLog(logs.name_for(message["run_id"], message["id"], message["number"]))
+    log = log_stream or logs.AttemptLog(logs.name_for(message["run_id"], message["id"], message["number"]),
+                                        append=message.get("check") is not None)
     handler = logging.StreamHandler(log)
     handler.setFormatter(log_formatter())
     handler.addFilter(logformat.ContextFilter())
@@ -328,6 +329,7 @@ def run(message: dict, log_stream=None, declared: dict | None = None, functions:
                 value = call_python(message, ctx, declared, functions, attempt)
                 if spec.get("sensor") and not value:
                     outcome = AttemptOutcome.RESCHEDULED  # not yet: checked again after the sensor's interval
+                    result = answer_text(value)
                 elif spec.get("approval"):
                     outcome = AttemptOutcome.ASKED  # the question is out: the task run awaits its answer
                 else:
@@ -365,6 +367,49 @@ def run(message: dict, log_stream=None, declared: dict | None = None, functions:
         log_name = log.finish() if log_stream is None else ""
     return (message["id"], message["number"], outcome, result, error[:10000], tb, log_name, metadata,
             exception_class[:300])
+
+
+def answer_text(value) -> str:
+    """A sensor's "not yet" answer as kept on its task run (``last_answer``): short JSON text."""
+    try:
+        text = json.dumps(value, allow_nan=False, default=repr)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text[:200]
+
+
+class CheckTimedOut(TaskFailure):
+    """A sensor's check that outlived its own timeout (``poke_timeout``) inside a batch of checks."""
+
+
+def _check_alarm(signum, frame):
+    raise CheckTimedOut("the check outlived its timeout")
+
+
+def run_checks(message: dict) -> list[tuple]:
+    """Run a batch of waiting sensors' checks (``message["checks"]``, claimed together by
+    worker.batch.CLAIM_CHECKS) one after the other in this child: one round trip to the worker for
+    all of them. Each check keeps its own timeout (a timer interrupts one that hangs in Python
+    code; the worker kills the child when the batch as a whole outlives the sum). Returns one
+    ``run`` reply per check, a timed-out one with the outcome timed_out."""
+    replies = []
+    previous = signal.signal(signal.SIGALRM, _check_alarm)
+    try:
+        for check in message["checks"]:
+            timeout = check.get("timeout")
+            if timeout:
+                signal.setitimer(signal.ITIMER_REAL, float(timeout))
+            try:
+                reply = run(check)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            if reply[8] == _class_path(CheckTimedOut("")):
+                reply = (*reply[:2], AttemptOutcome.TIMED_OUT, None,
+                         f"timed out after {timeout:g}s: the check was interrupted", *reply[5:])
+            replies.append(reply)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    return replies
 
 
 def _class_path(exc: BaseException) -> str:

@@ -182,7 +182,7 @@ class _Runner:
         declared = self.spec["tasks"].get(task) if message["spec"].get("call") != "job" else None
         reply = executor.run(message, log_stream=stream, declared=declared, functions=self.functions)
         self.logs.setdefault(task_run_id, []).append(stream.getvalue())
-        ending = Ending(*reply, job=message["spec"].get("call") == "job", run_id=run_id)
+        ending = Ending(*reply, job=message["spec"].get("call") == "job", run_id=run_id, check=message.get("check"))
         resolver.end_attempts([ending], now=self.clock.now())
         if ending.job and message["spec"].get("callback"):
             context = message["spec"]["args"][0]

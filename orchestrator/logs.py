@@ -56,8 +56,9 @@ def private_folders(folder: str) -> None:
 class AttemptLog(io.TextIOBase):
     """A write-only text stream for stdout, stderr and logging of one attempt, opened lazily."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, append: bool = False):
         self.name = name
+        self.append = append  # a waiting sensor's later check adds to its try's log
         self.file = None
         self.buffer_ = None  # for storages without local paths
         self.written = False
@@ -71,7 +72,7 @@ class AttemptLog(io.TextIOBase):
             private_folders(os.path.dirname(path))
             # "w": one opener per attempt; a leftover file of a reset database is replaced. Logs
             # can hold anything a task prints: readable by the service user only.
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if self.append else os.O_TRUNC), 0o600)
             os.fchmod(fd, 0o600)  # a leftover file keeps its mode through O_CREAT
             self.file = open(fd, "w", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed in finish()
         else:

@@ -272,8 +272,11 @@ class TaskRun(models.Model):
     lane = models.SmallIntegerField(choices=Lane.choices, default=Lane.LIVE)
     attempts = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField(default=1)
-    due_at = models.DateTimeField(null=True, blank=True)
+    due_at = models.DateTimeField(null=True, blank=True)  # a sensor's next check while it is sensing
     timeout = models.FloatField(null=True, blank=True, help_text="Seconds before the attempt is killed.")
+    # A sensor's checks (no attempts: one attempt spans its try) and its latest "not yet" answer.
+    checks = models.PositiveIntegerField(default=0, db_default=0)
+    last_answer = models.CharField(max_length=200, blank=True, default="", db_default="")
     # Looked up by worker only while running (taskrun_running): a full index would take an entry
     # at every change of state of every task run ever claimed. No constraint in the database:
     # its check at every claim read the worker's row and locked it (FOR KEY SHARE, a write to that
@@ -328,6 +331,8 @@ class TaskRun(models.Model):
             # the instances page filtered by state, and a run's counts by state (reads.run_counts),
             # read from the index alone.
             models.Index(fields=["run", "state", "task", "map_index"], name="taskrun_run_state"),
+            # Waiting sensors of a queue by their next check (the workers' check claim, worker.batch).
+            models.Index(fields=["queue", "due_at"], condition=Q(state=TaskState.SENSING), name="taskrun_sensing"),
         ]
 
     def __str__(self):

@@ -64,6 +64,7 @@ class Ending:
     job: bool = False  # a one-task job run: no children to release
     run_id: int | None = None  # saves a lookup when known
     sensor_timeout: bool = False  # a sensor's "not yet" past its timeout (notifications hear of it)
+    check: int | None = None  # a waiting sensor's check (not an attempt): its task run's checks when claimed
 
 
 # --- SQL ---------------------------------------------------------------------------------------
@@ -85,8 +86,12 @@ RUNS_OF = "SELECT DISTINCT run_id FROM orchestrator_taskrun WHERE id = ANY (%s)"
 # touches any row. The guard (state running, same attempt number and, for a worker's own writes,
 # the same worker) makes a late write from a reaped worker or a cancelled task change nothing.
 # Failures follow the retry rule above, computed from each row's spec. A sensor's "not yet"
-# (outcome rescheduled) is due again after its interval and costs no attempt of its allowance
-# (max_attempts grows by one, so attempt numbers stay unique and every check stays in the history).
+# (outcome rescheduled) makes it "sensing", its next check due after its interval: a check is not
+# an attempt (the attempt of its try stays open, "rescheduled", until a check ends the try); each
+# check counts in ``checks``, and the latest answer is kept. A waiting sensor's check (``d.check``,
+# claimed by worker.batch.CLAIM_CHECKS without an attempt) is accepted while the sensor still
+# waits with the check count it was claimed at, so a check claimed twice (after its lease) is
+# recorded once: END_CHECKS.
 # The run of a one-task job (``job_runs``) ends here with its task run: it releases nothing, and
 # the check that no other task run of it is unfinished keeps the rule of FINISH_RUNS. Each row
 # says whether its run maps or branches (for mapping.py), how a job run ended (run_state) and
@@ -102,10 +107,11 @@ WITH l AS MATERIALIZED (
 ), t AS (
 UPDATE orchestrator_taskrun t SET
     state = CASE WHEN d.outcome = '{AttemptOutcome.SUCCEEDED}' THEN '{TaskState.SUCCEEDED}'
-                 WHEN d.not_yet THEN '{TaskState.SCHEDULED}'
+                 WHEN d.not_yet THEN '{TaskState.SENSING}'
                  WHEN d.asked THEN '{TaskState.AWAITING}'
                  WHEN t.attempts < t.max_attempts THEN '{TaskState.SCHEDULED}' ELSE '{TaskState.DEAD}' END,
-    max_attempts = t.max_attempts + CASE WHEN d.not_yet THEN 1 ELSE 0 END,
+    checks = t.checks + CASE WHEN t.spec ? 'sensor' THEN 1 ELSE 0 END,
+    last_answer = CASE WHEN d.not_yet THEN left(COALESCE(d.result, ''), 200) ELSE t.last_answer END,
     result = CASE WHEN d.outcome = '{AttemptOutcome.SUCCEEDED}' THEN d.result::jsonb ELSE t.result END,
     error = CASE WHEN d.outcome = '{AttemptOutcome.SUCCEEDED}' THEN '' ELSE d.error END,
     due_at = CASE WHEN d.not_yet
@@ -125,8 +131,10 @@ WHERE (SELECT count(*) FROM l) >= 0
 RETURNING t.id, t.run_id, t.state, t.spec ? 'produces' AS produces, t.spec ? 'callbacks' AS calls,
     t.map_index >= 0 AS instance
 ), a AS (
-    -- The attempt rows of the task runs whose end was accepted above, in the same round trip.
-    UPDATE orchestrator_attempt a SET outcome = d.outcome, finished_at = %(now)s, error = d.error,
+    -- The attempt rows of the task runs whose end was accepted above, in the same round trip. A
+    -- sensor's try stays open while its checks say "not yet" (rescheduled, no end time).
+    UPDATE orchestrator_attempt a SET outcome = d.outcome, error = d.error,
+        finished_at = CASE WHEN d.not_yet THEN NULL ELSE %(now)s END,
         traceback = d.traceback, exception_class = d.exception_class,
         log_path = CASE WHEN d.log_path <> '' THEN d.log_path ELSE a.log_path END
     FROM t JOIN d ON d.id = t.id
@@ -145,6 +153,50 @@ RETURNING t.id, t.run_id, t.state, t.spec ? 'produces' AS produces, t.spec ? 'ca
 )
 SELECT t.id, t.run_id, t.state, t.produces, t.calls, l.dynamic, j.state AS run_state, j.workflow_id, t.instance
 FROM t JOIN l ON l.id = t.run_id LEFT JOIN j ON j.id = t.run_id
+""")
+
+# End the checks of waiting sensors (claimed by worker.batch.CLAIM_CHECKS: no attempt, no change
+# of state), the runs locked first as above. Accepted while the sensor still waits, with the
+# check count it was claimed at (a check claimed again after its lease is recorded once) and,
+# for a worker's own writes, claimed by this worker. "Not yet": the next check after the
+# interval. Yes: succeeded, its try's attempt too. A check that raised (or timed out) ends the
+# try as a failed attempt: the retry rule. Rows as END_TASK_RUNS' (a sensor is never a job run).
+END_CHECKS = db.prepared(f"""
+WITH l AS MATERIALIZED (
+    {_LOCK_RUNS.format("%(runs)s::bigint[]")}
+), d AS (
+    SELECT *, outcome = '{AttemptOutcome.RESCHEDULED}' AS not_yet, outcome = '{AttemptOutcome.SUCCEEDED}' AS yes
+    FROM unnest(%(ids)s::bigint[], %(numbers)s::int[], %(checks)s::int[], %(outcomes)s::text[], %(results)s::text[],
+                %(errors)s::text[], %(tracebacks)s::text[], %(log_paths)s::text[], %(exception_classes)s::text[])
+        AS d(id, number, checked, outcome, result, error, traceback, log_path, exception_class)
+), t AS (
+UPDATE orchestrator_taskrun t SET
+    state = CASE WHEN d.yes THEN '{TaskState.SUCCEEDED}' WHEN d.not_yet THEN '{TaskState.SENSING}'
+                 WHEN t.attempts < t.max_attempts THEN '{TaskState.SCHEDULED}' ELSE '{TaskState.DEAD}' END,
+    checks = t.checks + 1,
+    last_answer = CASE WHEN d.not_yet THEN left(COALESCE(d.result, ''), 200) ELSE t.last_answer END,
+    result = CASE WHEN d.yes THEN d.result::jsonb ELSE t.result END,
+    error = CASE WHEN d.yes OR d.not_yet THEN '' ELSE d.error END,
+    due_at = CASE WHEN d.not_yet THEN %(now)s + make_interval(secs => (t.spec->'sensor'->>'every')::float8)
+        WHEN NOT d.yes AND t.attempts < t.max_attempts THEN %(now)s + make_interval(secs => {retries.delay_sql("t", "t.attempts")})
+        ELSE t.due_at END,
+    finished_at = CASE WHEN d.not_yet OR (NOT d.yes AND t.attempts < t.max_attempts) THEN NULL ELSE %(now)s END
+FROM d
+WHERE (SELECT count(*) FROM l) >= 0
+  AND t.id = d.id AND (t.state = '{TaskState.SENSING}' AND t.attempts = d.number AND t.checks = d.checked
+  AND (%(worker)s::bigint IS NULL OR t.worker_id = %(worker)s::bigint)) IS TRUE
+RETURNING t.id, t.run_id, t.state, t.spec ? 'produces' AS produces, t.spec ? 'callbacks' AS calls
+), a AS (
+    -- The try's attempt ends with the check that ends the try; a "not yet" writes nothing to it.
+    UPDATE orchestrator_attempt a SET outcome = d.outcome, finished_at = %(now)s, error = d.error,
+        traceback = d.traceback, exception_class = d.exception_class,
+        log_path = CASE WHEN d.log_path <> '' THEN d.log_path ELSE a.log_path END
+    FROM t JOIN d ON d.id = t.id
+    WHERE a.task_run_id = d.id AND a.number = d.number AND NOT d.not_yet
+      AND (a.outcome = '{AttemptOutcome.RESCHEDULED}') IS TRUE
+)
+SELECT t.id, t.run_id, t.state, t.produces, t.calls, l.dynamic, NULL::text AS run_state, NULL::bigint AS workflow_id
+FROM t JOIN l ON l.id = t.run_id
 """)
 
 # Decide waiting children of the given runs whose trigger rule is settled by their parents'
@@ -229,15 +281,12 @@ WHERE t.id = e.id AND t.state = '{TaskState.WAITING}'
 RETURNING t.id, t.state
 """
 
-# The start of a sensor's current try (its first check since its last failure, or ever): its
-# timeout counts from there.
-SENSING_SINCE = f"""
-SELECT t.id, (t.spec->'sensor'->>'timeout')::float8, (
-    SELECT min(a.started_at) FROM orchestrator_attempt a
-    WHERE a.task_run_id = t.id AND a.number > COALESCE((
-        SELECT max(b.number) FROM orchestrator_attempt b
-        WHERE b.task_run_id = t.id AND b.outcome NOT IN ('{AttemptOutcome.RESCHEDULED}', '{AttemptOutcome.RUNNING}')), 0))
+# The start of a sensor's current try (its attempt, which spans every check of the try): its
+# timeout counts from there. One row by the attempt's unique key per check.
+SENSING_SINCE = """
+SELECT t.id, (t.spec->'sensor'->>'timeout')::float8, a.started_at
 FROM orchestrator_taskrun t
+JOIN orchestrator_attempt a ON a.task_run_id = t.id AND a.number = t.attempts
 WHERE t.id = ANY (%(ids)s) AND t.spec->'sensor'->>'timeout' IS NOT NULL
 """
 
@@ -276,6 +325,7 @@ class SentEndings:
     now: datetime
     end: object = None
     job_runs: frozenset = frozenset()  # the runs of one-task jobs, ended with their task run
+    checks: object = None  # the cursor of END_CHECKS, when waiting sensors' checks are among the endings
 
 
 def end_attempts(endings: Sequence[Ending], *, worker_id: int | None = None,
@@ -291,8 +341,9 @@ def end_attempts(endings: Sequence[Ending], *, worker_id: int | None = None,
 
 def send_endings(endings: Sequence[Ending], *, worker_id: int | None = None,
                  now: datetime | None = None) -> SentEndings:
-    """Send the statement that records these endings (END_TASK_RUNS: lock their runs, end the
-    attempts and task runs, and the runs of one-task jobs). In pipeline mode (``db.pipeline``)
+    """Send the statements that record these endings (END_TASK_RUNS: lock their runs, end the
+    attempts and task runs, and the runs of one-task jobs; END_CHECKS: the checks of waiting
+    sensors). In pipeline mode (``db.pipeline``)
     nothing waits for an answer here."""
     now = now or clock.now()
     runs = {e.run_id for e in endings}
@@ -301,17 +352,25 @@ def send_endings(endings: Sequence[Ending], *, worker_id: int | None = None,
             cursor.execute(RUNS_OF, [[e.task_run_id for e in endings]])
             runs = {row[0] for row in cursor.fetchall()}
     endings = _sensor_timeouts(endings, now)
+    attempts = [e for e in endings if e.check is None]
+    checks = [e for e in endings if e.check is not None]
     sent = SentEndings(endings=endings, now=now, end=db.cursor(),
-                       job_runs=frozenset(e.run_id for e in endings if e.job and e.run_id is not None))
-    db.execute(sent.end, END_TASK_RUNS, {
-        "runs": sorted(runs), "job_runs": sorted(sent.job_runs),
-        "ids": [e.task_run_id for e in endings], "numbers": [e.number for e in endings],
-        "outcomes": [e.outcome for e in endings], "results": [e.result for e in endings],
-        "errors": [e.error for e in endings], "tracebacks": [e.traceback for e in endings],
-        "log_paths": [e.log_path for e in endings], "exception_classes": [e.exception_class for e in endings],
-        "worker": worker_id, "now": now,
-    })
+                       job_runs=frozenset(e.run_id for e in attempts if e.job and e.run_id is not None))
+    # Both statements lock every run of the batch (in id order, first thing), so their writer
+    # takes its run locks in one order, as every writer does.
+    common = {"runs": sorted(runs), "worker": worker_id, "now": now}
+    db.execute(sent.end, END_TASK_RUNS, {**common, "job_runs": sorted(sent.job_runs), **_columns(attempts)})
+    if checks:
+        sent.checks = db.cursor()
+        db.execute(sent.checks, END_CHECKS, {**common, "checks": [e.check for e in checks], **_columns(checks)})
     return sent
+
+
+def _columns(endings: Sequence[Ending]) -> dict:
+    return {"ids": [e.task_run_id for e in endings], "numbers": [e.number for e in endings],
+            "outcomes": [e.outcome for e in endings], "results": [e.result for e in endings],
+            "errors": [e.error for e in endings], "tracebacks": [e.traceback for e in endings],
+            "log_paths": [e.log_path for e in endings], "exception_classes": [e.exception_class for e in endings]}
 
 
 def receive_endings(sent: SentEndings) -> list[tuple[int, int, str]]:
@@ -320,6 +379,9 @@ def receive_endings(sent: SentEndings) -> list[tuple[int, int, str]]:
     run_id, new_state) for each ending that was accepted."""
     with sent.end:
         rows = sent.end.fetchall()
+    if sent.checks is not None:
+        with sent.checks:
+            rows += sent.checks.fetchall()
     if not rows:
         return []
     finished = list({run_id: (run_id, run_state, workflow_id)
@@ -363,10 +425,12 @@ def _resolve_after(accepted: list[tuple], mine: list[Ending], now: datetime, don
     (but ``done``: ended already); wake the dispatchers when something became due (a retry, a
     released child). ``dynamic``: the runs that map or branch, as locked; ``quiet``: those of
     them where only mapped instances ended."""
-    ended_runs = {run_id for _, run_id, state in accepted if state not in (TaskState.SCHEDULED, TaskState.AWAITING)} - done
+    holding = (TaskState.SCHEDULED, TaskState.AWAITING, TaskState.SENSING)
+    ended_runs = {run_id for _, run_id, state in accepted if state not in holding} - done
     jobs = {e.task_run_id for e in mine if e.job}
-    parents = {run_id for task_run_id, run_id, state in accepted
-               if state not in (TaskState.SCHEDULED, TaskState.AWAITING) and task_run_id not in jobs}
+    parents = {run_id for task_run_id, run_id, state in accepted if state not in holding and task_run_id not in jobs}
+    # A sensor's "not yet" (sensing) wakes nobody: its next check is due an interval from now, and
+    # every role already waits until the next due time it knows (the worker that recorded it knows it).
     retrying = any(state == TaskState.SCHEDULED for _, _, state in accepted)
     released = resolve_runs(ended_runs, now=now, release=parents, dynamic=dynamic, quiet=quiet) if ended_runs else 0
     if retrying or released:

@@ -30,7 +30,8 @@ Task runs::
     upstream_failed / skipped ──(a parent is retried)──> waiting
     any finished ──(a backfill reprocesses the run)──> scheduled or waiting
     waiting ──(a mapped task's parent succeeded)──> mapped ──(its instances ended)──> succeeded or failed
-    running ──(a sensor's check says "not yet")──> scheduled (due after its interval)
+    running ──(a sensor's first check says "not yet")──> sensing (next check due after its interval)
+    sensing ──(a check says yes)──> succeeded;  sensing ──(a check raises, or time is up)──> scheduled or dead
     running ──(an approval's question is asked)──> awaiting ──(answered)──> succeeded or failed
     awaiting ──(no answer in time)──> scheduled (asked again, attempts left) or dead
 """
@@ -58,6 +59,9 @@ class TaskState(TextChoices):
     # An approval task whose question was asked: it waits for a person's answer (or its timeout),
     # holding no worker.
     AWAITING = "awaiting", "awaiting an answer"
+    # A sensor whose check said "not yet": it waits for its next check (due_at), holding no worker;
+    # its checks are no attempts (TaskRun.checks counts them, the try is one attempt).
+    SENSING = "sensing", "waiting for its next check"
 
 
 class RunState(TextChoices):
@@ -96,7 +100,9 @@ class AttemptOutcome(TextChoices):
     TIMED_OUT = "timed_out", "timed out"
     LOST = "lost", "lost"  # the worker went silent
     CANCELLED = "cancelled", "cancelled"
-    RESCHEDULED = "rescheduled", "rescheduled"  # a sensor's check said "not yet"
+    # A sensor's try whose latest check said "not yet": it goes on with the next check, in the
+    # same attempt (a check is not an attempt).
+    RESCHEDULED = "rescheduled", "waiting for its next check"
     ASKED = "asked", "asked"  # an approval's question was asked: its task run awaits the answer
 
 
@@ -108,7 +114,7 @@ class WorkerState(TextChoices):
 
 
 ACTIVE_TASK_STATES = (TaskState.WAITING, TaskState.SCHEDULED, TaskState.QUEUED, TaskState.RUNNING,
-                      TaskState.MAPPED, TaskState.AWAITING)
+                      TaskState.MAPPED, TaskState.AWAITING, TaskState.SENSING)
 FINISHED_TASK_STATES = (
     TaskState.SUCCEEDED, TaskState.FAILED, TaskState.DEAD, TaskState.UPSTREAM_FAILED,
     TaskState.SKIPPED, TaskState.CANCELLED,
@@ -118,8 +124,9 @@ BUSY_TASK_STATES = (TaskState.QUEUED, TaskState.RUNNING)
 # States a retry takes a task run out of: the dead-letter queue, and task runs discarded from it.
 RETRYABLE_TASK_STATES = (TaskState.DEAD, TaskState.FAILED)
 # States an operator can mark a task run succeeded or failed from: any but mapped (its instances
-# decide it) and awaiting (its approval answers it). A running one's worker is told to stop.
-MARKABLE_TASK_STATES = (TaskState.WAITING, TaskState.SCHEDULED, TaskState.QUEUED, TaskState.RUNNING,
+# decide it) and awaiting (its approval answers it). A running one's worker is told to stop; a
+# sensing one's open attempt is closed.
+MARKABLE_TASK_STATES = (TaskState.WAITING, TaskState.SCHEDULED, TaskState.QUEUED, TaskState.RUNNING, TaskState.SENSING,
                         *FINISHED_TASK_STATES)
 
 ACTIVE_RUN_STATES = (RunState.PENDING, RunState.RUNNING)
@@ -176,6 +183,11 @@ TASK_RUN_TRANSITIONS = [
     (T.AWAITING, T.FAILED, "approvals: answered with an option that rejects"),
     (T.AWAITING, T.SCHEDULED, "approvals: no answer in time, and an ask is left: asked again"),
     (T.AWAITING, T.DEAD, "approvals: no answer in time, and no ask is left"),
+    # Sensors: between checks a row and a due time, holding no worker; a check is not an attempt.
+    (T.RUNNING, T.SENSING, "resolver: a sensor's first check of its try said not yet"),
+    (T.SENSING, T.SUCCEEDED, "resolver: a sensor's check said yes"),
+    (T.SENSING, T.SCHEDULED, "resolver: a sensor's check raised or its time is up, attempts left"),
+    (T.SENSING, T.DEAD, "resolver: a sensor's check raised or its time is up, no attempt left"),
 ]
 
 RUN_TRANSITIONS = [
@@ -203,6 +215,8 @@ ATTEMPT_TRANSITIONS = [
     *[(A.RUNNING, outcome, "resolver: the attempt ended; control: cancelled; worker: handed back (lost)")
       for outcome in (A.SUCCEEDED, A.FAILED, A.TIMED_OUT, A.LOST, A.CANCELLED)],
     (A.RUNNING, A.RESCHEDULED, "resolver: a sensor's check said not yet"),
+    *[(A.RESCHEDULED, outcome, "resolver: a sensor's later check ended its try; control: cancelled")
+      for outcome in (A.SUCCEEDED, A.FAILED, A.TIMED_OUT, A.CANCELLED)],
     (A.RUNNING, A.ASKED, "resolver: an approval's question was asked"),
 ]
 

@@ -47,7 +47,7 @@ def worker_loop(queues=("default",)):
 def execute_claimed(loop, n, clock):
     """Claim like the worker does, run the tasks in this process, record like the worker does."""
     messages = loop.claim(n, clock.now())
-    endings = [Ending(*executor.run(m)) for m in messages]
+    endings = [Ending(*executor.run(m), check=m.get("check")) for m in messages]
     from django.db import transaction
 
     with transaction.atomic():

@@ -116,6 +116,25 @@ def test_a_notification_for_other_places_leaves_the_worker_asleep_and_its_own_ar
     assert wakeup.asked(now=0.0) and wakeup.claim_size(idle=2) == 2 and wakeup.claim_size(idle=1) == 1
 
 
+def test_places_named_more_often_than_the_worker_has_slots_stay_owed_until_claimed():
+    # Twenty jobs enqueued in twenty transactions: twenty notifications of one row each, all
+    # naming this worker's places. It claims two (its slots), and owes the other eighteen: it
+    # claims them as its slots free, instead of leaving them to the next poll.
+    channel = queue_channel("default")
+    wakeup = Wakeup(concurrency=2, poll=1.0)
+    wakeup.rings = {channel: _fleet([2])[0]}  # the only worker: both places
+    for token in range(20):
+        wakeup.notified(channel, f"1 {token}")
+    assert wakeup.claim_size(idle=2) == 2
+    wakeup.after_claim(2, 2, now=0.0, answering=True, due_now=True)
+    assert wakeup.asked(now=0.0) and wakeup.claim_size(idle=1) == 1
+    wakeup.after_claim(1, 1, now=0.0, answering=True, due_now=True)
+    assert wakeup.owed == 17
+    # A claim that comes back short (others took the rows) forgets the rest.
+    wakeup.after_claim(1, 0, now=0.0, answering=True, due_now=False)
+    assert not wakeup.asked(now=1.0)
+
+
 def test_an_empty_answer_backs_off_with_jitter_and_claims_what_came_meanwhile_once():
     channel = queue_channel("default")
     waits = []

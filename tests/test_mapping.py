@@ -228,8 +228,9 @@ def test_a_sensor_holds_no_slot_between_checks_and_goes_on_when_it_answers_yes(w
     for _ in range(2):
         run_to_end(run, clock, loop)
         sensor = rows(run, "arrived")[0]
-        # Not yet: back to scheduled, due after its interval, holding nothing meanwhile.
-        assert sensor.state == "scheduled" and sensor.due_at == clock.now() + timedelta(seconds=30)
+        # Not yet: sensing, its next check due after its interval, holding nothing meanwhile.
+        assert sensor.state == "sensing" and sensor.due_at == clock.now() + timedelta(seconds=30)
+        assert sensor.last_answer == "false"
         assert dispatcher.tick(now=clock.now()) == 0
         clock.advance(seconds=30)
     flag.touch()
@@ -238,9 +239,9 @@ def test_a_sensor_holds_no_slot_between_checks_and_goes_on_when_it_answers_yes(w
     assert rows(run, "process")[0].result == {"found": str(flag)}
     sensor = rows(run, "arrived")[0]
     outcomes = list(Attempt.objects.filter(task_run=sensor).order_by("number").values_list("outcome", flat=True))
-    assert outcomes == ["rescheduled", "rescheduled", "succeeded"]
-    # A check costs no attempt of the allowance, and is no retry (on_retry was not called).
-    assert sensor.max_attempts == 3 and not Run.objects.filter(trigger="job").exists()
+    # A check is not an attempt: three checks, one attempt (the try), no retry (on_retry was not called).
+    assert outcomes == ["succeeded"] and sensor.checks == 3 and sensor.attempts == 1
+    assert sensor.max_attempts == 1 and not Run.objects.filter(trigger="job").exists()
 
 
 def test_a_sensor_that_never_answers_yes_times_out_through_the_retry_rule(workflows, clock, loop, tmp_path):
@@ -252,6 +253,6 @@ def test_a_sensor_that_never_answers_yes_times_out_through_the_retry_rule(workfl
     sensor = rows(run, "arrived")[0]
     assert sensor.state == "dead" and sensor.error == "sensor timed out: no true answer in 100s"
     outcomes = list(Attempt.objects.filter(task_run=sensor).order_by("number").values_list("outcome", flat=True))
-    assert outcomes == ["rescheduled"] * 4 + ["timed_out"]  # checks at 0, 30, 60, 90; at 120 it is over
+    assert outcomes == ["timed_out"] and sensor.checks == 5  # checks at 0, 30, 60, 90; at 120 it is over
     run.refresh_from_db()
     assert run.state == "failed" and rows(run, "process")[0].state == "upstream_failed"

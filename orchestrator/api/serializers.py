@@ -149,14 +149,33 @@ class RunSerializer(serializers.ModelSerializer):
                   "finished_at"]
 
 
+class SensorSerializer(serializers.Serializer):
+    """A sensor's waiting: its checks are no attempts."""
+
+    waiting = serializers.BooleanField(help_text="Between checks (state sensing), holding no worker.")
+    checks = serializers.IntegerField(help_text="Checks made so far, over all its attempts.")
+    last_answer = serializers.CharField(help_text="The latest \"not yet\" answer, as short JSON text.")
+    next_check_at = serializers.DateTimeField(allow_null=True, help_text="When it is checked next, while waiting.")
+
+
 class TaskRunSerializer(serializers.ModelSerializer):
     map_index = serializers.IntegerField(
         read_only=True, help_text="-1 for a task's own task run; a mapped task's instances are numbered from 0")
+    sensor = serializers.SerializerMethodField(help_text="A sensor's waiting (null for other tasks).")
 
     class Meta:
         model = TaskRun
         fields = ["id", "task", "map_index", "state", "upstream", "queue", "priority", "attempts", "max_attempts",
-                  "due_at", "timeout", "result", "error", "created_at", "queued_at", "started_at", "finished_at"]
+                  "due_at", "timeout", "result", "error", "created_at", "queued_at", "started_at", "finished_at",
+                  "sensor"]
+
+    @extend_schema_field(SensorSerializer(allow_null=True))
+    def get_sensor(self, task_run) -> dict | None:
+        if "sensor" not in (task_run.spec or {}):
+            return None
+        waiting = task_run.state == TaskState.SENSING
+        return {"waiting": waiting, "checks": task_run.checks, "last_answer": task_run.last_answer,
+                "next_check_at": task_run.due_at if waiting else None}
 
 
 class RunTaskRunSerializer(TaskRunSerializer):

@@ -1,7 +1,7 @@
 """``manage.py bench``: the sections it runs, in order, on a benchmark database dropped and created
 for the purpose (``bench.core``).
 
-Sections (``--only pg,jobs,peers,latency,steady,backlog,history,dag,fleet,io,scheduler,pages,cron,map,footprint``):
+Sections (``--only pg,jobs,peers,latency,steady,backlog,history,dag,fleet,io,scheduler,pages,cron,map,sensors,footprint``):
 
 - pg, jobs, latency, dag: PostgreSQL's own ceiling, jobs end to end, the start delay at light
   load, DAG wall time (see ``bench.core``).
@@ -17,6 +17,7 @@ Sections (``--only pg,jobs,peers,latency,steady,backlog,history,dag,fleet,io,sch
 - map: maps over 1,000, 10,000 and 100,000 no-op items (``--map-items``): time from the parent's
   success to the last instance's end, instances/s beside the plain-job rate of the same
   processes, worker memory (see ``bench.mapping``).
+- sensors: 10,000 sensors waiting at every=60 beside ordinary jobs (see ``bench.sensors``).
 - footprint: the memory (PSS) of the whole ``./dev run`` stack once idle (see ``bench.footprint``).
 """
 
@@ -24,11 +25,23 @@ from __future__ import annotations
 
 import os
 
-from orchestrator.bench import core, cron, fleet, footprint, iobound, load, mapping, pages, peers, scheduler
+from orchestrator.bench import (
+    core,
+    cron,
+    fleet,
+    footprint,
+    iobound,
+    load,
+    mapping,
+    pages,
+    peers,
+    scheduler,
+    sensors,
+)
 from orchestrator.bench.core import BENCH_DB, Output
 
 SECTIONS = ("pg", "jobs", "peers", "latency", "steady", "backlog", "history", "dag", "fleet", "io", "scheduler",
-            "pages", "cron", "map", "footprint")
+            "pages", "cron", "map", "sensors", "footprint")
 
 
 def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int = 16, rates=(500, 2000),
@@ -64,6 +77,7 @@ def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int 
         ("cron", "Cron over long ranges:", lambda: cron.run(out)),
         ("map", "Mapping (maps of no-op items beside plain no-op jobs, same processes):",
          lambda: mapping.run(out, map_items)),
+        ("sensors", "Waiting sensors:", lambda: sensors.run(out)),
         ("footprint", "Idle footprint:", lambda: footprint.run(out)),
     )
     for name, title, step in steps:

@@ -29,7 +29,7 @@ from orchestrator.web.kit import POLL, back, is_htmx, operator_action, page, sec
 
 LOG_PAGE = 64 * 1024
 AUDIT_NAMES = 50  # task names an audit record lists (its ids list them all)
-LIVE_STATES = (TaskState.WAITING, TaskState.SCHEDULED, TaskState.QUEUED, TaskState.RUNNING)
+LIVE_STATES = (TaskState.WAITING, TaskState.SCHEDULED, TaskState.QUEUED, TaskState.RUNNING, TaskState.SENSING)
 
 # The task-level actions: what each one does, and the question the button asks first.
 TASK_ACTIONS = {

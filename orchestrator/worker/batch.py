@@ -3,6 +3,9 @@
 ready; it commits before any child starts user code. One round trip carries the whole batch
 (``db.pipeline``).
 
+Waiting sensors' checks are claimed in the same transaction by a statement of their own
+(``CLAIM_CHECKS``): no attempt, a lease on the row instead, many per child round trip.
+
 Outcomes wait a few milliseconds for their neighbours while other tasks still run
 (``COALESCE_SECONDS``), so a busy worker records and claims many per transaction. The latest
 recorded outcomes are kept, to record again those a database crash lost (``recorded``).
@@ -110,6 +113,64 @@ SELECT t.id, t.run_id, t.task, t.attempts, t.spec, t.timeout, t.has_parents, upc
 FROM upcoming LEFT JOIN t ON true
 """)
 
+# Waiting sensors' checks due now, of these queues, in due order: up to n, claimed without an
+# attempt (a check is not an attempt) and with a lease instead of a state change. The sensor stays
+# "sensing"; its due time moves a lease ahead and it is marked this worker's, so a worker that dies
+# mid-check costs only a late check (it comes due again when the lease ends) and a second claim
+# after the lease is told apart by the check count (resolver.END_TASK_RUNS). Concurrency limits
+# applied to the sensor's first check (an attempt); its later checks hold no slot between them and
+# are not counted against them. With the next due check of these queues, the claimed ones left out.
+CLAIM_CHECKS = db.prepared(f"""
+WITH c AS MATERIALIZED (
+    SELECT x.id FROM unnest(%(queues)s::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        -- One ordered index scan per queue (taskrun_sensing).
+        SELECT id, due_at FROM orchestrator_taskrun
+        WHERE state = '{TaskState.SENSING}' AND queue = q.name AND due_at <= %(now)s
+        ORDER BY due_at
+        LIMIT %(n)s
+        FOR UPDATE SKIP LOCKED
+    ) x
+    ORDER BY x.due_at
+    LIMIT %(n)s
+), t AS (
+    UPDATE orchestrator_taskrun t SET worker_id = %(worker)s, due_at = %(now)s + make_interval(secs => %(lease)s)
+    WHERE t.id = ANY (ARRAY(SELECT id FROM c)) AND (t.state = '{TaskState.SENSING}') IS TRUE
+    RETURNING t.id, t.run_id, t.task, t.attempts, t.checks, t.spec, t.timeout, cardinality(t.upstream) > 0 AS has_parents
+), upcoming AS (
+    SELECT min(u.due_at) AS next_due FROM unnest(%(queues)s::text[]) AS q(name) CROSS JOIN LATERAL (
+        SELECT due_at FROM orchestrator_taskrun
+        WHERE state = '{TaskState.SENSING}' AND queue = q.name AND id <> ALL (ARRAY(SELECT id FROM c))
+        ORDER BY due_at LIMIT 1
+    ) u
+)
+SELECT t.id, t.run_id, t.task, t.attempts, t.checks, t.spec, t.timeout, t.has_parents, upcoming.next_due
+FROM upcoming LEFT JOIN t ON true
+""")
+
+# Claimed checks this worker will not run (it is shutting down): due again now, for any worker,
+# instead of at the end of their lease.
+RELEASE_CHECKS = f"""
+UPDATE orchestrator_taskrun SET due_at = %(now)s
+WHERE id = ANY (%(ids)s::bigint[]) AND (state = '{TaskState.SENSING}' AND worker_id = %(worker)s) IS TRUE
+"""
+
+# How long a claimed check is this worker's before any worker may claim it again (its due time
+# moves this far ahead at the claim). Longer than a batch of checks may run (see CHECKS_PER_CHILD).
+CHECK_LEASE_SECONDS = 600
+
+# How many checks one child runs per round trip: a batch is one message to a child and one reply.
+CHECKS_PER_CHILD = 50
+
+# While checks come due one after another (10,000 sensors at every=60: one every 6 ms), a worker
+# claims them at most this often, so each claim and each round trip to a child carries many: a
+# check is then up to this late, against a parent that would otherwise claim a check or two at a
+# time, all the time.
+CHECK_GATHER_SECONDS = 0.25
+
+# What a check may take when its sensor sets no timeout (poke_timeout=None).
+CHECK_TIMEOUT_SECONDS = 60
+
 # How many candidates each key offers a claim of n: enough that workers claiming at the same
 # moment each find n that the others do not hold.
 CANDIDATES_PER_SLOT = 2
@@ -152,6 +213,8 @@ class Batch:
         self.limits_checked = -1e9
         # When the next task run this worker may claim itself is due (as the latest claim found it).
         self.claimed_next_due = None
+        # When the next waiting sensor's check of these queues is due (as the latest check claim found it).
+        self.checks_next_due = None
         self.completed = 0
 
     def add(self, ending: Ending) -> None:
@@ -165,9 +228,10 @@ class Batch:
         """Whether the latest batch began less than COALESCE_SECONDS ago."""
         return now - self.last_flush < COALESCE_SECONDS
 
-    def flush(self, claim: int = 0) -> list[dict]:
-        """Record the outcomes gathered so far and claim up to ``claim`` task runs, in one
-        transaction that commits before anything claimed starts."""
+    def flush(self, claim: int = 0, checks: int = 0) -> list[dict]:
+        """Record the outcomes gathered so far and claim up to ``claim`` task runs and up to
+        ``checks`` waiting sensors' checks (their messages have a "check"), in one transaction
+        that commits before anything claimed starts."""
         endings, self.endings = self.endings, []
         self.last_flush = time.monotonic()
         now = clock.now()
@@ -178,19 +242,21 @@ class Batch:
                 db.execute(cursor, ASYNC_COMMIT)
                 sent = resolver.send_endings(endings, worker_id=self.worker_id, now=now) if endings else None
                 claiming = self.send_claim(claim, now) if claim else None
+                checking = self.send_checks(checks, now) if checks else None
                 if sent is not None:
                     resolver.receive_endings(sent)
                     if self.limited():
                         # Finished work frees concurrency-limit room: let the dispatchers look again.
                         wake_dispatchers()
                 claimed = self.receive_claim(claiming) if claiming is not None else []
+                claimed += self.receive_checks(checking) if checking is not None else []
         except BaseException:
             # The database is away (a restart, a failover): keep the outcomes for the next try
             # after the loop reconnected, or the task runs would stay "running" under a live
             # worker that no reaper rescues.
             self.endings = endings + self.endings
             raise
-        tracing.claimed(claimed, now, self.worker_id)
+        tracing.claimed([m for m in claimed if "check" not in m], now, self.worker_id)
         self.completed += len(endings)
         self.remember(endings)
         for ending in endings:
@@ -227,8 +293,40 @@ class Batch:
         return {**limits.params(), "direct": not limits.every}
 
     def claim(self, n: int, now) -> list[dict]:
-        """Claim up to ``n`` task runs (in the caller's transaction): their messages."""
-        return self.receive_claim(self.send_claim(n, now))
+        """Claim up to ``n`` task runs, then, for the rest, waiting sensors' checks (in the
+        caller's transaction): their messages. ``claimed_next_due``: the next of either."""
+        messages = self.receive_claim(self.send_claim(n, now))
+        if len(messages) < n:
+            messages += self.receive_checks(self.send_checks(n - len(messages), now))
+            dues = [due for due in (self.claimed_next_due, self.checks_next_due) if due is not None]
+            self.claimed_next_due = min(dues) if dues else None
+        return messages
+
+    def send_checks(self, n: int, now):
+        cursor = db.cursor()
+        db.execute(cursor, CLAIM_CHECKS, {"queues": self.queues, "n": n, "worker": self.worker_id, "now": now,
+                                          "lease": CHECK_LEASE_SECONDS})
+        return cursor
+
+    def receive_checks(self, cursor) -> list[dict]:
+        """The claimed checks' messages (each with "check": the check count it was claimed at);
+        the next due check goes to ``checks_next_due``."""
+        with cursor:
+            rows = cursor.fetchall()
+        self.checks_next_due = rows[0][-1] if rows else None
+        messages = []
+        for task_run_id, run_id, task, number, checks, spec, timeout, has_parents, _ in rows:
+            if task_run_id is None:
+                continue
+            spec = _json(spec)
+            messages.append({
+                "id": task_run_id, "run_id": run_id, "task": task, "number": number, "spec": spec, "check": checks,
+                "timeout": timeout or spec.get("timeout"), "has_parents": has_parents,
+            })
+        if any(m["spec"].get("call") != "job" for m in messages):
+            with connection.cursor() as context:
+                taskcontext.fill(context, messages)
+        return messages
 
     def send_claim(self, n: int, now):
         cursor = db.cursor()
@@ -254,6 +352,13 @@ class Batch:
             with connection.cursor() as context:
                 taskcontext.fill(context, messages)
         return messages
+
+    def release_checks(self, checks: list[dict], now=None) -> None:
+        """Give back claimed checks that will not run here (RELEASE_CHECKS)."""
+        if checks:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(RELEASE_CHECKS, {"ids": [c["id"] for c in checks], "worker": self.worker_id,
+                                                "now": now or clock.now()})
 
     def waiting(self, n: int) -> int:
         """How many task runs of these queues wait for a worker, counted up to ``n``."""

@@ -100,9 +100,13 @@ class Drain:
             self.batch.flush()
             did = True
         if self.interrupted:
-            hand_back(self.interrupted, "interrupted: the worker shut down before the task finished; it runs "
-                                        "again without counting this attempt",
-                      worker_id=self.batch.worker_id, queues=self.batch.queues)
+            # Waiting sensors' checks were no attempts: they are only due again now.
+            self.batch.release_checks([c for m in self.interrupted for c in m.get("checks", ())])
+            attempts = [m for m in self.interrupted if "checks" not in m]
+            if attempts:
+                hand_back(attempts, "interrupted: the worker shut down before the task finished; it runs "
+                                    "again without counting this attempt",
+                          worker_id=self.batch.worker_id, queues=self.batch.queues)
             self.interrupted = []
             did = True
         self.done = not self.busy_count() and not self.batch.endings and not self.interrupted

@@ -30,7 +30,14 @@ from orchestrator.loop import DATABASE_ERRORS, Loop, Role, first_line
 from orchestrator.resolver import Ending
 from orchestrator.states import AttemptOutcome, WorkerState
 from orchestrator.worker import heartbeat, reconnect
-from orchestrator.worker.batch import COALESCE_SECONDS, Batch
+from orchestrator.worker.batch import (
+    CHECK_GATHER_SECONDS,
+    CHECK_LEASE_SECONDS,
+    CHECK_TIMEOUT_SECONDS,
+    CHECKS_PER_CHILD,
+    COALESCE_SECONDS,
+    Batch,
+)
 from orchestrator.worker.drain import Drain
 from orchestrator.worker.inprocess import InProcess, runs_in_process, runs_on_loop
 from orchestrator.worker.pool import Pool, Slot
@@ -104,6 +111,12 @@ class Worker(Role):
         # When due work this worker may claim itself is next due (time.monotonic(); inf: none known):
         # a delayed job, a retry, or work held by another worker's claim a moment ago.
         self.next_due = float("inf")
+        # Waiting sensors' checks: claimed ones no child took yet, and when the next one is due
+        # (time.monotonic()): they go to children in batches (CHECKS_PER_CHILD per round trip).
+        self.checks: list[dict] = []
+        self.next_check = 0.0
+        self.check_batches = 0  # batches of checks given to children, and the checks in them
+        self.checks_run = 0
         self.next_heartbeat = 0.0
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -154,8 +167,9 @@ class Worker(Role):
                 # The row keeps its old heartbeat: the reaper marks it lost and rescues its attempts.
                 log.warning("could not mark worker %s stopped (%s)", self.name, first_line(exc),
                             extra={"action": "worker_db_error"})
-        log.info("worker %s stopped after %d task runs", self.name, self.batch.completed,
-                 extra={"action": "worker_stop"})
+        log.info("worker %s stopped after %d task runs (%d waiting sensors' checks in %d batches)", self.name,
+                 self.batch.completed, self.checks_run, self.check_batches,
+                 extra={"action": "worker_stop", "checks": self.checks_run, "check_batches": self.check_batches})
 
     def finished(self, stop_requests: int) -> bool:
         return self.drain.done
@@ -169,6 +183,8 @@ class Worker(Role):
             self.drain.begin(now)
             self.drain.interrupted += self.held  # never started: handed back at once
             self.held = []
+            self.batch.release_checks(self.checks)  # claimed, not started: due again for any worker
+            self.checks = []
         if self.drain.active:
             if self.pool.retiring:
                 self.pool.reap_retired(now)
@@ -198,6 +214,9 @@ class Worker(Role):
         deadlines = self.pool.deadlines(shrinking=not self.drain.active) + self.inprocess.deadlines()
         if deadlines:
             timeout = min(timeout, min(deadlines) - now)
+        if not self.drain.active and self.check_room(self.pool.idle_slots()):
+            # Only while a child may take checks: otherwise a freed child's reply wakes the loop.
+            timeout = min(timeout, 0.0 if self.checks else self.next_check - now)
         asked = self.want_claim or self.wakeup.asked(now)
         if (self.batch.endings or (asked and self.capacity())) and not self.drain.active:
             timeout = min(timeout, self.batch.last_flush + COALESCE_SECONDS - now) if self.holding(now) else 0.0
@@ -205,6 +224,12 @@ class Worker(Role):
 
     def end_overdue_tasks(self, now: float) -> None:
         for message in self.pool.overdue(now):
+            if "checks" in message:
+                for check in message["checks"]:
+                    self.batch.add(Ending(check["id"], check["number"], AttemptOutcome.TIMED_OUT, run_id=check["run_id"],
+                                          check=check["check"], error=f"timed out after {message['timeout']:g}s: the "
+                                          "batch of checks it was in outlived its time and its process was killed"))
+                continue
             self.batch.add(Ending(
                 message["id"], message["number"], AttemptOutcome.TIMED_OUT,
                 error=f"timed out after {message['timeout']:g}s: the task's process was killed",
@@ -273,17 +298,68 @@ class Worker(Role):
         if now >= self.next_poll or now >= self.next_due:
             self.want_claim = True
             self.next_due = float("inf")
+        # Checks claimed before go to the children that may take them first (no transaction needed);
+        # the claim then counts the children still idle.
+        started = bool(self.checks) and self.start_checks()
         capacity = self.capacity()
         answering = not self.want_claim and self.wakeup.asked(now)
         claim = capacity if self.want_claim else self.wakeup.claim_size(capacity) if answering else 0
-        if not (self.batch.endings or claim) or self.holding(now):
-            return False
-        claimed = self.batch.flush(claim)
+        room = self.check_room(self.pool.idle_slots())
+        # Checks are claimed when one is due (or the worker looks unasked), none claimed is left,
+        # and a child may take them; never just because a notification brought a job, whose start
+        # would then wait for the checks' claim too.
+        checks = room * CHECKS_PER_CHILD if room and not self.checks and (now >= self.next_check or self.want_claim) \
+            else 0
+        if not (self.batch.endings or claim or checks) or self.holding(now):
+            return started
+        claimed = self.batch.flush(claim, checks)
+        ordinary = [m for m in claimed if "check" not in m]
+        self.checks += [m for m in claimed if "check" in m]
+        if checks:
+            self.after_checks(now, len(claimed) - len(ordinary), checks)
         if claim:
             self.last_claim = now
-            self.after_claim(now, claim, len(claimed), answering)
-            self.place(claimed)
+            self.after_claim(now, claim, len(ordinary), answering)
+            self.place(ordinary)
+        self.start_checks()
         return True
+
+    def check_room(self, idle: list[Slot]) -> int:
+        """How many of these idle children may take a batch of checks: every child but one is
+        left to ordinary work (all of them with a concurrency of one), so a job due beside
+        thousands of waiting sensors finds a free child."""
+        checking = sum(1 for slot in self.pool.busy() if "checks" in slot.message)
+        return max(0, min(len(idle), max(1, self.concurrency - 1) - checking))
+
+    def start_checks(self) -> bool:
+        """Give the claimed checks to the children that may take them, CHECKS_PER_CHILD each;
+        whether any started."""
+        started = False
+        for slot in self.pool.idle_slots()[:self.check_room(self.pool.idle_slots())]:
+            if not self.checks:
+                break
+            started = True
+            batch, self.checks = self.checks[:CHECKS_PER_CHILD], self.checks[CHECKS_PER_CHILD:]
+            self.check_batches += 1
+            self.checks_run += len(batch)
+            # The child's time for the batch: each check's own (a timer in the child ends one that
+            # hangs), within the lease, after which another worker may take them.
+            timeout = min(sum(float(check["timeout"] or CHECK_TIMEOUT_SECONDS) for check in batch),
+                          CHECK_LEASE_SECONDS / 2)
+            self.pool.start_task(slot, {"id": batch[0]["id"], "number": batch[0]["number"], "run_id": batch[0]["run_id"],
+                                        "task": batch[0]["task"], "spec": {}, "timeout": timeout, "checks": batch})
+        return started
+
+    def after_checks(self, now: float, claimed: int, asked: int) -> None:
+        """When to claim checks next: at once while more are due, else when the next one is due
+        (none known: at the next look, or when this worker records a "not yet")."""
+        next_due = self.batch.checks_next_due
+        wait = None if next_due is None else (next_due - clock.now()).total_seconds()
+        if claimed == asked:
+            self.next_check = now  # a backlog: claim again as soon as a child may take them
+        else:
+            # Not before CHECK_GATHER_SECONDS: checks that come due meanwhile go in one claim.
+            self.next_check = float("inf") if wait is None else now + max(wait, CHECK_GATHER_SECONDS)
 
     def after_claim(self, now: float, asked: int, claimed: int, answering: bool) -> None:
         """What the claim's answer says about what comes next. The claim also read when the rest
@@ -354,9 +430,25 @@ class Worker(Role):
 
     def child_replied(self, message: dict, reply: tuple) -> None:
         # (task_run_id, number, outcome, result, error, traceback, log, metadata, exception class)
-        self.batch.add(Ending(*reply, job=message.get("spec", {}).get("call") == "job", run_id=message["run_id"]))
+        if "checks" in message:
+            for check, answer in zip(message["checks"], reply, strict=False):
+                self.check_answered(check, Ending(*answer, run_id=check["run_id"], check=check["check"]))
+            return
+        self.check_answered(message, Ending(*reply, job=message.get("spec", {}).get("call") == "job",
+                                            run_id=message["run_id"]))
+
+    def check_answered(self, message: dict, ending: Ending) -> None:
+        self.batch.add(ending)
+        if ending.outcome == AttemptOutcome.RESCHEDULED:
+            # A "not yet" wakes nobody: this worker, which records it, checks again when it is due.
+            self.next_check = min(self.next_check, time.monotonic() + float(message["spec"]["sensor"]["every"]))
 
     def child_died(self, message: dict, how: str) -> None:
+        if "checks" in message:
+            for check in message["checks"]:
+                self.batch.add(Ending(check["id"], check["number"], AttemptOutcome.FAILED, run_id=check["run_id"],
+                                      check=check["check"], error=f"the checks' process ended unexpectedly ({how})"))
+            return
         self.batch.add(Ending(message["id"], message["number"], AttemptOutcome.FAILED, run_id=message["run_id"],
                               error=f"the task's process ended unexpectedly ({how})"))
 
@@ -429,7 +521,8 @@ class Worker(Role):
 
     def check_ownership(self) -> None:
         """Kill the tasks whose attempts are no longer this worker's (cancelled or reaped)."""
-        busy = self.pool.busy()
+        # A batch of checks is no attempt: a check claimed again meanwhile is recorded once anyway.
+        busy = [slot for slot in self.pool.busy() if "checks" not in slot.message]
         elsewhere = self.inprocess.messages() + self.held
         if not busy and not elsewhere:
             return

@@ -150,7 +150,11 @@ class Wakeup:
             self.everyone = True
             self.more = self.more or wake is None or ring is None or wake[0] > ring.size
         else:
-            self.owed = min(self.concurrency, self.owed + share)
+            # Not capped at this worker's slots: many notifications of a row or two (one per
+            # transaction that enqueued) can name its places more times than it has slots, and
+            # what it owes beyond them it claims as slots free (a cap would leave those rows to
+            # the next poll). A claim that comes back short forgets the debt (after_claim).
+            self.owed += share
 
     def asked(self, now: float) -> bool:
         """Whether a notification asks for a claim now (not while backing off)."""

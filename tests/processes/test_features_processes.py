@@ -4,6 +4,7 @@ real signals; what ran is recorded by the tasks themselves (tests/support/featur
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from django.utils import timezone
 
 from orchestrator.models import Attempt, ConsumerRun, DatasetEvent, Run, TaskRun, Workflow, WorkflowVersion
 from orchestrator.runs import create_run, trigger_workflow
+from orchestrator.worker.batch import CHECKS_PER_CHILD
 from tests.conftest import process_env, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -98,8 +100,8 @@ def test_a_thousand_waiting_sensors_hold_no_worker_slot_while_other_jobs_run(pro
     sensor_rows = TaskRun.objects.filter(run__in=sensors)
     processes.start("dispatcher", env=env)
     worker = start_worker(processes, env, 2, "two-slots")
-    # The first round of checks: every sensor says "not yet" and goes back to waiting, due later.
-    wait_for(lambda: sensor_rows.filter(state="scheduled", attempts=1).count() == 1000, 180,
+    # The first round of checks: every sensor says "not yet" and waits ("sensing"), due later.
+    wait_for(lambda: sensor_rows.filter(state="sensing", checks=1).count() == 1000, 180,
              message="every sensor's first check")
     # Waiting costs rows, not slots: no sensor is queued or running, so other work starts at once.
     assert not sensor_rows.filter(state__in=["queued", "running"]).exists()
@@ -118,13 +120,19 @@ def test_a_thousand_waiting_sensors_hold_no_worker_slot_while_other_jobs_run(pro
     # Their interval passes (the test moves their due time instead of waiting ten minutes): one
     # more check each, and each sees the flag.
     flag.touch()
-    TaskRun.objects.filter(run__in=sensors, state="scheduled").update(due_at=timezone.now())
+    TaskRun.objects.filter(run__in=sensors, state="sensing").update(due_at=timezone.now())
     wait_for(lambda: sensor_rows.filter(state="succeeded").count() == 1000, 180,
              message="every sensor to see the flag")
     assert len(records(record)) == 2000
-    assert Attempt.objects.filter(task_run__run__in=sensors, outcome="rescheduled").count() == 1000
+    # Two checks each, one attempt each (a check is not an attempt).
+    assert set(sensor_rows.values_list("checks", "attempts")) == {(2, 1)}
+    assert Attempt.objects.filter(task_run__run__in=sensors).count() == 1000
     assert set(sensor_rows.values_list("result", flat=True)) == {"seen"}
     processes.stop(worker)
+    # The second round were waiting sensors' checks: many per round trip to a child, not one each.
+    checks, batches = map(int, re.search(r"\((\d+) waiting sensors' checks in (\d+) batches\)",
+                                         processes.output(worker)).groups())
+    assert checks == 1000 and batches <= 2 * 1000 // CHECKS_PER_CHILD
 
 
 def _data_workflows(record: Path):
