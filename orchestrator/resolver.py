@@ -185,7 +185,8 @@ FROM d
 WHERE (SELECT count(*) FROM l) >= 0
   AND t.id = d.id AND (t.state = '{TaskState.SENSING}' AND t.attempts = d.number AND t.checks = d.checked
   AND (%(worker)s::bigint IS NULL OR t.worker_id = %(worker)s::bigint)) IS TRUE
-RETURNING t.id, t.run_id, t.state, t.spec ? 'produces' AS produces, t.spec ? 'callbacks' AS calls
+RETURNING t.id, t.run_id, t.state, t.spec ? 'produces' AS produces, t.spec ? 'callbacks' AS calls,
+    t.map_index >= 0 AS instance
 ), a AS (
     -- The try's attempt ends with the check that ends the try; a "not yet" writes nothing to it.
     UPDATE orchestrator_attempt a SET outcome = d.outcome, finished_at = %(now)s, error = d.error,
@@ -195,7 +196,8 @@ RETURNING t.id, t.run_id, t.state, t.spec ? 'produces' AS produces, t.spec ? 'ca
     WHERE a.task_run_id = d.id AND a.number = d.number AND NOT d.not_yet
       AND (a.outcome = '{AttemptOutcome.RESCHEDULED}') IS TRUE
 )
-SELECT t.id, t.run_id, t.state, t.produces, t.calls, l.dynamic, NULL::text AS run_state, NULL::bigint AS workflow_id
+SELECT t.id, t.run_id, t.state, t.produces, t.calls, l.dynamic, NULL::text AS run_state, NULL::bigint AS workflow_id,
+    t.instance
 FROM t JOIN l ON l.id = t.run_id
 """)
 

@@ -468,11 +468,13 @@ def test_the_page_benchmark_fills_a_history_and_times_every_page():
     from orchestrator.bench import pages as bench_pages
 
     out = io.StringIO()
-    results = bench_pages.run(out, runs=3000, repeat=2)
-    assert Run.objects.count() == 3000
-    assert Run.objects.filter(state=RunState.FAILED).count() == 3000 // 49  # about one in fifty
+    results = bench_pages.run(out, runs=3000, repeat=2, big=1000)
+    history = Run.objects.exclude(workflow__name__startswith="bench_big_")  # and two runs of 1,000 task runs
+    assert history.count() == 3000
+    assert history.filter(state=RunState.FAILED).count() == 3000 // 49  # about one in fifty
+    assert "pages: runs of 1,000 task runs" in out.getvalue()
     assert Run.objects.filter(workflow__name="nightly_etl", trigger="manual").exists()
-    assert TaskRun.objects.filter(state=TaskState.DEAD).count() == 1
+    assert TaskRun.objects.filter(run__in=history, state=TaskState.DEAD).count() == 1
     assert results["runs list, first page"]["median_ms"] > 0
     assert "workflow grid (25 runs x tasks)" in out.getvalue()
     assert all(key in results for key in ("plan first page", "plan keyset page", "plan grid runs"))

@@ -56,8 +56,10 @@ def test_a_backfill_previews_its_fire_times_and_creates_runs_only_when_confirmed
     preview = admin_client.post(url, {**form, "preview": "1"}).content.decode()
     # 02:30 in Berlin (UTC+1 in March before the change) is 01:30 UTC, three days in the range
     assert re.search(r'<b id="preview-count">3</b>', preview)
-    assert re.findall(r"<li>(2026-03-0\d 01:30:00)</li>", preview) == [
-        "2026-03-01 01:30:00", "2026-03-02 01:30:00", "2026-03-03 01:30:00"]
+    assert re.findall(r"<li><time [^>]*>(2026-03-0\d 01:30:00) UTC</time> <span class=\"help\">(2026-03-0\d 02:30) "
+                      r"Europe/Berlin</span></li>", preview) == [
+        ("2026-03-01 01:30:00", "2026-03-01 02:30"), ("2026-03-02 01:30:00", "2026-03-02 02:30"),
+        ("2026-03-03 01:30:00", "2026-03-03 02:30")]
     assert not Backfill.objects.exists() and not Run.objects.exists()
 
     digest = re.search(r'name="confirm" value="([0-9a-f]+)"', preview).group(1)

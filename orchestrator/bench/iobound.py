@@ -129,15 +129,15 @@ def measure(kind: str, n: int, env_factory=core.child_env) -> dict:
             core.enqueue_noops(min(500, n - offset), ref=f"{JOBS_MODULE}:wait_{kind}")
         enqueued = time.time() - started
         deadline = time.monotonic() + max(120.0, n * WAIT / 8)
-        while core._unfinished() and time.monotonic() < deadline:
+        while core.unfinished() and time.monotonic() < deadline:
             time.sleep(0.05)
         worker_cpu = _cpu_seconds(proc.pid) - cpu_before[0]
         children_cpu = sum(_cpu_seconds(child) for child in _children(proc.pid)) - cpu_before[1]
         # The worker's connections now (a fork closes them: the children must not share them),
         # those it had at the start counted from then.
         backend_cpu = sum(_cpu_seconds(pid) - backends.get(pid, 0.0) for pid in _backends())
-        done = core._count_done()
-        last = core._last_finish()
+        done = core.count_done()
+        last = core.last_finish()
     finally:
         roles.stop()
     return {"done": done, "wall": last - started, "running": last - _first_start(), "enqueue": enqueued,
