@@ -481,12 +481,8 @@ def mark_task_runs(ids: Iterable[int], state: str, *, by=None, now=None) -> list
         runs = sorted({row[1] for row in marked})
         finished = dict(Run.objects.filter(pk__in=runs).values_list("id", "finished_at"))
         running = _end_running_attempts(cursor, marked, reason, now)
-        # A waiting sensor's try is open between its checks: it ends with the mark.
-        cursor.execute(END_SENSOR_TRIES, {"ids": [row[0] for row in marked], "now": now, "reason": reason})
         mapping.reopen(cursor, [row[0] for row in marked if row[3] >= 0])
-        below = _descendants(cursor, runs, {(row[1], row[2]) for row in marked})
-        if below:
-            cursor.execute(REWAIT_DOWNSTREAM, {"ids": below})
+        _rewait_downstream(cursor, runs, marked)
         # A failed or succeeded run decides again (the resolver ends it at once when nothing is
         # left to run); a cancelled one stays cancelled.
         cursor.execute(RESUME_RUNS, {"runs": runs})
@@ -505,12 +501,21 @@ def _marked_by(state: str, by) -> str:
 
 
 def _end_running_attempts(cursor, marked: list[tuple], reason: str, now) -> list[int]:
-    """End the attempts of the marked task runs that were running (cancelled, with ``reason``);
-    returns their task run ids, whose workers are told to stop them once the marks commit."""
+    """End the attempts of the marked task runs that were running or sensing (cancelled, with
+    ``reason``); returns the running ones' task run ids, whose workers are told to stop them once the marks commit."""
     running = [row[0] for row in marked if row[4] == TaskState.RUNNING]
     if running:
         cursor.execute(CANCEL_ATTEMPTS, {"ids": running, "now": now, "reason": reason})
+    # A waiting sensor's try is open between its checks: it ends with the mark.
+    cursor.execute(END_SENSOR_TRIES, {"ids": [row[0] for row in marked], "now": now, "reason": reason})
     return running
+
+
+def _rewait_downstream(cursor, runs: list[int], marked: list[tuple]) -> None:
+    """The downstream tasks that had given up on the marked task runs wait again."""
+    below = _descendants(cursor, runs, {(row[1], row[2]) for row in marked})
+    if below:
+        cursor.execute(REWAIT_DOWNSTREAM, {"ids": below})
 
 
 def _keep_run_finish(cursor, marked: list[tuple], finished: dict[int, datetime | None]) -> None:

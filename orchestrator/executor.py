@@ -298,6 +298,30 @@ def check_result(message: dict, value) -> None:
                               f"({', '.join(children)})")
 
 
+def _call(message: dict, declared: dict | None, functions: dict | None, attempt: dict) -> tuple:
+    """Call a Python task: (outcome, result, metadata) of what it returned (raises as it does)."""
+    spec = message["spec"]
+    outcome, result, metadata = AttemptOutcome.SUCCEEDED, None, None
+    ctx = task_context(message) if spec.get("call") != "job" else None
+    value = call_python(message, ctx, declared, functions, attempt)
+    if spec.get("sensor") and not value:
+        outcome = AttemptOutcome.RESCHEDULED  # not yet: checked again after the sensor's interval
+        result = answer_text(value)
+    elif spec.get("approval"):
+        outcome = AttemptOutcome.ASKED  # the question is out: the task run awaits its answer
+    else:
+        check_result(message, value)
+        result = encode_result(value)
+        if ctx is not None and ctx.metadata:
+            metadata = encode_metadata(ctx.metadata)
+    if attempt.get("django") is not None:
+        # Inside the try, as django-tasks-db does: a receiver that raises fails the attempt.
+        from orchestrator import tasks_backend  # noqa: PLC0415 - tasks_backend needs the app registry; this module is imported without it
+
+        tasks_backend.attempt_finished(attempt["django"], value=json.loads(result) if result else None)
+    return outcome, result, metadata
+
+
 def run(message: dict, log_stream=None, declared: dict | None = None, functions: dict | None = None) -> tuple:
     """Run one attempt; returns (task_run_id, number, outcome, result, error, traceback, log,
     metadata, exception class). The outcome is "rescheduled" when a sensor's check answered "not
@@ -325,23 +349,7 @@ def run(message: dict, log_stream=None, declared: dict | None = None, functions:
             if spec.get("kind") == "shell":
                 call_shell(message, log, declared)
             else:
-                ctx = task_context(message) if spec.get("call") != "job" else None
-                value = call_python(message, ctx, declared, functions, attempt)
-                if spec.get("sensor") and not value:
-                    outcome = AttemptOutcome.RESCHEDULED  # not yet: checked again after the sensor's interval
-                    result = answer_text(value)
-                elif spec.get("approval"):
-                    outcome = AttemptOutcome.ASKED  # the question is out: the task run awaits its answer
-                else:
-                    check_result(message, value)
-                    result = encode_result(value)
-                    if ctx is not None and ctx.metadata:
-                        metadata = encode_metadata(ctx.metadata)
-                if attempt.get("django") is not None:
-                    # Inside the try, as django-tasks-db does: a receiver that raises fails the attempt.
-                    from orchestrator import tasks_backend  # noqa: PLC0415 - tasks_backend needs the app registry; this module is imported without it
-
-                    tasks_backend.attempt_finished(attempt["django"], value=json.loads(result) if result else None)
+                outcome, result, metadata = _call(message, declared, functions, attempt)
     except TaskFailure as exc:
         outcome, error = AttemptOutcome.FAILED, str(exc)
         # The class and traceback of the exception behind a failure the product states itself.

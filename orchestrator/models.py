@@ -18,6 +18,7 @@ from orchestrator.people import (  # noqa: F401 - the app's models, defined in a
     Notification,
     NotificationMessage,
     NotificationRule,
+    UserPreference,
 )
 from orchestrator.states import (  # noqa: F401 - the state names, importable from here too
     ACTIVE_RUN_STATES,
@@ -584,19 +585,3 @@ class ConsumerRun(models.Model):
 
     def __str__(self):
         return f"event #{self.event_id} for {self.workflow.name}"
-
-
-class UserPreference(models.Model):
-    """What one user chose for the pages: the clock times are shown in (their browser's local
-    time or UTC), used by every page, the filters and the admin."""
-
-    class Clock(models.TextChoices):
-        LOCAL = "local", "local time"
-        UTC = "utc", "UTC"
-
-    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, primary_key=True,
-                                related_name="orchestrator_preference")
-    clock = models.CharField(max_length=5, choices=Clock.choices, default=Clock.LOCAL)
-
-    def __str__(self):
-        return f"{self.user} prefers {self.get_clock_display()}"

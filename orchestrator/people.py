@@ -1,6 +1,6 @@
 """The tables of what reaches people and what people answer: the installation's notification
 rules, the notifications events make, the messages (one email or chat post each) that carry them,
-and the approvals that wait for a person's answer.
+the approvals that wait for a person's answer, and what each user chose for the pages.
 
 Defined here rather than in ``models.py`` to keep that module to the core of runs and tasks;
 ``models.py`` imports them, so they are the app's models like the others.
@@ -157,3 +157,19 @@ class Approval(models.Model):
 
     def __str__(self):
         return f"approval of {self.workflow}.{self.task} (run #{self.run_id})"
+
+
+class UserPreference(models.Model):
+    """What one user chose for the pages: the clock times are shown in (their browser's local
+    time or UTC), used by every page, the filters and the admin."""
+
+    class Clock(models.TextChoices):
+        LOCAL = "local", "local time"
+        UTC = "utc", "UTC"
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, primary_key=True,
+                                related_name="orchestrator_preference")
+    clock = models.CharField(max_length=5, choices=Clock.choices, default=Clock.LOCAL)
+
+    def __str__(self):
+        return f"{self.user} prefers {self.get_clock_display()}"

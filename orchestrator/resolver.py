@@ -379,11 +379,7 @@ def receive_endings(sent: SentEndings) -> list[tuple[int, int, str]]:
     """Read the answer of ``send_endings`` and do what it calls for: dataset events, callbacks,
     the children the ended task runs release and the end of their runs. Returns (task_run_id,
     run_id, new_state) for each ending that was accepted."""
-    with sent.end:
-        rows = sent.end.fetchall()
-    if sent.checks is not None:
-        with sent.checks:
-            rows += sent.checks.fetchall()
+    rows = _answers(sent)
     if not rows:
         return []
     finished = list({run_id: (run_id, run_state, workflow_id)
@@ -403,6 +399,16 @@ def receive_endings(sent: SentEndings) -> list[tuple[int, int, str]]:
     return accepted
 
 
+def _answers(sent: SentEndings) -> list[tuple]:
+    """The rows END_TASK_RUNS and the sensor checks' statement answered."""
+    with sent.end:
+        rows = sent.end.fetchall()
+    if sent.checks is not None:
+        with sent.checks:
+            rows += sent.checks.fetchall()
+    return rows
+
+
 def _announce(rows: list[tuple], mine: list[Ending], now: datetime) -> None:
     """Dataset events and callbacks, only for the task runs that declare them (flags from END_TASK_RUNS)."""
     producers = [task_run_id for task_run_id, _, state, produces, *_ in rows if produces and state == TaskState.SUCCEEDED]
@@ -413,6 +419,11 @@ def _announce(rows: list[tuple], mine: list[Ending], now: datetime) -> None:
     calling = [(task_run_id, state) for task_run_id, _, state, _, calls, *_ in rows if calls and task_run_id not in checks]
     if calling:
         callbacks.task_ended(calling, now=now)
+    _notify(mine, now)
+
+
+def _notify(mine: list[Ending], now: datetime) -> None:
+    """The notifications of a sensor's timeout and of an approval asked."""
     timed_out = {e.task_run_id: e.error for e in mine if e.sensor_timeout}
     if timed_out:
         notifications.sensor_timed_out(list(timed_out), timed_out, now=now)
@@ -491,34 +502,42 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
             going_on = set(quiet) - set(ended)
             runs = [run_id for run_id in runs if run_id not in going_on]
             release = [run_id for run_id in release if run_id not in going_on]
-        dynamic = sorted(set(dynamic) & set(release))
-        # A child that ends (upstream_failed/skipped) can settle its own children, and so can a
-        # branch's choice or a mapped task's end: repeat until nothing more is decided. Each pass
-        # goes one level deeper, so the loop is bounded by the depth of the graph.
-        while release:
-            settled = 0
-            if dynamic:
-                settled += mapping.skip_unchosen(cursor, dynamic, now)
-                freed, ended = mapping.settle(cursor, dynamic, now)
-                released += freed
-                settled += len(ended)
-            cursor.execute(RELEASE_CHILDREN, {"runs": release, "now": now})
-            states = [row[0] for row in cursor.fetchall()]
-            released += states.count(TaskState.SCHEDULED)
-            settled += sum(1 for state in states if state != TaskState.SCHEDULED)
-            if dynamic:
-                cursor.execute(RELEASE_MAPPED, {"runs": dynamic, "now": now})
-                decided = cursor.fetchall()
-                released += mapping.expand(cursor, [i for i, state in decided if state == TaskState.MAPPED], now)
-                settled += len(decided)
-            if not settled:
-                break
+        released += _release(cursor, release, sorted(set(dynamic) & set(release)), now)
         finished = []
         if runs:
             cursor.execute(FINISH_RUNS, {"runs": runs, "now": now})
             finished = cursor.fetchall()
     if finished:
         _runs_finished(finished, now)
+    return released
+
+
+def _release(cursor, release: list[int], dynamic: list[int], now: datetime) -> int:
+    """Decide the waiting children of the runs ``release`` (``dynamic``: those of them that map
+    or branch); returns how many became due.
+
+    A child that ends (upstream_failed/skipped) can settle its own children, and so can a
+    branch's choice or a mapped task's end: repeat until nothing more is decided. Each pass goes
+    one level deeper, so the loop is bounded by the depth of the graph."""
+    released = 0
+    while release:
+        settled = 0
+        if dynamic:
+            settled += mapping.skip_unchosen(cursor, dynamic, now)
+            freed, ended = mapping.settle(cursor, dynamic, now)
+            released += freed
+            settled += len(ended)
+        cursor.execute(RELEASE_CHILDREN, {"runs": release, "now": now})
+        states = [row[0] for row in cursor.fetchall()]
+        released += states.count(TaskState.SCHEDULED)
+        settled += sum(1 for state in states if state != TaskState.SCHEDULED)
+        if dynamic:
+            cursor.execute(RELEASE_MAPPED, {"runs": dynamic, "now": now})
+            decided = cursor.fetchall()
+            released += mapping.expand(cursor, [i for i, state in decided if state == TaskState.MAPPED], now)
+            settled += len(decided)
+        if not settled:
+            break
     return released
 
 

@@ -69,6 +69,29 @@ def _json(value):
     return json.loads(value) if isinstance(value, str) else value
 
 
+def _upstream(cursor, ids: list[int]) -> tuple[dict[int, dict], dict[int, tuple[int, object]]]:
+    """The parents' results of these task runs, and each mapped instance's (map index, item)."""
+    upstream: dict[int, dict] = {}
+    items: dict[int, tuple[int, object]] = {}
+    if ids:
+        cursor.execute(UPSTREAM, {"ids": ids})
+        for child, map_index, parent, is_item, value in cursor.fetchall():
+            upstream.setdefault(child, {})[parent] = value = _json(value)
+            if is_item:
+                items[child] = (map_index, value)
+    return upstream, items
+
+
+def _events(context: dict) -> dict:
+    """The dataset events that started the runs (of ``context``) a data trigger started."""
+    data_runs = [run_id for run_id, row in context.items() if row[3] == "dataset"]
+    if not data_runs:
+        return {}
+    from orchestrator.datasets import events_of_runs  # noqa: PLC0415 - datasets needs the models; the DSL imports this module before the app registry is ready
+
+    return events_of_runs(data_runs)
+
+
 def fill(cursor, messages: list[dict]) -> None:
     """Add logical_date, params, workflow, upstream and, where they apply, map_index, item and
     events to the messages of workflow tasks (jobs need none of it). A message needs id, run_id
@@ -78,21 +101,8 @@ def fill(cursor, messages: list[dict]) -> None:
         return
     cursor.execute(RUN_CONTEXT, {"runs": sorted({m["run_id"] for m in tasks})})
     context = {row[0]: row[1:] for row in cursor.fetchall()}
-    upstream: dict[int, dict] = {}
-    items: dict[int, tuple[int, object]] = {}
-    with_parents = [m["id"] for m in tasks if m.get("has_parents", True)]
-    if with_parents:
-        cursor.execute(UPSTREAM, {"ids": with_parents})
-        for child, map_index, parent, is_item, value in cursor.fetchall():
-            upstream.setdefault(child, {})[parent] = value = _json(value)
-            if is_item:
-                items[child] = (map_index, value)
-    events = {}
-    data_runs = [run_id for run_id, row in context.items() if row[3] == "dataset"]
-    if data_runs:
-        from orchestrator.datasets import events_of_runs  # noqa: PLC0415 - datasets needs the models; the DSL imports this module before the app registry is ready
-
-        events = events_of_runs(data_runs)
+    upstream, items = _upstream(cursor, [m["id"] for m in tasks if m.get("has_parents", True)])
+    events = _events(context)
     for m in tasks:
         logical_date, params, workflow, _ = context[m["run_id"]]
         m.update(logical_date=logical_date, params=_json(params) or {}, workflow=workflow,

@@ -186,12 +186,7 @@ class OrchestratorBackend(BaseTaskBackend):
         return result
 
     def get_result(self, result_id) -> TaskResult:
-        try:
-            task_run_id = int(str(result_id))
-        except (TypeError, ValueError):
-            raise TaskResultDoesNotExist(f"no task result {result_id!r}: ids are whole numbers") from None
-        if not 0 < task_run_id < 2**63:
-            raise TaskResultDoesNotExist(f"no task result {result_id!r}")
+        task_run_id = _result_id(result_id)
         with connection.cursor() as cursor:
             cursor.execute(RESULT_SQL, [task_run_id])
             row = cursor.fetchone()
@@ -209,10 +204,7 @@ class OrchestratorBackend(BaseTaskBackend):
             finished_at=finished_at if status in FINISHED else None,
             last_attempted_at=starts[-1] if starts else None,
             args=spec.get("args", []), kwargs=spec.get("kwargs", {}), backend=self.alias,
-            errors=[TaskError(exception_class_path=a["exception_class"] or ENDED_WITHOUT_EXCEPTION.get(
-                                  a["outcome"], "orchestrator.executor.TaskFailure"),
-                              traceback=a["traceback"] or a["error"])
-                    for a in attempts if a["outcome"] in FAILED_OUTCOMES],
+            errors=_errors(attempts),
             worker_ids=[a["worker"] or f"attempt-{a['number']}" for a in attempts],
         )
         if status == TaskResultStatus.SUCCESSFUL:
@@ -271,3 +263,22 @@ def attempt_finished(started: TaskResult, value=None, exc: BaseException | None 
         finished = dataclasses.replace(started, status=TaskResultStatus.FAILED, finished_at=now,
                                        errors=[*started.errors, error])
     task_finished.send(type(started.task.get_backend()), task_result=finished)
+
+
+def _result_id(result_id) -> int:
+    """A result id as the task run id it is; TaskResultDoesNotExist when it cannot be one."""
+    try:
+        task_run_id = int(str(result_id))
+    except (TypeError, ValueError):
+        raise TaskResultDoesNotExist(f"no task result {result_id!r}: ids are whole numbers") from None
+    if not 0 < task_run_id < 2**63:
+        raise TaskResultDoesNotExist(f"no task result {result_id!r}")
+    return task_run_id
+
+
+def _errors(attempts: list[dict]) -> list[TaskError]:
+    """The failed attempts' errors, each with its exception class (or what ended it)."""
+    return [TaskError(exception_class_path=a["exception_class"] or ENDED_WITHOUT_EXCEPTION.get(
+                          a["outcome"], "orchestrator.executor.TaskFailure"),
+                      traceback=a["traceback"] or a["error"])
+            for a in attempts if a["outcome"] in FAILED_OUTCOMES]

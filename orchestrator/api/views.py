@@ -13,6 +13,7 @@ from rest_framework.response import Response
 
 from orchestrator import audit, clock, control, jobs, logs, reads
 from orchestrator import backfill as backfills
+from orchestrator.api import job_serializers as js
 from orchestrator.api import serializers as s
 from orchestrator.api.base import (
     IDEMPOTENCY_400,
@@ -285,15 +286,15 @@ def jobs_queryset():
 
 
 def job_data(run: Run) -> dict:
-    return s.JobSerializer(run).data
+    return js.JobSerializer(run).data
 
 
 class JobListView(APIBase):
     @extend_schema(tags=["jobs"], operation_id="jobs_list", summary="List jobs, newest first (cursor pagination)",
                    parameters=[CURSOR, LIMIT],
-                   responses={200: paginated_schema(s.JobSerializer), **errors(400, 401, 403)})
+                   responses={200: paginated_schema(js.JobSerializer), **errors(400, 401, 403)})
     def get(self, request):
-        return self.page(jobs_queryset(), s.JobSerializer)
+        return self.page(jobs_queryset(), js.JobSerializer)
 
     @extend_schema(
         tags=["jobs"], summary="Enqueue a one-off or delayed job (or a list of them)",
@@ -303,13 +304,13 @@ class JobListView(APIBase):
                     "idempotent. A JSON list of such objects (1 to 1000, each with its own `idempotency_key`) "
                     "enqueues them all or none, and answers the list of jobs in the same order; errors are "
                     "keyed `jobs[i].field`.",
-        request=s.JobRequestSerializer, parameters=[IDEMPOTENCY_HEADER],
-        responses={201: s.JobSerializer, 200: s.JobSerializer, **errors(400, 401, 403, 409, bad_input=IDEMPOTENCY_400)},
+        request=js.JobRequestSerializer, parameters=[IDEMPOTENCY_HEADER],
+        responses={201: js.JobSerializer, 200: js.JobSerializer, **errors(400, 401, 403, 409, bad_input=IDEMPOTENCY_400)},
     )
     def post(self, request):
         if isinstance(request.data, list):
             return self.post_many(request, request.data)
-        data = validated(s.JobRequestSerializer, body(request))
+        data = validated(js.JobRequestSerializer, body(request))
         key = idempotency_key(request, data)
         # JobError (a RunError naming its field) and IdempotencyConflict become 400 and 409 in
         # orchestrator.api.errors.
@@ -352,7 +353,7 @@ def checked_jobs(items: list) -> list[dict]:
         if not isinstance(item, dict):
             problems[f"jobs[{index}]"] = [f"expected a JSON object, got {type(item).__name__}"]
             continue
-        serializer = s.JobRequestSerializer(data=item)
+        serializer = js.JobRequestSerializer(data=item)
         if not serializer.is_valid():
             problems.update({f"jobs[{index}].{field}": messages for field, messages in serializer.errors.items()})
             continue
@@ -368,7 +369,7 @@ def checked_jobs(items: list) -> list[dict]:
 
 class JobDetailView(APIBase):
     @extend_schema(tags=["jobs"], summary="A job's state and result",
-                   responses={200: s.JobSerializer, **errors(401, 403, 404)})
+                   responses={200: js.JobSerializer, **errors(401, 403, 404)})
     def get(self, request, pk):
         run = jobs_queryset().filter(pk=pk).first()
         if run is None:

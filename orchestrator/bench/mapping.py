@@ -102,11 +102,24 @@ def plain_rate(n: int = PLAIN_JOBS) -> float:
     return count_done() / elapsed if elapsed > 0 else 0.0
 
 
+def _wait_for_run(run_id: int, workers: list[int], peak: list[float]) -> tuple[str, list[float]]:
+    """Wait (at most MAP_TIMEOUT) for the run to end: its last state, and each worker's peak RSS."""
+    from orchestrator.models import Run
+
+    deadline = time.monotonic() + MAP_TIMEOUT
+    state = "running"
+    while state in ("pending", "running") and time.monotonic() < deadline:
+        time.sleep(0.1)
+        peak = [max(p, rss_mib(pid)) for p, pid in zip(peak, workers, strict=True)]
+        state = Run.objects.values_list("state", flat=True).get(pk=run_id)
+    return state, peak
+
+
 def one_map(out, items: int, workers: list[int]) -> None:
     from django.db.models import Max, Min
     from django.urls import reverse
 
-    from orchestrator.models import Run, TaskRun
+    from orchestrator.models import TaskRun
     from orchestrator.runs import create_run
 
     plain = plain_rate()
@@ -118,12 +131,7 @@ def one_map(out, items: int, workers: list[int]) -> None:
         "listing": _spec("listing", mapped_by=["work"]),
         "work": _spec("noop_item", ["listing"], map_over="listing"),
     })
-    deadline = time.monotonic() + MAP_TIMEOUT
-    state = "running"
-    while state in ("pending", "running") and time.monotonic() < deadline:
-        time.sleep(0.1)
-        peak = [max(p, rss_mib(pid)) for p, pid in zip(peak, workers, strict=True)]
-        state = Run.objects.values_list("state", flat=True).get(pk=run.pk)
+    state, peak = _wait_for_run(run.pk, workers, peak)
     wall = time.perf_counter() - started
     parent = TaskRun.objects.get(run=run, task="listing")
     instances = TaskRun.objects.filter(run=run, task="work", map_index__gte=0)

@@ -77,6 +77,17 @@ class Drain:
         log.info("draining: %d running task(s), grace %.0fs", self.busy_count(), self.grace,
                  extra={"action": "worker_drain"})
 
+    def hand_back_interrupted(self) -> None:
+        """Hand back the attempts killed or never started (they run again without counting);
+        waiting sensors' checks were no attempts: they are only due again now."""
+        self.batch.release_checks([c for m in self.interrupted for c in m.get("checks", ())])
+        attempts = [m for m in self.interrupted if "checks" not in m]
+        if attempts:
+            hand_back(attempts, "interrupted: the worker shut down before the task finished; it runs "
+                                "again without counting this attempt",
+                      worker_id=self.batch.worker_id, queues=self.batch.queues)
+        self.interrupted = []
+
     def step(self, now: float, stop_requests: int) -> bool:
         """Record outcomes as they come; at the end of the grace period (or on a second signal)
         kill what still runs and hand it back. Done as soon as nothing is left."""
@@ -100,14 +111,7 @@ class Drain:
             self.batch.flush()
             did = True
         if self.interrupted:
-            # Waiting sensors' checks were no attempts: they are only due again now.
-            self.batch.release_checks([c for m in self.interrupted for c in m.get("checks", ())])
-            attempts = [m for m in self.interrupted if "checks" not in m]
-            if attempts:
-                hand_back(attempts, "interrupted: the worker shut down before the task finished; it runs "
-                                    "again without counting this attempt",
-                          worker_id=self.batch.worker_id, queues=self.batch.queues)
-            self.interrupted = []
+            self.hand_back_interrupted()
             did = True
         self.done = not self.busy_count() and not self.batch.endings and not self.interrupted
         return did

@@ -301,15 +301,7 @@ class Worker(Role):
         # Checks claimed before go to the children that may take them first (no transaction needed);
         # the claim then counts the children still idle.
         started = bool(self.checks) and self.start_checks()
-        capacity = self.capacity()
-        answering = not self.want_claim and self.wakeup.asked(now)
-        claim = capacity if self.want_claim else self.wakeup.claim_size(capacity) if answering else 0
-        room = self.check_room(self.pool.idle_slots())
-        # Checks are claimed when one is due (or the worker looks unasked), none claimed is left,
-        # and a child may take them; never just because a notification brought a job, whose start
-        # would then wait for the checks' claim too.
-        checks = room * CHECKS_PER_CHILD if room and not self.checks and (now >= self.next_check or self.want_claim) \
-            else 0
+        claim, answering, checks = self.claim_sizes(now)
         if not (self.batch.endings or claim or checks) or self.holding(now):
             return started
         claimed = self.batch.flush(claim, checks)
@@ -323,6 +315,20 @@ class Worker(Role):
             self.place(ordinary)
         self.start_checks()
         return True
+
+    def claim_sizes(self, now: float) -> tuple[int, bool, int]:
+        """How many task runs to claim (and whether that answers a notification), and how many
+        sensor checks."""
+        capacity = self.capacity()
+        answering = not self.want_claim and self.wakeup.asked(now)
+        claim = capacity if self.want_claim else self.wakeup.claim_size(capacity) if answering else 0
+        room = self.check_room(self.pool.idle_slots())
+        # Checks are claimed when one is due (or the worker looks unasked), none claimed is left,
+        # and a child may take them; never just because a notification brought a job, whose start
+        # would then wait for the checks' claim too.
+        due = now >= self.next_check or self.want_claim
+        checks = room * CHECKS_PER_CHILD if room and not self.checks and due else 0
+        return claim, answering, checks
 
     def check_room(self, idle: list[Slot]) -> int:
         """How many of these idle children may take a batch of checks: every child but one is
