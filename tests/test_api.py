@@ -25,7 +25,7 @@ from tests.support.api_support import (  # noqa: F401 - fixtures
     workflow,
 )
 
-pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
+pytestmark = pytest.mark.django_db
 
 
 def trigger(client, name="reports", data=None, **extra):
@@ -36,6 +36,7 @@ def trigger(client, name="reports", data=None, **extra):
 # --- reading -------------------------------------------------------------------------------------
 
 
+@pytest.mark.time_sensitive
 def test_it_lists_workflows_and_shows_the_graph_params_and_next_fire_times(api, workflow):
     listed = api.get("/api/workflows/")
     assert listed.status_code == 200
@@ -52,6 +53,7 @@ def test_it_lists_workflows_and_shows_the_graph_params_and_next_fire_times(api, 
     assert fires == daily_fire_times(2, 30, "Europe/Berlin", clock.now(), 5)
 
 
+@pytest.mark.time_sensitive
 def test_an_unknown_workflow_is_a_json_404(api, workflow):
     for url in ("/api/workflows/nope/", "/api/workflows/nope/runs/", "/api/runs/999999/", "/api/task-runs/5/",
                 "/api/no-such-endpoint/", "/api/runs/abc/", f"/api/runs/{2**80}/",
@@ -64,6 +66,7 @@ def test_an_unknown_workflow_is_a_json_404(api, workflow):
     assert "did you mean /api/workflows/reports/runs/" in api.post("/api/workflows/reports/runs").json()["detail"]
 
 
+@pytest.mark.time_sensitive
 def test_it_shows_a_run_with_its_counts_its_task_runs_paged_and_a_task_run_with_its_attempts(api, workflow):
     run, _ = trigger_workflow(workflow, {"day": "2026-03-01"})
     detail = api.get(f"/api/runs/{run.pk}/").json()
@@ -87,6 +90,7 @@ def test_it_shows_a_run_with_its_counts_its_task_runs_paged_and_a_task_run_with_
 # --- listing runs ---------------------------------------------------------------------------------
 
 
+@pytest.mark.time_sensitive
 def test_it_pages_runs_newest_first_with_a_cursor(api, workflow):
     ids = [trigger_workflow(workflow, {"day": "2026-03-01"})[0].pk for _ in range(5)]
     first = api.get("/api/runs/?limit=2").json()
@@ -97,6 +101,7 @@ def test_it_pages_runs_newest_first_with_a_cursor(api, workflow):
     assert [r["id"] for r in third["results"]] == ids[:1] and third["next"] is None
 
 
+@pytest.mark.time_sensitive
 def test_it_filters_runs_by_workflow_state_trigger_and_dates(api, workflow):
     old, _ = trigger_workflow(workflow, {"day": "2026-03-01"}, logical_date=datetime(2026, 1, 1, tzinfo=UTC))
     new, _ = trigger_workflow(workflow, {"day": "2026-03-01"}, trigger=Trigger.API,
@@ -117,6 +122,7 @@ def test_it_filters_runs_by_workflow_state_trigger_and_dates(api, workflow):
     assert [r["id"] for r in api.get("/api/workflows/reports/runs/?state=failed").json()["results"]] == [old.pk]
 
 
+@pytest.mark.time_sensitive
 @pytest.mark.parametrize("query, field", [
     ("state=exploded", "state"),
     ("trigger=telepathy", "trigger"),
@@ -135,6 +141,7 @@ def test_a_bad_run_filter_is_a_400_naming_it(api, workflow, query, field):
 # --- triggering -----------------------------------------------------------------------------------
 
 
+@pytest.mark.time_sensitive
 def test_an_operator_triggers_a_run_with_checked_params(api, operator, workflow):
     response = trigger(api, data={"params": {"orders": "7", "day": "2026-03-01"}, "priority": 3})
     assert response.status_code == 201, response.json()
@@ -146,6 +153,7 @@ def test_an_operator_triggers_a_run_with_checked_params(api, operator, workflow)
     assert body["params"] == run.params and body["tasks"]["total"] == 2
 
 
+@pytest.mark.time_sensitive
 @pytest.mark.parametrize("data, errors", [
     ({"params": {"day": "2026-03-01", "colour": "red"}}, {"params": {"colour": "unknown param 'colour'"}}),
     ({"params": {"day": "2026-03-01", "orders": "many"}}, {"params": {"orders": "expected an integer"}}),
@@ -176,6 +184,7 @@ def test_bad_trigger_input_is_a_400_per_field_and_changes_nothing(api, workflow,
     assert stored() == before
 
 
+@pytest.mark.time_sensitive
 @pytest.mark.parametrize("payload, content_type", [
     (b'{"params": {"day": ', "application/json"),
     (b"[1, 2, 3]", "application/json"),
@@ -193,6 +202,7 @@ def test_malformed_or_non_object_json_is_a_400(api, workflow, payload, content_t
     assert stored() == before
 
 
+@pytest.mark.time_sensitive
 def test_a_broken_or_removed_workflow_cannot_be_triggered(api, workflow):
     workflow.present = False
     workflow.save()
@@ -205,6 +215,7 @@ def test_a_broken_or_removed_workflow_cannot_be_triggered(api, workflow):
 # --- idempotency ----------------------------------------------------------------------------------
 
 
+@pytest.mark.time_sensitive
 def test_the_same_key_and_payload_returns_the_existing_run_with_200(api, workflow):
     first = trigger(api, HTTP_IDEMPOTENCY_KEY="nightly-2026-03-01")
     again = trigger(api, HTTP_IDEMPOTENCY_KEY="nightly-2026-03-01")
@@ -214,6 +225,7 @@ def test_the_same_key_and_payload_returns_the_existing_run_with_200(api, workflo
     assert Run.objects.count() == 1
 
 
+@pytest.mark.time_sensitive
 def test_the_same_key_with_another_payload_is_a_409_saying_so(api, workflow):
     first = trigger(api, HTTP_IDEMPOTENCY_KEY="k1")
     before = stored()
@@ -224,6 +236,7 @@ def test_the_same_key_with_another_payload_is_a_409_saying_so(api, workflow):
     assert stored() == before
 
 
+@pytest.mark.time_sensitive
 def test_a_header_and_a_body_key_that_differ_are_a_400(api, workflow):
     response = trigger(api, data={"params": {"day": "2026-03-01"}, "idempotency_key": "a"}, HTTP_IDEMPOTENCY_KEY="b")
     assert response.status_code == 400 and "differ" in response.json()["idempotency_key"][0]
@@ -239,6 +252,7 @@ def test_a_header_and_a_body_key_that_differ_are_a_400(api, workflow):
 # --- permissions -----------------------------------------------------------------------------------
 
 
+@pytest.mark.time_sensitive
 def test_anonymous_requests_are_401_and_bad_tokens_too(anonymous, workflow):
     for method, url in [("get", "/api/workflows/"), ("get", "/api/runs/"), ("post", "/api/workflows/reports/runs/")]:
         response = getattr(anonymous, method)(url)
@@ -249,6 +263,7 @@ def test_anonymous_requests_are_401_and_bad_tokens_too(anonymous, workflow):
     assert not Run.objects.exists()
 
 
+@pytest.mark.time_sensitive
 def test_a_viewer_reads_but_cannot_trigger_and_a_user_without_a_role_cannot_read(viewer_api, workflow):
     assert viewer_api.get("/api/workflows/reports/").status_code == 200
     assert viewer_api.get("/api/runs/").status_code == 200
@@ -261,6 +276,7 @@ def test_a_viewer_reads_but_cannot_trigger_and_a_user_without_a_role_cannot_read
     assert nobody.get("/api/workflows/").status_code == 403
 
 
+@pytest.mark.time_sensitive
 def test_a_logged_in_session_works_too_with_csrf_for_writes(settings, workflow):
     from django.test import RequestFactory
     from rest_framework.test import APIClient
@@ -330,6 +346,7 @@ WRITES = ["/api/workflows/reports/pause/", "/api/workflows/reports/resume/", "/a
           "/api/backfills/"]
 
 
+@pytest.mark.time_sensitive
 def test_every_endpoint_needs_credentials_and_the_right_role(anonymous, viewer_api, workflow):
     nobody = client_for(make_user("nobody", None))
     before = stored()

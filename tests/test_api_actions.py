@@ -17,7 +17,7 @@ from tests.support.api_support import (  # noqa: F401 - fixtures
     workflow,
 )
 
-pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
+pytestmark = pytest.mark.django_db
 
 
 def a_run(workflow):
@@ -41,6 +41,7 @@ def dead_task_run(workflow, error="ValueError: boom"):
 # --- pause and resume ------------------------------------------------------------------------------
 
 
+@pytest.mark.time_sensitive
 def test_an_operator_pauses_and_resumes_a_workflow(api, workflow):
     paused = api.post("/api/workflows/reports/pause/")
     assert paused.status_code == 200 and paused.json()["paused"] is True
@@ -50,6 +51,7 @@ def test_an_operator_pauses_and_resumes_a_workflow(api, workflow):
     assert not Workflow.objects.get(name="reports").paused
 
 
+@pytest.mark.time_sensitive
 def test_pausing_needs_an_operator_and_a_known_workflow(viewer_api, anonymous, api, workflow):
     before = stored()
     assert viewer_api.post("/api/workflows/reports/pause/").status_code == 403
@@ -62,6 +64,7 @@ def test_pausing_needs_an_operator_and_a_known_workflow(viewer_api, anonymous, a
 # --- cancel and retry runs ----------------------------------------------------------------------
 
 
+@pytest.mark.time_sensitive
 def test_an_operator_cancels_a_run_once(api, workflow):
     run = a_run(workflow)
     response = api.post(f"/api/runs/{run.pk}/cancel/", {"reason": "wrong day"}, format="json")
@@ -74,6 +77,7 @@ def test_an_operator_cancels_a_run_once(api, workflow):
     assert again.status_code == 200 and again.json()["cancelled"] is False
 
 
+@pytest.mark.time_sensitive
 def test_cancelling_needs_an_operator_a_known_run_and_a_sane_reason(api, viewer_api, anonymous, workflow):
     run = a_run(workflow)
     before = stored()
@@ -88,6 +92,7 @@ def test_cancelling_needs_an_operator_a_known_run_and_a_sane_reason(api, viewer_
     assert stored() == before
 
 
+@pytest.mark.time_sensitive
 def test_an_operator_retries_the_failed_tasks_of_a_run(api, viewer_api, workflow):
     dead = dead_task_run(workflow)
     assert viewer_api.post(f"/api/runs/{dead.run_id}/retry/").status_code == 403
@@ -106,6 +111,7 @@ def log_storage(settings, tmp_path):
     settings.ORCHESTRATOR_LOG_STORAGE_OPTIONS = {"location": str(tmp_path / "logs")}
 
 
+@pytest.mark.time_sensitive
 def test_it_shows_attempts_and_pages_through_a_log(api, viewer_api, workflow, log_storage):
     from orchestrator import logs
 
@@ -129,6 +135,7 @@ def test_it_shows_attempts_and_pages_through_a_log(api, viewer_api, workflow, lo
     assert pages == 8  # 790 bytes in pages of 100
 
 
+@pytest.mark.time_sensitive
 @pytest.mark.parametrize("query, field", [("offset=-1", "offset"), ("limit=0", "limit"),
                                           ("limit=99999999", "limit"), ("offset=lots", "offset"),
                                           (f"offset={2**80}", "offset")])
@@ -138,6 +145,7 @@ def test_a_bad_log_page_request_is_a_400(api, workflow, query, field):
     assert response.status_code == 400 and field in response.json()
 
 
+@pytest.mark.time_sensitive
 def test_an_unknown_attempt_log_is_a_404(api, anonymous, workflow):
     dead = dead_task_run(workflow)
     assert api.get(f"/api/task-runs/{dead.pk}/attempts/9/log/").status_code == 404
@@ -147,6 +155,7 @@ def test_an_unknown_attempt_log_is_a_404(api, anonymous, workflow):
 # --- the dead-letter queue ------------------------------------------------------------------------
 
 
+@pytest.mark.time_sensitive
 def test_it_lists_the_dead_letter_queue_and_filters_it(api, workflow):
     first, second = dead_task_run(workflow), dead_task_run(workflow)
     a_run(workflow)  # healthy work is not listed
@@ -157,6 +166,7 @@ def test_it_lists_the_dead_letter_queue_and_filters_it(api, workflow):
     assert len(api.get("/api/dlq/?queue=default").json()["results"]) == 2
 
 
+@pytest.mark.time_sensitive
 def test_an_operator_retries_many_dead_task_runs_at_once(api, workflow):
     first, second = dead_task_run(workflow), dead_task_run(workflow)
     response = api.post("/api/dlq/retry/", {"ids": [first.pk, second.pk, first.pk, 999999]}, format="json")
@@ -166,6 +176,7 @@ def test_an_operator_retries_many_dead_task_runs_at_once(api, workflow):
     assert api.get("/api/dlq/").json()["results"] == []
 
 
+@pytest.mark.time_sensitive
 def test_an_operator_discards_a_dead_task_run(api, workflow):
     dead = dead_task_run(workflow)
     response = api.post("/api/dlq/discard/", {"ids": [dead.pk]}, format="json")
@@ -174,6 +185,7 @@ def test_an_operator_discards_a_dead_task_run(api, workflow):
     assert api.get("/api/dlq/").json()["results"] == []
 
 
+@pytest.mark.time_sensitive
 @pytest.mark.parametrize("data", [{"ids": []}, {"ids": ["x"]}, {"ids": [0]}, {"ids": [2**70]}, {"ids": 5},
                                   {"ids": [1.5]}, {}, ["ids"], {"ids": list(range(1, 1003))}])
 @pytest.mark.parametrize("action", ["retry", "discard"])
@@ -186,6 +198,7 @@ def test_bad_dead_letter_requests_are_400s_that_change_nothing(api, workflow, da
     assert stored() == before
 
 
+@pytest.mark.time_sensitive
 def test_the_dead_letter_queue_is_read_by_viewers_and_changed_by_operators(viewer_api, anonymous, workflow):
     dead = dead_task_run(workflow)
     assert viewer_api.get("/api/dlq/").status_code == 200

@@ -18,7 +18,7 @@ from tests.support.api_support import (  # noqa: F401 - fixtures
     workflow,
 )
 
-pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
+pytestmark = pytest.mark.django_db
 
 REF = "workflows.jobs:send_welcome_email"
 
@@ -30,6 +30,7 @@ def enqueue(client, **data):
 # --- jobs ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.time_sensitive
 def test_an_operator_enqueues_a_delayed_job_and_reads_it_back(api, viewer_api, operator):
     later = clock.now().replace(microsecond=0) + timedelta(hours=1)
     response = enqueue(api, run_after=later.isoformat(), queue="batch", priority=7, max_attempts=3, timeout=30)
@@ -52,12 +53,14 @@ def test_an_operator_enqueues_a_delayed_job_and_reads_it_back(api, viewer_api, o
     assert [j["id"] for j in viewer_api.get("/api/jobs/").json()["results"]] == [job["id"]]
 
 
+@pytest.mark.time_sensitive
 def test_big_integers_and_unicode_in_job_arguments_are_stored_as_given(api):
     response = api.post("/api/jobs/", {"ref": REF, "args": [10**30, "żółw ✓"], "kwargs": {}}, format="json")
     assert response.status_code == 201, response.json()
     assert TaskRun.objects.get(run_id=response.json()["id"]).spec["args"] == [10**30, "żółw ✓"]
 
 
+@pytest.mark.time_sensitive
 def test_a_job_key_returns_the_same_job_and_conflicts_on_another_payload(api):
     first = enqueue(api, idempotency_key="welcome-42")
     again = api.post("/api/jobs/", {"ref": REF, "kwargs": {"user_id": 42}}, format="json",
@@ -105,6 +108,7 @@ def test_jobs_are_read_by_viewers_and_enqueued_by_operators(viewer_api, anonymou
     assert viewer_api.get("/api/jobs/").status_code == 200
 
 
+@pytest.mark.time_sensitive
 def test_a_list_of_jobs_is_enqueued_at_once_and_answered_in_order(api, viewer_api, operator):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -149,6 +153,7 @@ def test_a_bad_list_of_jobs_is_a_400_naming_the_item_and_stores_nothing(api, ite
     assert Run.objects.count() == 0
 
 
+@pytest.mark.time_sensitive
 def test_a_list_of_jobs_conflicting_with_a_stored_key_is_a_409_and_stores_nothing(api):
     assert enqueue(api, idempotency_key="k").status_code == 201
     response = api.post("/api/jobs/", [{"ref": REF, "idempotency_key": "new"},
@@ -160,6 +165,7 @@ def test_a_list_of_jobs_conflicting_with_a_stored_key_is_a_409_and_stores_nothin
     assert Run.objects.count() == 1
 
 
+@pytest.mark.time_sensitive
 def test_an_unknown_job_or_a_workflow_run_is_not_a_job(api, workflow):
     from orchestrator.runs import trigger_workflow
 
@@ -174,6 +180,7 @@ MARCH = {"workflow": "reports", "start": "2026-03-01T00:00:00+01:00", "end": "20
          "params": {"day": "2026-03-01"}}
 
 
+@pytest.mark.time_sensitive
 def test_a_dry_run_lists_the_fire_times_and_creates_nothing(api, workflow):
     before = stored()
     response = api.post("/api/backfills/", {**MARCH, "dry_run": True}, format="json")
@@ -186,6 +193,7 @@ def test_a_dry_run_lists_the_fire_times_and_creates_nothing(api, workflow):
     assert stored() == before
 
 
+@pytest.mark.time_sensitive
 def test_an_operator_starts_a_backfill_and_follows_its_progress(api, viewer_api, operator, workflow):
     response = api.post("/api/backfills/", MARCH, format="json")
     assert response.status_code == 201, response.json()
@@ -205,12 +213,14 @@ def test_an_operator_starts_a_backfill_and_follows_its_progress(api, viewer_api,
     assert again.status_code == 400 and "nothing to backfill" in again.json()["start"][0]
 
 
+@pytest.mark.time_sensitive
 def test_a_backfill_can_follow_its_own_cron_expression(api, workflow):
     data = {**MARCH, "cron": "0 */12 * * *", "timezone": "UTC", "dry_run": True}
     plan = api.post("/api/backfills/", data, format="json").json()
     assert plan["count"] == 10 and plan["cron"] == "0 */12 * * *"
 
 
+@pytest.mark.time_sensitive
 @pytest.mark.parametrize("change, field, message", [
     ({"workflow": "nope"}, "workflow", "unknown workflow 'nope'"),
     ({"end": "2026-02-01T00:00:00Z"}, "end", "must not be before start"),
@@ -237,6 +247,7 @@ def test_bad_backfill_input_is_a_400_naming_the_field_and_stores_nothing(api, wo
     assert stored() == before
 
 
+@pytest.mark.time_sensitive
 def test_a_range_without_fire_times_plans_nothing_and_cannot_start(api, workflow):
     empty = {**MARCH, "start": "2026-03-01T03:00:00+01:00", "end": "2026-03-01T04:00:00+01:00"}
     plan = api.post("/api/backfills/", {**empty, "dry_run": True}, format="json")
@@ -247,6 +258,7 @@ def test_a_range_without_fire_times_plans_nothing_and_cannot_start(api, workflow
     assert stored() == before
 
 
+@pytest.mark.time_sensitive
 def test_backfills_are_read_by_viewers_and_started_by_operators(viewer_api, anonymous, api, workflow):
     before = stored()
     assert viewer_api.post("/api/backfills/", MARCH, format="json").status_code == 403

@@ -16,7 +16,7 @@ from orchestrator.models import Run, RunState, TaskRun, TaskState, Workflow
 from orchestrator.runs import create_run
 from orchestrator.sync import sync_workflows
 
-pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
@@ -52,6 +52,7 @@ def grid_page(client, wf, query: str = "") -> str:
     return response.content.decode()
 
 
+@pytest.mark.time_sensitive
 def test_columns_follow_the_logical_date_and_carry_readable_date_labels(client, etl):
     client.force_login(user("victor", access.VIEWERS))
     today = run_at(etl, datetime(2026, 3, 1, 1, 30, tzinfo=UTC))
@@ -65,6 +66,7 @@ def test_columns_follow_the_logical_date_and_carry_readable_date_labels(client, 
                      ("2026-03-01T01:30:00+00:00", "2026-03-01 01:30:00 UTC", "03-01 01:30")]
 
 
+@pytest.mark.time_sensitive
 def test_each_cell_is_its_states_colour_with_a_bar_as_tall_as_its_task_run_took(client, etl):
     client.force_login(user("victor", access.VIEWERS))
     short = run_at(etl, datetime(2026, 2, 1, tzinfo=UTC), seconds=10)
@@ -89,6 +91,7 @@ def test_each_cell_is_its_states_colour_with_a_bar_as_tall_as_its_task_run_took(
     assert html.count('<a class="cell st-upstream_failed"') == six
 
 
+@pytest.mark.time_sensitive
 def test_the_grid_shows_more_runs_on_request_and_pages_back_by_logical_date(client, etl):
     client.force_login(user("victor", access.VIEWERS))
     start = datetime(2026, 1, 1, 1, 30, tzinfo=UTC)
@@ -107,6 +110,7 @@ def test_the_grid_shows_more_runs_on_request_and_pages_back_by_logical_date(clie
     assert f'href="?runs=50&amp;before={ids[20]}&amp;run={ids[3]}"' in grid_page(client, etl, f"?runs=50&before={ids[20]}")
 
 
+@pytest.mark.time_sensitive
 def test_a_bad_grid_size_or_cursor_is_a_400_that_says_which(client, etl):
     client.force_login(user("victor", access.VIEWERS))
     response = client.get(reverse("orchestrator:web:workflow", args=[etl.name]) + "?runs=lots")
@@ -117,6 +121,7 @@ def test_a_bad_grid_size_or_cursor_is_a_400_that_says_which(client, etl):
     assert response.status_code == 400 and "before must be a whole number" in response.content.decode()
 
 
+@pytest.mark.time_sensitive
 def test_a_picked_cell_shows_its_task_run_with_the_actions_for_operators_only(client, etl):
     run = run_at(etl, datetime(2026, 2, 1, tzinfo=UTC))
     extract = TaskRun.objects.get(run=run, task="extract")

@@ -11,7 +11,7 @@ from orchestrator.jobs import JobError, enqueue
 from orchestrator.models import Run, RunState, TaskRun, TaskState
 from orchestrator.runs import IdempotencyConflict
 
-pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
+pytestmark = pytest.mark.django_db
 
 NOW = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 REF = "workflows.jobs:send_welcome_email"

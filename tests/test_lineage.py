@@ -21,7 +21,7 @@ from tests.support.api_support import client_for, make_user
 from tests.support.features_support import scheduler_tick, worker_loop
 from tests.test_datasets import MODULE, consumer_runs, produce
 
-pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
@@ -56,6 +56,7 @@ def produced(wfs, clock, loop, times=1):
     scheduler_tick(clock)
 
 
+@pytest.mark.time_sensitive
 def test_the_api_lists_dataset_events_newest_first_with_the_runs_they_started(wfs, clock, loop, api):
     produced(wfs, clock, loop, times=3)
     produce(wfs, clock, loop, name="fx")
@@ -87,6 +88,7 @@ def test_the_api_lists_dataset_events_newest_first_with_the_runs_they_started(wf
     assert [e["dataset"] for e in api.get("/api/dataset-events/", {"workflow": "fx"}).json()["results"]] == ["fx_rates"]
 
 
+@pytest.mark.time_sensitive
 def test_the_event_list_refuses_bad_filters_and_names_an_unknown_dataset(wfs, api, anonymous_api):
     response = api.get("/api/dataset-events/", {"dataset": "nope"})
     assert response.status_code == 404 and response.json()["dataset"] == ["unknown dataset 'nope'"]
@@ -113,6 +115,7 @@ def test_the_schema_describes_the_event_list(anonymous_api):
     assert {p["name"] for p in operation["parameters"]} >= {"dataset", "workflow", "since", "until", "cursor", "limit"}
 
 
+@pytest.mark.time_sensitive
 def test_the_lineage_pages_show_producers_consumers_and_recent_events(wfs, clock, loop, viewer, client):
     produced(wfs, clock, loop, times=2)
     html = client.get(reverse("orchestrator:web:datasets")).content.decode()
@@ -138,6 +141,7 @@ def test_the_lineage_pages_show_producers_consumers_and_recent_events(wfs, clock
     assert client.get(reverse("orchestrator:web:dataset_named"), {"name": "unknown"}).status_code == 404
 
 
+@pytest.mark.time_sensitive
 @pytest.mark.parametrize("name", ["s3://bucket/../../x", "a/./b", "a/..", "./c", "q?x=1&y=#z"])
 def test_a_dataset_with_dot_segments_or_query_characters_in_its_name_gets_a_link_that_reaches_its_page(
         viewer, client, name):
@@ -154,6 +158,7 @@ def test_a_dataset_with_dot_segments_or_query_characters_in_its_name_gets_a_link
     assert client.get(reverse("orchestrator:web:dataset_named")).status_code == 400
 
 
+@pytest.mark.time_sensitive
 def test_the_workflows_list_shows_what_dataset_starts_a_workflow_not_manual_only(wfs, viewer, client):
     html = client.get(reverse("orchestrator:web:workflows")).content.decode()
 
@@ -169,6 +174,7 @@ def test_the_workflows_list_shows_what_dataset_starts_a_workflow_not_manual_only
     assert "manual only" in producer  # no schedule, no dataset trigger
 
 
+@pytest.mark.time_sensitive
 def test_the_workflow_page_shows_what_it_produces_and_what_triggers_it(wfs, viewer, client):
     producer = client.get(reverse("orchestrator:web:workflow", args=["producer"])).content.decode()
     section = re.search(r'<section class="card" id="datasets">.*?</section>', producer, re.S).group(0)
@@ -185,6 +191,7 @@ def test_the_workflow_page_shows_what_it_produces_and_what_triggers_it(wfs, view
     assert "any of" in plain
 
 
+@pytest.mark.time_sensitive
 def test_the_dashboard_lists_the_runs_that_missed_their_deadline(wfs, viewer, client):
     now = process_clock.now()  # the pinned clock the dashboard reads
     late, _ = trigger_workflow(wfs["producer"], {}, now=now)

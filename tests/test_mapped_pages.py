@@ -17,7 +17,7 @@ from orchestrator.web import mapped
 from tests.support.features_support import run_to_end, sync_module, worker_loop
 from tests.test_mapping import MODULE
 
-pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
@@ -40,6 +40,7 @@ def mapped_run(wfs, clock, items):
     return run_to_end(run, clock, worker_loop())
 
 
+@pytest.mark.time_sensitive
 def test_the_run_page_shows_a_mapped_task_as_one_node_and_one_row_with_counts(wfs, clock, viewer, client):
     run = mapped_run(wfs, clock, list(range(30)))
     own = TaskRun.objects.get(run=run, task="double", map_index=-1)
@@ -64,6 +65,7 @@ def test_the_run_page_shows_a_mapped_task_as_one_node_and_one_row_with_counts(wf
     assert len(re.findall(r'class="bar mapped out-failed"', html)) == 1
 
 
+@pytest.mark.time_sensitive
 def test_the_run_page_costs_the_same_queries_for_three_items_or_sixty(wfs, clock, viewer, client):
     small, large = mapped_run(wfs, clock, [1, 2, 3]), mapped_run(wfs, clock, list(range(60)))
     counted = []
@@ -75,6 +77,7 @@ def test_the_run_page_costs_the_same_queries_for_three_items_or_sixty(wfs, clock
     assert counted[0] == counted[1]
 
 
+@pytest.mark.time_sensitive
 def test_the_instances_page_lists_every_instance_by_state_a_page_at_a_time(wfs, clock, viewer, client, monkeypatch):
     run = mapped_run(wfs, clock, list(range(25)))
     own = TaskRun.objects.get(run=run, task="double", map_index=-1)
@@ -96,6 +99,7 @@ def test_the_instances_page_lists_every_instance_by_state_a_page_at_a_time(wfs, 
     assert partial.lstrip().startswith('<section class="card" id="rows">') and ">double[10]<" in partial
 
 
+@pytest.mark.time_sensitive
 def test_the_instances_page_refuses_bad_input_and_a_task_run_that_is_an_instance(wfs, clock, viewer, client):
     run = mapped_run(wfs, clock, [1, 2])
     own = TaskRun.objects.get(run=run, task="double", map_index=-1)
@@ -108,6 +112,7 @@ def test_the_instances_page_refuses_bad_input_and_a_task_run_that_is_an_instance
     assert client.get(reverse("orchestrator:web:mapped_instances", args=[instance.pk])).status_code == 404
 
 
+@pytest.mark.time_sensitive
 def test_the_grid_shows_a_mapped_task_as_one_cell_with_a_summary(wfs, clock, viewer, client):
     first = mapped_run(wfs, clock, [1, 2, 3])
     second = mapped_run(wfs, clock, list(range(12)))

@@ -7,7 +7,7 @@ import pytest
 from orchestrator import clock
 from orchestrator.models import Lease, Worker
 
-pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
+pytestmark = pytest.mark.django_db
 
 
 def add_worker(name="w1", heartbeat_age=0.0, state=Worker.State.RUNNING):
@@ -33,6 +33,7 @@ def test_healthz_answers_without_touching_the_database(client, django_assert_num
     assert response.json() == {"status": "ok"}
 
 
+@pytest.mark.time_sensitive
 def test_readyz_passes_when_a_lease_is_held_and_a_worker_is_alive(client):
     hold_lease()
     add_worker(heartbeat_age=2)
@@ -47,6 +48,7 @@ def test_readyz_passes_when_a_lease_is_held_and_a_worker_is_alive(client):
     assert body["checks"]["workers"]["message"] == "1 worker sent a heartbeat in the last 30 s"
 
 
+@pytest.mark.time_sensitive
 def test_readyz_fails_naming_the_workers_when_every_heartbeat_is_stale(client, settings):
     settings.ORCHESTRATOR_HEARTBEAT_TIMEOUT_SECONDS = 30.0
     hold_lease()
@@ -62,6 +64,7 @@ def test_readyz_fails_naming_the_workers_when_every_heartbeat_is_stale(client, s
     assert body["failed"] == ["workers: no worker has sent a heartbeat in the last 30 s"]
 
 
+@pytest.mark.time_sensitive
 def test_readyz_fails_when_no_scheduler_ever_held_the_lease(client):
     add_worker()
     response = client.get("/readyz")
@@ -71,6 +74,7 @@ def test_readyz_fails_when_no_scheduler_ever_held_the_lease(client):
     assert check["message"] == "no scheduler has ever held the lease: is a scheduler process running?"
 
 
+@pytest.mark.time_sensitive
 def test_readyz_fails_when_the_lease_has_expired(client):
     add_worker()
     hold_lease(expires_in=-20, holder="scheduler@old:7")
@@ -81,6 +85,7 @@ def test_readyz_fails_when_the_lease_has_expired(client):
     assert "(last holder scheduler@old:7): no scheduler is running" in message
 
 
+@pytest.mark.time_sensitive
 def test_probes_answer_an_unlisted_host_over_plain_http(client, settings):
     # A container runtime probes http://10.0.0.7:8000/healthz: neither the host check nor
     # the HTTPS redirect may turn that into a 400 or a 301.
@@ -95,6 +100,7 @@ def test_probes_answer_an_unlisted_host_over_plain_http(client, settings):
     assert client.get("/admin/", HTTP_HOST="orchestrator.example.com").status_code == 301
 
 
+@pytest.mark.time_sensitive
 @pytest.mark.django_db(transaction=True)
 def test_readyz_and_metrics_say_so_when_the_database_does_not_answer(client):
     from django.db import connection

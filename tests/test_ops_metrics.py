@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from orchestrator import clock
 from orchestrator.models import Attempt, Lease, Run, Schedule, TaskRun, Worker, Workflow
 
-pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
+pytestmark = pytest.mark.django_db
 
 METRICS = {
     "orchestrator_database_up", "orchestrator_queue_depth", "orchestrator_tasks_running",
@@ -93,6 +93,7 @@ def deployment():
                          expires_at=now + timedelta(seconds=12))
 
 
+@pytest.mark.time_sensitive
 def test_metrics_parse_and_describe_the_deployment(client, deployment):
     families, samples = scrape(client)
     assert METRICS <= set(families), METRICS - set(families)
@@ -141,6 +142,7 @@ def test_metrics_parse_and_describe_the_deployment(client, deployment):
     assert value(samples, "orchestrator_scheduler_leader_info", holder="scheduler@h:42") == 1
 
 
+@pytest.mark.time_sensitive
 def test_an_expired_lease_reports_no_leader(client):
     now = clock.now()
     Lease.objects.create(name="scheduler", holder="scheduler@h:42", epoch=9, acquired_at=now,
@@ -153,6 +155,7 @@ def test_an_expired_lease_reports_no_leader(client):
     assert value(samples, "orchestrator_workers_live") == 0
 
 
+@pytest.mark.time_sensitive
 def test_a_scrape_costs_six_queries_however_much_history_there_is(client, deployment, django_assert_num_queries):
     with django_assert_num_queries(6):
         client.get("/metrics")
@@ -165,6 +168,7 @@ def test_a_scrape_costs_six_queries_however_much_history_there_is(client, deploy
     assert value(samples, "orchestrator_task_outcomes_last_5m", workflow="etl", state="succeeded") == 302
 
 
+@pytest.mark.time_sensitive
 def test_metrics_need_the_bearer_token_when_one_is_configured(client, settings):
     settings.ORCHESTRATOR_METRICS_TOKEN = "s3cret-token"
     assert client.get("/metrics").status_code == 401

@@ -13,7 +13,7 @@ from orchestrator.sync import sync_workflows
 from tests.conftest import daily_fire_times
 from tests.test_scheduler import make_schedule, make_workflow
 
-pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
+pytestmark = pytest.mark.django_db
 
 ADD_URL = "/admin/orchestrator/schedule/add/"
 
@@ -58,6 +58,7 @@ def test_the_add_form_refuses_bad_input_with_a_clear_message_and_saves_nothing(a
     assert Schedule.objects.count() == 0
 
 
+@pytest.mark.time_sensitive
 def test_an_operator_adds_a_schedule_that_fires_at_its_next_time(admin_client, workflow):
     response = admin_client.post(ADD_URL, form_data(workflow, cron="30  2 * * *", params='{"region": "apac"}'))
     assert response.status_code == 302, response.content.decode()[:2000]
@@ -68,6 +69,7 @@ def test_an_operator_adds_a_schedule_that_fires_at_its_next_time(admin_client, w
     assert schedule.next_fire_at == daily_fire_times(2, 30, "Europe/Berlin", clock.now(), 1)[0]
 
 
+@pytest.mark.time_sensitive
 def test_the_change_page_previews_the_next_fire_times_in_local_time_and_utc(admin_client, workflow):
     schedule = make_schedule(workflow, "30 2 * * *", now=clock.now(), tz="Europe/Berlin", name="nightly")
     html = admin_client.get(f"/admin/orchestrator/schedule/{schedule.pk}/change/").content.decode()
@@ -78,6 +80,7 @@ def test_the_change_page_previews_the_next_fire_times_in_local_time_and_utc(admi
     assert "every day at 02:30" in html
 
 
+@pytest.mark.time_sensitive
 def test_a_code_declared_schedule_is_read_only_except_paused(admin_client, workflow):
     schedule = make_schedule(workflow, "0 * * * *", now=clock.now(), source="code")
     url = f"/admin/orchestrator/schedule/{schedule.pk}/change/"
@@ -90,6 +93,7 @@ def test_a_code_declared_schedule_is_read_only_except_paused(admin_client, workf
     assert admin_client.post(f"/admin/orchestrator/schedule/{schedule.pk}/delete/", {"post": "yes"}).status_code == 403
 
 
+@pytest.mark.time_sensitive
 def test_changing_the_cron_of_an_admin_schedule_moves_its_next_fire_time(admin_client, workflow):
     schedule = make_schedule(workflow, "0 0 1 1 *", now=clock.now(), name="nightly")
     data = form_data(workflow, cron="*/5 * * * *", timezone="UTC")
@@ -99,6 +103,7 @@ def test_changing_the_cron_of_an_admin_schedule_moves_its_next_fire_time(admin_c
     assert schedule.next_fire_at - clock.now() <= timedelta(minutes=5)
 
 
+@pytest.mark.time_sensitive
 def test_pause_and_resume_actions(admin_client, workflow):
     schedules = [make_schedule(workflow, now=clock.now(), name=f"s{i}") for i in range(2)]
     ids = [str(s.pk) for s in schedules]
@@ -117,6 +122,7 @@ def test_a_viewer_sees_schedules_but_cannot_add_or_change_them(client, workflow)
     assert Schedule.objects.count() == 0
 
 
+@pytest.mark.time_sensitive
 def test_sync_never_touches_a_schedule_made_in_the_admin():
     sync_workflows()
     from orchestrator.models import Workflow
@@ -133,6 +139,7 @@ def test_sync_never_touches_a_schedule_made_in_the_admin():
 # -- the CLI preview ------------------------------------------------------------------------------
 
 
+@pytest.mark.time_sensitive
 def test_the_schedules_command_lists_state_and_next_fire_times_in_local_time_and_utc(workflow):
     from io import StringIO
 

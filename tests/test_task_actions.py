@@ -25,7 +25,7 @@ from tests.support.api_support import (  # noqa: F401 - fixtures
     workflow,
 )
 
-pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
+pytestmark = pytest.mark.django_db
 
 
 def ended_run(workflow, extract=TaskState.SUCCEEDED, load=TaskState.SUCCEEDED, run_state=RunState.SUCCEEDED):
@@ -56,6 +56,7 @@ def states(run):
 # --- control -------------------------------------------------------------------------------------
 
 
+@pytest.mark.time_sensitive
 def test_clearing_a_task_runs_it_and_its_downstream_again_keeping_the_old_attempts(workflow):
     run = ended_run(workflow)
     extract = TaskRun.objects.get(run=run, task="extract")
@@ -71,6 +72,7 @@ def test_clearing_a_task_runs_it_and_its_downstream_again_keeping_the_old_attemp
     assert list(extract.attempt_set.values_list("number", flat=True)) == [1]
 
 
+@pytest.mark.time_sensitive
 def test_clearing_only_the_task_leaves_its_downstream_as_it_was(workflow):
     run = ended_run(workflow, load=TaskState.DEAD, run_state=RunState.FAILED)
     extract = TaskRun.objects.get(run=run, task="extract")
@@ -78,6 +80,7 @@ def test_clearing_only_the_task_leaves_its_downstream_as_it_was(workflow):
     assert states(run) == (RunState.RUNNING, {"extract": TaskState.SCHEDULED, "load": TaskState.DEAD})
 
 
+@pytest.mark.time_sensitive
 def test_clearing_a_child_of_a_succeeded_parent_releases_it_at_once(workflow):
     run = ended_run(workflow, load=TaskState.DEAD, run_state=RunState.FAILED)
     load = TaskRun.objects.get(run=run, task="load")
@@ -85,6 +88,7 @@ def test_clearing_a_child_of_a_succeeded_parent_releases_it_at_once(workflow):
     assert states(run) == (RunState.RUNNING, {"extract": TaskState.SUCCEEDED, "load": TaskState.SCHEDULED})
 
 
+@pytest.mark.time_sensitive
 def test_an_unfinished_task_run_is_not_cleared(workflow):
     run, _ = trigger_workflow(workflow, {"day": "2026-03-01"})
     before = states(run)
@@ -92,6 +96,7 @@ def test_an_unfinished_task_run_is_not_cleared(workflow):
     assert states(run) == before
 
 
+@pytest.mark.time_sensitive
 def test_marking_a_dead_task_succeeded_lets_its_downstream_run(workflow):
     run = ended_run(workflow, extract=TaskState.DEAD, load=TaskState.UPSTREAM_FAILED, run_state=RunState.FAILED)
     extract = TaskRun.objects.get(run=run, task="extract")
@@ -99,6 +104,7 @@ def test_marking_a_dead_task_succeeded_lets_its_downstream_run(workflow):
     assert states(run) == (RunState.RUNNING, {"extract": TaskState.SUCCEEDED, "load": TaskState.SCHEDULED})
 
 
+@pytest.mark.time_sensitive
 def test_marking_a_waiting_task_failed_fails_its_downstream_and_the_run(workflow):
     run, _ = trigger_workflow(workflow, {"day": "2026-03-01"})
     extract = TaskRun.objects.get(run=run, task="extract")
@@ -107,6 +113,7 @@ def test_marking_a_waiting_task_failed_fails_its_downstream_and_the_run(workflow
     assert TaskRun.objects.get(pk=extract.pk).error == "marked failed by olga"
 
 
+@pytest.mark.time_sensitive
 def test_marking_the_last_failed_task_succeeded_ends_the_run_well(workflow):
     run = ended_run(workflow, load=TaskState.DEAD, run_state=RunState.FAILED)
     load = TaskRun.objects.get(run=run, task="load")
@@ -114,6 +121,7 @@ def test_marking_the_last_failed_task_succeeded_ends_the_run_well(workflow):
     assert states(run) == (RunState.SUCCEEDED, {"extract": TaskState.SUCCEEDED, "load": TaskState.SUCCEEDED})
 
 
+@pytest.mark.time_sensitive
 def test_other_states_are_refused(workflow):
     run, _ = trigger_workflow(workflow, {"day": "2026-03-01"})
     extract = TaskRun.objects.get(run=run, task="extract")
@@ -121,6 +129,7 @@ def test_other_states_are_refused(workflow):
         control.mark_task_runs([extract.pk], TaskState.SKIPPED)
 
 
+@pytest.mark.time_sensitive
 def test_marking_keeps_the_recorded_end_times_of_the_task_run_and_of_its_run(workflow, pinned_process_clock):
     # A task that died after 0.07 s, an hour ago; its run ended then too.
     run = ended_run(workflow, load=TaskState.DEAD, run_state=RunState.FAILED)
@@ -143,6 +152,7 @@ def test_marking_keeps_the_recorded_end_times_of_the_task_run_and_of_its_run(wor
     assert (run.state, run.finished_at) == (RunState.SUCCEEDED, ended)
 
 
+@pytest.mark.time_sensitive
 def test_a_task_run_that_had_not_ended_ends_at_the_clocks_now_when_marked(workflow, pinned_process_clock):
     run, _ = trigger_workflow(workflow, {"day": "2026-03-01"})
     pinned_process_clock.advance(90)
@@ -154,6 +164,7 @@ def test_a_task_run_that_had_not_ended_ends_at_the_clocks_now_when_marked(workfl
     assert (run.state, run.finished_at) == (RunState.FAILED, clock.now())
 
 
+@pytest.mark.time_sensitive
 def test_a_running_task_run_is_marked_its_attempt_ended_and_its_worker_told(workflow, pinned_process_clock):
     run, _ = trigger_workflow(workflow, {"day": "2026-03-01"})
     extract = TaskRun.objects.get(run=run, task="extract")
@@ -177,6 +188,7 @@ def test_a_running_task_run_is_marked_its_attempt_ended_and_its_worker_told(work
 # --- API -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.time_sensitive
 def test_the_api_clears_marks_and_retries_a_task_run_and_records_each(api, workflow):
     run = ended_run(workflow, extract=TaskState.DEAD, load=TaskState.UPSTREAM_FAILED, run_state=RunState.FAILED)
     extract = TaskRun.objects.get(run=run, task="extract")
@@ -199,6 +211,7 @@ def test_the_api_clears_marks_and_retries_a_task_run_and_records_each(api, workf
     assert events[0].detail == {"state": "succeeded", "changed": [extract.pk]}
 
 
+@pytest.mark.time_sensitive
 def test_the_api_task_actions_need_an_operator_and_good_input(api, viewer_api, anonymous, workflow):
     run = ended_run(workflow, extract=TaskState.DEAD, load=TaskState.UPSTREAM_FAILED, run_state=RunState.FAILED)
     extract = TaskRun.objects.get(run=run, task="extract")
@@ -219,6 +232,7 @@ def test_the_api_task_actions_need_an_operator_and_good_input(api, viewer_api, a
 # --- web -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.time_sensitive
 def test_an_operator_sees_the_actions_that_apply_and_each_asks_first(client, operator, workflow):
     run = ended_run(workflow, extract=TaskState.DEAD, load=TaskState.UPSTREAM_FAILED, run_state=RunState.FAILED)
     extract = TaskRun.objects.get(run=run, task="extract")
@@ -233,6 +247,7 @@ def test_an_operator_sees_the_actions_that_apply_and_each_asks_first(client, ope
     assert 'id="task-clear"' in html and 'id="task-mark-failed"' in html
 
 
+@pytest.mark.time_sensitive
 def test_an_operator_clears_a_task_from_its_page_and_it_is_recorded(client, operator, workflow):
     run = ended_run(workflow)
     extract = TaskRun.objects.get(run=run, task="extract")
@@ -250,6 +265,7 @@ def test_an_operator_clears_a_task_from_its_page_and_it_is_recorded(client, oper
     assert AuditEvent.objects.get(action="mark").detail["state"] == "failed"
 
 
+@pytest.mark.time_sensitive
 def test_a_viewer_sees_no_task_action_and_is_refused_each(client, viewer, workflow):
     run = ended_run(workflow, extract=TaskState.DEAD, load=TaskState.UPSTREAM_FAILED, run_state=RunState.FAILED)
     extract = TaskRun.objects.get(run=run, task="extract")
@@ -262,6 +278,7 @@ def test_a_viewer_sees_no_task_action_and_is_refused_each(client, viewer, workfl
     assert stored() == before
 
 
+@pytest.mark.time_sensitive
 def test_an_unknown_task_action_is_a_400_that_names_the_actions(client, operator, workflow):
     run = ended_run(workflow)
     extract = TaskRun.objects.get(run=run, task="extract")

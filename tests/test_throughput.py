@@ -16,7 +16,7 @@ from orchestrator.models import Run, TaskRun
 from orchestrator.runs import IdempotencyConflict
 from orchestrator.states import TaskState
 
-pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
+pytestmark = pytest.mark.django_db
 
 NOW = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 REF = "workflows.jobs:send_welcome_email"

@@ -30,7 +30,7 @@ from orchestrator.runs import create_run
 from orchestrator.sync import sync_workflows
 from tests.conftest import daily_fire_times
 
-pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
@@ -121,6 +121,7 @@ def page_urls(run, task_run, attempt, wf):
 # ---------------------------------------------------------------- access
 
 
+@pytest.mark.time_sensitive
 def test_every_page_sends_anonymous_visitors_to_the_login_page(client, etl):
     run = finished_run(etl)
     tr = run.task_runs.first()
@@ -133,6 +134,7 @@ def test_every_page_sends_anonymous_visitors_to_the_login_page(client, etl):
     assert not Run.objects.exclude(pk=run.pk).exists()
 
 
+@pytest.mark.time_sensitive
 def test_a_user_in_neither_group_is_refused_every_page(client, etl):
     run = finished_run(etl)
     tr = run.task_runs.first()
@@ -141,6 +143,7 @@ def test_a_user_in_neither_group_is_refused_every_page(client, etl):
         assert client.get(url).status_code == 403, url
 
 
+@pytest.mark.time_sensitive
 def test_a_viewer_reads_every_page_without_action_buttons(as_viewer, etl):
     run = finished_run(etl)
     tr = run.task_runs.first()
@@ -153,6 +156,7 @@ def test_a_viewer_reads_every_page_without_action_buttons(as_viewer, etl):
     assert 'name="action" value="retry"' not in as_viewer.get(reverse("orchestrator:web:dead_letter")).content.decode()
 
 
+@pytest.mark.time_sensitive
 def test_every_post_of_a_viewer_is_refused_and_changes_nothing(as_viewer, etl):
     run, _ = create_run(etl, trigger="manual")
     dead = dead_task_run(etl)
@@ -174,6 +178,7 @@ def test_every_post_of_a_viewer_is_refused_and_changes_nothing(as_viewer, etl):
     assert (run.state, dead.state, etl.paused) == (RunState.RUNNING, TaskState.DEAD, False)
 
 
+@pytest.mark.time_sensitive
 def test_posts_without_a_csrf_token_are_refused(client, operator, etl):
     client = type(client)(enforce_csrf_checks=True)
     client.force_login(operator)
@@ -182,6 +187,7 @@ def test_posts_without_a_csrf_token_are_refused(client, operator, etl):
     assert not Run.objects.exists()
 
 
+@pytest.mark.time_sensitive
 def test_logging_in_and_out(client, operator, etl):
     page = client.get(reverse("orchestrator:web:login"))
     assert page.status_code == 200 and b'name="password"' in page.content
@@ -198,6 +204,7 @@ def test_logging_in_and_out(client, operator, etl):
 # ---------------------------------------------------------------- pages
 
 
+@pytest.mark.time_sensitive
 def test_the_dashboard_shows_run_states_queues_workers_leader_and_dead_letters(as_viewer, etl):
     finished_run(etl)
     finished_run(etl, state=RunState.FAILED, task_state=TaskState.FAILED)
@@ -220,6 +227,7 @@ def test_the_dashboard_shows_run_states_queues_workers_leader_and_dead_letters(a
     assert partial.lstrip().startswith('<div id="stats"') and "<html" not in partial
 
 
+@pytest.mark.time_sensitive
 def test_the_workflows_list_shows_schedules_in_words_next_fire_times_and_recent_run_states(as_viewer, workflows):
     etl = workflows["nightly_etl"]
     finished_run(etl)
@@ -236,6 +244,7 @@ def test_the_workflows_list_shows_schedules_in_words_next_fire_times_and_recent_
 
 
 
+@pytest.mark.time_sensitive
 def test_the_workflow_page_draws_the_graph_the_grid_the_history_and_the_trigger_form(as_viewer, etl):
     runs = [finished_run(etl), finished_run(etl, state=RunState.FAILED, task_state=TaskState.FAILED)]
     html = as_viewer.get(reverse("orchestrator:web:workflow", args=[etl.name])).content.decode()
@@ -257,6 +266,7 @@ def test_the_workflow_page_draws_the_graph_the_grid_the_history_and_the_trigger_
     assert selected.count('<g class="node st-succeeded">') == 6
 
 
+@pytest.mark.time_sensitive
 def test_the_workflow_page_lists_the_fire_times_not_run_with_their_reasons(as_viewer, etl):
     from orchestrator.scheduler import Scheduler
 
@@ -276,6 +286,7 @@ def test_the_workflow_page_lists_the_fire_times_not_run_with_their_reasons(as_vi
     assert html.count("catchup=latest runs only the most recent missed fire time") == len(skipped)
 
 
+@pytest.mark.time_sensitive
 def test_an_operator_triggers_a_run_with_params_from_the_form(as_operator, operator, etl):
     page = as_operator.get(reverse("orchestrator:web:workflow", args=[etl.name])).content.decode()
     assert 'name="param.orders"' in page and 'name="param.currency"' in page and 'name="param.dry_run"' in page
@@ -289,6 +300,7 @@ def test_an_operator_triggers_a_run_with_params_from_the_form(as_operator, opera
     assert run.task_runs.count() == 6
 
 
+@pytest.mark.time_sensitive
 def test_a_trigger_with_a_wrong_type_or_an_unknown_param_shows_the_error_and_creates_nothing(as_operator, etl):
     url = reverse("orchestrator:web:workflow_trigger", args=[etl.name])
     response = as_operator.post(url, {"param.orders": "many", "param.currency": "GBP", "param.dry_run.present": "1"})
@@ -305,6 +317,7 @@ def test_a_trigger_with_a_wrong_type_or_an_unknown_param_shows_the_error_and_cre
     assert not Run.objects.exists()
 
 
+@pytest.mark.time_sensitive
 def test_an_unchecked_box_sends_false_and_empty_fields_use_their_defaults(as_operator, etl):
     as_operator.post(reverse("orchestrator:web:workflow_trigger", args=[etl.name]), {
         "param.orders": "", "param.currency": "EUR", "param.dry_run.present": "1",
@@ -312,6 +325,7 @@ def test_an_unchecked_box_sends_false_and_empty_fields_use_their_defaults(as_ope
     assert Run.objects.get().params == {"orders": 500, "currency": "EUR", "dry_run": False}
 
 
+@pytest.mark.time_sensitive
 def test_the_run_page_polls_while_the_run_is_active_and_stops_when_it_ends(as_viewer, etl):
     run, _ = create_run(etl, trigger="manual")
     url = reverse("orchestrator:web:run", args=[run.pk])
@@ -327,6 +341,7 @@ def test_the_run_page_polls_while_the_run_is_active_and_stops_when_it_ends(as_vi
     assert "12.0 s" in html
 
 
+@pytest.mark.time_sensitive
 def test_an_operator_cancels_an_active_run_and_retries_a_failed_one(as_operator, etl):
     run, _ = create_run(etl, trigger="manual")
     page = as_operator.get(reverse("orchestrator:web:run", args=[run.pk])).content.decode()
@@ -348,6 +363,7 @@ def test_an_operator_cancels_an_active_run_and_retries_a_failed_one(as_operator,
     assert Run.objects.get(pk=dead.run_id).state == RunState.RUNNING
 
 
+@pytest.mark.time_sensitive
 def test_the_task_run_page_escapes_what_a_task_printed_and_pages_a_long_log(as_viewer, etl):
     from orchestrator import logs
     from orchestrator.web import task_runs
@@ -377,6 +393,7 @@ def test_the_task_run_page_escapes_what_a_task_printed_and_pages_a_long_log(as_v
     assert bad.status_code == 400
 
 
+@pytest.mark.time_sensitive
 def test_the_log_of_a_running_attempt_follows_its_tail(as_viewer, etl):
     from orchestrator import logs
 
@@ -394,6 +411,7 @@ def test_the_log_of_a_running_attempt_follows_its_tail(as_viewer, etl):
     assert "log-follow" not in tail  # the attempt ended: the page stops asking
 
 
+@pytest.mark.time_sensitive
 def test_the_dead_letter_queue_filters_and_retries_only_after_confirmation(as_operator, workflows):
     etl, maintenance = workflows["nightly_etl"], workflows["maintenance"]
     timeout = dead_task_run(etl, error="TimeoutError: the warehouse did not answer")
@@ -420,6 +438,7 @@ def test_the_dead_letter_queue_filters_and_retries_only_after_confirmation(as_op
     assert b"Select at least one task run." in empty.content
 
 
+@pytest.mark.time_sensitive
 def test_the_runs_list_filters_and_pages_by_id_without_offset(as_viewer, workflows, settings):
     etl, maintenance = workflows["nightly_etl"], workflows["maintenance"]
     ids = [create_run(etl, trigger="manual", logical_date=datetime(2026, 3, 1, 2, 30, tzinfo=UTC)
@@ -450,6 +469,7 @@ def test_the_runs_list_filters_and_pages_by_id_without_offset(as_viewer, workflo
     assert b"Enter a whole number." in bad.content
 
 
+@pytest.mark.time_sensitive
 def test_pausing_and_resuming_a_workflow_from_the_list(as_operator, etl):
     response = as_operator.post(reverse("orchestrator:web:workflow_pause", args=[etl.name]), {"next": "/workflows/"})
     assert response.status_code == 302 and response["Location"] == "/workflows/"
@@ -462,6 +482,7 @@ def test_pausing_and_resuming_a_workflow_from_the_list(as_operator, etl):
     assert not etl.paused
 
 
+@pytest.mark.time_sensitive
 def test_the_page_benchmark_fills_a_history_and_times_every_page():
     import io
 
@@ -480,6 +501,7 @@ def test_the_page_benchmark_fills_a_history_and_times_every_page():
     assert all(key in results for key in ("plan first page", "plan keyset page", "plan grid runs"))
 
 
+@pytest.mark.time_sensitive
 def test_a_workflow_without_a_valid_version_shows_why_and_refuses_a_trigger(as_operator, workflows):
     broken = Workflow.objects.create(name="half_done", broken=True,
                                      sync_error="workflow 'half_done': tasks.load: unknown upstream 'nope'")

@@ -15,7 +15,7 @@ from orchestrator.runs import create_run
 from orchestrator.sync import sync_workflows
 from tests.test_web import dead_task_run
 
-pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
@@ -30,6 +30,7 @@ def admin_client(client):
     return client
 
 
+@pytest.mark.time_sensitive
 def test_every_model_has_an_admin_list_with_its_columns(admin_client, etl):
     dead = dead_task_run(etl, error="KeyError: 'region'")
     pages = {
@@ -48,6 +49,7 @@ def test_every_model_has_an_admin_list_with_its_columns(admin_client, etl):
     assert html.count('class="action-select"') == 1
 
 
+@pytest.mark.time_sensitive
 def test_a_backfill_previews_its_fire_times_and_creates_runs_only_when_confirmed(admin_client, etl):
     url = reverse("admin:orchestrator_workflow_backfill", args=[etl.pk])
     form = {"start": "2026-03-01 00:00", "end": "2026-03-03 23:59", "reprocess": "none", "schedule": "",
@@ -82,6 +84,7 @@ def test_a_backfill_previews_its_fire_times_and_creates_runs_only_when_confirmed
     assert "1 / 3" in admin_client.get(reverse("admin:orchestrator_backfill_changelist")).content.decode()
 
 
+@pytest.mark.time_sensitive
 def test_a_bad_backfill_form_names_the_field_and_creates_nothing(admin_client, etl):
     url = reverse("admin:orchestrator_workflow_backfill", args=[etl.pk])
     backwards = admin_client.post(url, {"start": "2026-03-05 00:00", "end": "2026-03-01 00:00", "reprocess": "none",
@@ -97,6 +100,7 @@ def test_a_bad_backfill_form_names_the_field_and_creates_nothing(admin_client, e
     assert not Backfill.objects.exists() and not Run.objects.exists()
 
 
+@pytest.mark.time_sensitive
 def test_operators_pause_workflows_cancel_runs_and_retry_or_discard_dead_task_runs(admin_client, etl):
     changelist = reverse("admin:orchestrator_workflow_changelist")
     admin_client.post(changelist, {"action": "pause", "_selected_action": [etl.pk]})
@@ -121,6 +125,7 @@ def test_operators_pause_workflows_cancel_runs_and_retry_or_discard_dead_task_ru
     assert TaskRun.objects.get(pk=second.pk).state == TaskState.FAILED
 
 
+@pytest.mark.time_sensitive
 def test_a_staff_viewer_cannot_run_state_changing_admin_actions(client, etl):
     viewer = User.objects.create_user("vera", password="pw", is_staff=True)
     access.add_to_group(viewer, access.VIEWERS)
@@ -138,6 +143,7 @@ def test_a_staff_viewer_cannot_run_state_changing_admin_actions(client, etl):
     assert (etl.paused, dead.state) == (False, TaskState.DEAD)
 
 
+@pytest.mark.time_sensitive
 def test_the_admin_offers_no_bare_add_for_runs_so_no_run_without_task_runs_can_exist(admin_client, etl):
     # A run saved as a bare row (no task runs, no version) would stay "running" forever and hold a
     # max_active_runs slot; runs come from a trigger, the API or a backfill.

@@ -17,7 +17,7 @@ from orchestrator.runs import create_run
 from orchestrator.sync import sync_workflows
 from tests.test_sync import Folder
 
-pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
+pytestmark = pytest.mark.django_db
 
 SHIPPING = '''
 """Ships the day's parcels.
@@ -94,6 +94,7 @@ def _tag(html: str, element_id: str) -> str:
     return match.group(0)
 
 
+@pytest.mark.time_sensitive
 def test_the_dashboards_schedule_delay_leaves_backfills_out_as_metrics_does(as_viewer, etl):
     now = clock.now()
     for delay, trigger in [(0.5, Trigger.SCHEDULE), (0.5, Trigger.SCHEDULE),
@@ -108,6 +109,7 @@ def test_the_dashboards_schedule_delay_leaves_backfills_out_as_metrics_does(as_v
     assert " d " not in re.search(r'<div class="tiles">.*?</div>\s*<div class="cols">', html, re.S).group(0)
 
 
+@pytest.mark.time_sensitive
 def test_after_a_refused_trigger_the_live_part_polls_the_workflow_page_not_the_post_url(as_operator, etl):
     run, _ = create_run(etl, trigger="manual")  # active: the workflow page polls
     assert run.is_active
@@ -124,6 +126,7 @@ def test_after_a_refused_trigger_the_live_part_polls_the_workflow_page_not_the_p
     assert f'hx-get="/workflows/{etl.name}/?run={run.pk}"' in html
 
 
+@pytest.mark.time_sensitive
 def test_the_trigger_form_lists_params_in_the_order_they_were_declared(as_operator, shipping, etl):
     assert shipping.current_version.spec["param_order"] == ["region", "batch", "notify", "amount"]
     html = as_operator.get(reverse("orchestrator:web:workflow", args=["shipping"])).content.decode()
@@ -135,6 +138,7 @@ def test_the_trigger_form_lists_params_in_the_order_they_were_declared(as_operat
     assert "param_order" not in Workflow.objects.get(name="maintenance").current_version.spec
 
 
+@pytest.mark.time_sensitive
 def test_a_refused_trigger_marks_the_wrong_fields_for_assistive_technology(as_operator, shipping):
     url = reverse("orchestrator:web:workflow", args=["shipping"])
     html = as_operator.get(url).content.decode()
@@ -155,6 +159,7 @@ def test_a_refused_trigger_marks_the_wrong_fields_for_assistive_technology(as_op
     assert not Run.objects.exists()
 
 
+@pytest.mark.time_sensitive
 def test_every_filter_control_of_the_runs_list_and_the_dead_letter_queue_has_a_label(as_viewer, etl):
     for name in ("runs", "dead_letter"):
         html = as_viewer.get(reverse(f"orchestrator:web:{name}")).content.decode()
@@ -166,11 +171,13 @@ def test_every_filter_control_of_the_runs_list_and_the_dead_letter_queue_has_a_l
         assert not re.search(r"<(select|input)\b", unlabelled), (name, unlabelled)
 
 
+@pytest.mark.time_sensitive
 def test_the_dashboard_has_a_main_heading(as_viewer, etl):
     html = as_viewer.get(reverse("orchestrator:web:dashboard")).content.decode()
     assert html.count("<h1>") == 1 and "<h1>Dashboard</h1>" in html
 
 
+@pytest.mark.time_sensitive
 def test_a_description_is_rendered_as_escaped_text_with_its_inline_code(as_viewer, shipping):
     html = as_viewer.get(reverse("orchestrator:web:workflow", args=["shipping"])).content.decode()
     description = re.search(r'<div class="description">(.*?)</div>', html, re.S).group(1)
@@ -186,6 +193,7 @@ def test_a_description_is_rendered_as_escaped_text_with_its_inline_code(as_viewe
     assert '<div class="muted small">Ships the day&#x27;s parcels.</div>' in listing
 
 
+@pytest.mark.time_sensitive
 def test_only_staff_users_see_the_admin_link(client, etl):
     admin_link = f'href="{reverse("admin:index")}"'
     client.force_login(_user("victor", access.VIEWERS))
@@ -196,6 +204,7 @@ def test_only_staff_users_see_the_admin_link(client, etl):
     assert admin_link in client.get(reverse("orchestrator:web:dashboard")).content.decode()
 
 
+@pytest.mark.time_sensitive
 def test_a_viewer_chooses_utc_once_and_every_page_and_filter_uses_it(as_viewer, etl):
     from datetime import UTC, datetime
 
@@ -219,6 +228,7 @@ def test_a_viewer_chooses_utc_once_and_every_page_and_filter_uses_it(as_viewer, 
     assert 'data-clock="utc"' in html and "dates in UTC" in html
 
 
+@pytest.mark.time_sensitive
 def test_the_clock_switch_refuses_an_unknown_choice_and_anonymous_visitors(client, etl):
     from orchestrator.models import UserPreference
 
