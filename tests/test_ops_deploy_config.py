@@ -174,6 +174,7 @@ def test_the_container_checks_report_an_unknown_role_and_a_missing_process():
     assert result.returncode == 1 and result.stdout.startswith("unhealthy: ")
 
 
+@pytest.mark.slow
 def test_roles_other_than_web_start_with_the_database_url_and_the_two_secrets_alone():
     env = {"DATABASE_URL": "postgres://u@db/x", "SECRET_KEY": secrets.token_urlsafe(50), "PATH": "/usr/bin:/bin",
            "ORCHESTRATOR_DATA_DIR": str(ROOT / ".data")}

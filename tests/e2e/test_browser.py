@@ -170,6 +170,7 @@ def operator(username="olivia", password="a-long-password-1"):
     return username, password
 
 
+@pytest.mark.slow
 def test_an_operator_triggers_a_run_watches_it_succeed_and_retries_a_dead_task(server, browser):
     processes, page, base = server.processes, browser, server.url
     seed_history(Workflow.objects.get(name="sales_report"))

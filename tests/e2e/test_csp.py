@@ -17,6 +17,7 @@ from tests.e2e.test_browser import browser, server, wait_for_run_state, workflow
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
+@pytest.mark.slow
 def test_every_page_runs_under_the_content_security_policy_without_a_violation(server, browser):
     page, base = browser, server.url
     with urllib.request.urlopen(base + "/login/", timeout=10) as response:

@@ -40,6 +40,7 @@ def scale(page) -> float:
     return float(page.get_attribute(".dag-view", "data-scale"))
 
 
+@pytest.mark.slow
 def test_a_300_task_graph_pans_zooms_and_every_node_is_reachable_by_keyboard(server, browser, tmp_path):
     page, base = browser, server.url
     package = f"generated_{uuid.uuid4().hex[:8]}"

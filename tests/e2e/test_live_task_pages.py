@@ -28,6 +28,7 @@ def wait_for_swaps(page, more: int = 2):
              message=f"{more} more swaps of the live region")
 
 
+@pytest.mark.slow
 def test_the_task_run_page_follows_attempts_live_and_the_run_page_keeps_details_open(server, browser, tmp_path):
     processes, page, base = server.processes, browser, server.url
     folder = tmp_path / "gates"

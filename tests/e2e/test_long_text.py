@@ -21,6 +21,7 @@ LONG = "x" * 5000
 WIDTH = 1400  # the browser fixture's window
 
 
+@pytest.mark.slow
 def test_long_unbroken_text_wraps_instead_of_widening_the_pages(server, browser):
     page, base = browser, server.url
     Workflow.objects.filter(name="flaky_import").update(description=f"Imports {LONG} nightly.", owner="o" * 200)

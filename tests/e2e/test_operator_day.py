@@ -83,6 +83,7 @@ def history(workflow: Workflow, days: int = 30) -> tuple[Run, TaskRun]:
     return newest, dead
 
 
+@pytest.mark.slow
 def test_grid_cells_show_their_state_at_a_glance_in_both_themes_and_a_phone_opens_on_the_newest(server, browser):
     page, base = browser, server.url
     SHOTS.mkdir(parents=True, exist_ok=True)
@@ -194,6 +195,7 @@ def long_log(path: Path) -> str:
     return text
 
 
+@pytest.mark.slow
 def test_a_long_log_scrolls_by_keyboard_filters_printed_output_and_keeps_the_page_width(server, browser):
     page, base = browser, server.url
     SHOTS.mkdir(parents=True, exist_ok=True)
@@ -262,6 +264,7 @@ def test_a_long_log_scrolls_by_keyboard_filters_printed_output_and_keeps_the_pag
     assert failed_requests == []
 
 
+@pytest.mark.slow
 def test_an_operator_backfills_from_the_workflow_pages_dialog_after_a_dry_run(server, browser):
     page, base = browser, server.url
     SHOTS.mkdir(parents=True, exist_ok=True)

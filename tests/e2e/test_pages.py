@@ -61,6 +61,7 @@ def visit_in_every_mode(page, url: str, name: str, report: dict, action=None):
         page.screenshot(path=str(SHOTS / f"{name}-{width}-{theme}.png"), full_page=True)
 
 
+@pytest.mark.slow
 def test_every_page_fits_a_phone_and_passes_axe_in_both_themes(server, browser):
     assert AXE.exists(), "axe-core is not installed: run ./dev test (it runs npm ci in tests/e2e)"
     SHOTS.mkdir(parents=True, exist_ok=True)
@@ -121,6 +122,7 @@ def test_every_page_fits_a_phone_and_passes_axe_in_both_themes(server, browser):
         assert box["x"] >= 0 and box["x"] + box["width"] <= 390, box
 
 
+@pytest.mark.slow
 def test_one_clock_choice_is_kept_for_the_user_and_used_by_every_time_and_filter(server, browser):
     page, base = browser, server.url  # the browser's zone is Europe/Berlin
     wf = Workflow.objects.get(name="sales_report")

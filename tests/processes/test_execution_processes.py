@@ -113,6 +113,7 @@ def test_a_fan_out_fan_in_dag_runs_each_task_after_all_its_parents(processes, en
     assert sorted(join.result["upstream"]) == [f"transform_{i}" for i in range(4)]
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_task_is_reaped_and_another_worker_finishes(processes, env, tmp_path):
     record = tmp_path / "times.jsonl"
     processes.start("dispatcher", env=env)

@@ -25,6 +25,7 @@ def started_pids(output: str, name: str) -> list[int]:
     return [int(pid) for pid in re.findall(rf"\[deploy_local\] started {name} pid (\d+)", output)]
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_it_restarts_a_killed_role_and_stops_everything_on_sigterm(processes):
     supervisor = processes.start("deploy_local", "--web-workers", "0", "--schedulers", "0", "--dispatchers", "1",
@@ -80,6 +81,7 @@ def python(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
+@pytest.mark.slow
 def test_a_child_that_ran_healthily_gets_its_budget_back_and_exits_spread_out_never_stop_everything(processes):
     # Exits every second or so, forever: after each healthy second the back-off starts again from
     # the first delay, and three exits never fall within the 1.5 s window.
