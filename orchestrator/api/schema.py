@@ -6,6 +6,7 @@ mix, so their component names cannot collide)."""
 import inspect
 from contextvars import ContextVar
 
+from drf_spectacular import plumbing
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.settings import patched_settings
@@ -82,6 +83,15 @@ def cross_field_rules(result, generator, request, public):
     return result
 
 
+def _fresh_enum_names() -> None:
+    """drf-spectacular caches ENUM_NAME_OVERRIDES per language, whatever settings were in force
+    when it first read them: read before this API's settings applied (another schema, a check),
+    the cache holds none of ours, and the state enums get hashed names (StateE3dEnum)."""
+    cached = getattr(plumbing, "_load_enum_name_overrides", None)
+    if cached is not None and hasattr(cached, "cache_clear"):
+        cached.cache_clear()
+
+
 class SchemaView(SpectacularAPIView):
     custom_settings = SETTINGS
     permission_classes = []
@@ -89,10 +99,12 @@ class SchemaView(SpectacularAPIView):
 
     def get(self, request, *args, **kwargs):
         token = _generating.set(True)
+        _fresh_enum_names()
         try:
             return super().get(request, *args, **kwargs)
         finally:
             _generating.reset(token)
+            _fresh_enum_names()
 
 
 class DocsView(SpectacularSwaggerSplitView):
@@ -113,8 +125,10 @@ class DocsView(SpectacularSwaggerSplitView):
 def generate(request=None) -> dict:
     """This API's schema as a dict (for tests and tools)."""
     token = _generating.set(True)
+    _fresh_enum_names()
     try:
         with patched_settings(SETTINGS):
             return SchemaGenerator().get_schema(request=request, public=True)
     finally:
         _generating.reset(token)
+        _fresh_enum_names()
