@@ -298,7 +298,8 @@ class Loop:
             return
         self._recycled_at = now
         for conn in connections.all(initialized_only=True):
-            conn.close_if_unusable_or_obsolete()
+            if conn.connection is not None:  # a closed one is not opened just to be looked at
+                conn.close_if_unusable_or_obsolete()
 
     # --- database errors -------------------------------------------------------------------------
 

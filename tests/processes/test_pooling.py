@@ -88,6 +88,7 @@ class _Idle(Role):
         return False
 
 
+@pytest.mark.django_db  # the loop looks at its connections' age (CONN_MAX_AGE) as it turns
 def test_a_loop_without_listen_polls_and_says_so_once(caplog):
     loop = Loop(_Idle(), poll=0.01, max_seconds=0.2, handle_signals=False)
     with override_settings(ORCHESTRATOR_LISTEN_DATABASE_URL="poll"), caplog.at_level("INFO", "orchestrator.loop"):
