@@ -40,7 +40,7 @@ from orchestrator.models import (
     WorkflowVersion,
 )
 from orchestrator.states import RunState, TaskState
-from orchestrator.web.forms import BackfillForm, backfill_digest, backfill_preview
+from orchestrator.web.forms import BackfillForm, backfill_step
 
 
 class OperatorActions:
@@ -123,28 +123,10 @@ class WorkflowAdmin(OperatorActions, admin.ModelAdmin):
         form = BackfillForm(request.POST or None, workflow=wf)
         preview = None
         if request.method == "POST" and form.is_valid():
-            data = form.cleaned_data
-            schedule = data["schedule_obj"]
-            try:
-                plan = backfill.plan(wf, data["start"], data["end"], schedule=schedule, reprocess=data["reprocess"])
-            except backfill.BackfillError as exc:
-                field = getattr(exc, "field", None)
-                form.add_error(field if field in form.fields else None, str(exc))
-            else:
-                digest = backfill_digest(data)
-                if "go" in request.POST and request.POST.get("confirm") == digest:
-                    try:
-                        started = backfill.start(wf, data["start"], data["end"], reprocess=data["reprocess"],
-                                                 params=data["params"], created_by=request.user, schedule=schedule)
-                    except backfill.BackfillError as exc:
-                        form.add_error(None, str(exc))
-                    else:
-                        audit.record("backfill", request=request, target=started, workflow=wf.name,
-                                     start=data["start"].isoformat(), end=data["end"].isoformat(),
-                                     runs=started.total)
-                        self.message_user(request, f"Started {started}: {started.total} run(s).", messages.SUCCESS)
-                        return HttpResponseRedirect(reverse("admin:orchestrator_backfill_change", args=[started.pk]))
-                preview = backfill_preview(plan, digest)
+            started, preview = backfill_step(request, wf, form)
+            if started is not None:
+                self.message_user(request, f"Started {started}: {started.total} run(s).", messages.SUCCESS)
+                return HttpResponseRedirect(reverse("admin:orchestrator_backfill_change", args=[started.pk]))
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,

@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo
 from django import forms
 from django.utils import timezone
 
-from orchestrator import reads
+from orchestrator import audit, backfill, reads
 from orchestrator.limits import MAX_ID
 from orchestrator.models import Backfill, Workflow
 from orchestrator.states import RunState, TaskState, Trigger
@@ -274,3 +274,31 @@ def backfill_preview(plan, digest: str) -> dict:
 
 
 TASK_STATE_CHOICES = TaskState.choices
+
+
+def backfill_step(request, wf: Workflow, form: BackfillForm):
+    """The backfill dialog's step for a valid form (the admin's and the workflow page's): the
+    dry run, or the start when the request confirms the digest of the values previewed (audited).
+    Returns (the backfill started, or None; the preview to show, or None); what went wrong is on
+    the form."""
+    data = form.cleaned_data
+    schedule = data["schedule_obj"]
+    try:
+        plan = backfill.plan(wf, data["start"], data["end"], schedule=schedule, reprocess=data["reprocess"])
+    except backfill.BackfillError as exc:
+        field = getattr(exc, "field", None)
+        form.add_error(field if field in form.fields else None, str(exc))
+        return None, None
+    digest = backfill_digest(data)
+    if "go" in request.POST and request.POST.get("confirm") == digest:
+        try:
+            started = backfill.start(wf, data["start"], data["end"], reprocess=data["reprocess"],
+                                     params=data["params"], created_by=request.user, schedule=schedule)
+        except backfill.BackfillError as exc:
+            form.add_error(None, str(exc))
+        else:
+            audit.record("backfill", request=request, target=started, workflow=wf.name,
+                         start=data["start"].isoformat(), end=data["end"].isoformat(), runs=started.total,
+                         reprocess=data["reprocess"], params=data["params"])
+            return started, None
+    return None, backfill_preview(plan, digest)

@@ -13,7 +13,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils.http import urlencode
 
-from orchestrator import audit, backfill, clock, control, cron
+from orchestrator import audit, clock, control, cron
 from orchestrator.limits import MAX_ID
 from orchestrator.models import Run, TaskRun, Workflow
 from orchestrator.params import ParamError
@@ -23,8 +23,7 @@ from orchestrator.web import grid, lineage, mapped, svg
 from orchestrator.web.errors import query_int
 from orchestrator.web.forms import (
     BackfillForm,
-    backfill_digest,
-    backfill_preview,
+    backfill_step,
     param_fields,
     submitted_params,
 )
@@ -268,30 +267,12 @@ def workflow_backfill(request, name):
     preview = None
     status = 200
     if form.is_valid():
-        data = form.cleaned_data
-        schedule = data["schedule_obj"]
-        try:
-            plan = backfill.plan(wf, data["start"], data["end"], schedule=schedule, reprocess=data["reprocess"])
-        except backfill.BackfillError as exc:
-            field = getattr(exc, "field", None)
-            form.add_error(field if field in form.fields else None, str(exc))
-        else:
-            digest = backfill_digest(data)
-            if "go" in request.POST and request.POST.get("confirm") == digest:
-                try:
-                    started = backfill.start(wf, data["start"], data["end"], reprocess=data["reprocess"],
-                                             params=data["params"], created_by=request.user, schedule=schedule)
-                except backfill.BackfillError as exc:
-                    form.add_error(None, str(exc))
-                else:
-                    audit.record("backfill", request=request, target=started, workflow=wf.name,
-                                 start=data["start"].isoformat(), end=data["end"].isoformat(), runs=started.total,
-                                 reprocess=data["reprocess"], params=data["params"])
-                    messages.success(request, f"Started a backfill of {wf.name}: {started.total} run(s).")
-                    runs = reverse("orchestrator:web:runs") + "?" + urlencode({"workflow": wf.name,
-                                                                               "trigger": Trigger.BACKFILL})
-                    return back(request, runs)
-            preview = backfill_preview(plan, digest)
+        started, preview = backfill_step(request, wf, form)
+        if started is not None:
+            messages.success(request, f"Started a backfill of {wf.name}: {started.total} run(s).")
+            runs = reverse("orchestrator:web:runs") + "?" + urlencode({"workflow": wf.name,
+                                                                       "trigger": Trigger.BACKFILL})
+            return back(request, runs)
     if form.errors:
         status = 400
     return page(request, "orchestrator/web/backfill.html", {"wf": wf, "backfill_form": form, "preview": preview},
