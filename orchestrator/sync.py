@@ -125,7 +125,9 @@ def _owner(key: str, claimed: list[tuple[str, Definition]], stored_module: str |
         owner_module, why = stored_module, "the module it was stored from, which failed to import now"
     else:
         owners = [min(claimed, key=lambda claim: (file_of(claim[0]), claimed.index(claim)))]
-        owner_module, why = owners[0][0], "the first by path: neither was stored before"
+        owner_module = owners[0][0]
+        why = "the first by path: neither was stored before" if stored_module is None else \
+            f"the first by path: {stored_module}, which it was stored from, defines it no more"
     for module_name, definition in claimed:
         if owners and definition is owners[0][1]:
             continue
