@@ -64,8 +64,9 @@ OPTIONS = [
            "More workflow modules to import at sync, by dotted name (a list in settings, comma-separated in "
            "the environment)."),
     Option("SYNC_IMPORT_TIMEOUT", "seconds", 30.0, "30",
-           "How long sync waits for one workflow module to import: a slower import is reported as an error "
-           "of that module and abandoned, and the other modules sync."),
+           "How long sync waits for one workflow module to import (each module in a child process of its "
+           "own, from its own start): a slower import is stopped and reported as an error of that module, "
+           "and the other modules sync."),
     Option("JOB_MODULES", "list", [], "none",
            "Modules of `@job` functions, imported by every process at start-up besides each installed "
            "app's `jobs` and `tasks` modules: only registered functions can be enqueued or run."),

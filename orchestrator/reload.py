@@ -159,7 +159,7 @@ def needing_restart() -> list[str]:
 # --- in a fresh child --------------------------------------------------------------------------
 
 
-def _forget(name: str):
+def forget(name: str):
     """Drop a module from sys.modules (and from its package's attributes, or ``from package import
     name`` would still find it there); returns it."""
     module = sys.modules.pop(name, None)
@@ -188,7 +188,7 @@ def refresh() -> list[str]:
     job_modules = [name for name in registry.job_modules
                    if name in sys.modules and name not in _pinned and name.partition(".")[0] != own]
     saved = {name: registry.registered_in(name) for name in job_modules}
-    old = {name: _forget(name) for name in dict.fromkeys([*stale, *job_modules])}
+    old = {name: forget(name) for name in dict.fromkeys([*stale, *job_modules])}
     for name in job_modules:
         registry.forget_module(name)
     failed = []

@@ -313,27 +313,39 @@ def _check_cycle(wf, error) -> None:
         error("tasks", " -> ".join(path), f"the graph has a cycle: {' -> '.join(path)}")
 
 
+def dataset_links(wf) -> tuple[list[str], list[str]]:
+    """The datasets a workflow's tasks produce and those its triggers consume (names only: sync
+    carries them from the module's import as plain data)."""
+    produces, consumes = [], []
+    for task in wf.tasks.values():
+        produces += [d for d in (task.produces if isinstance(task.produces, list | tuple) else ()) if isinstance(d, str)]
+    for on in wf.triggers:
+        datasets = getattr(on, "datasets", [])
+        consumes += [d for d in (datasets if isinstance(datasets, list | tuple) else ()) if isinstance(d, str)]
+    return produces, consumes
+
+
 def dataset_cycles(workflows: list) -> dict[str, str]:
     """Workflows that would start themselves again through other workflows' data (a loop
     workflow -> dataset -> workflow -> ...): {workflow name: message}. Each message names the
     shortest such loop through its own workflow."""
+    return dataset_cycles_of({wf.name: dataset_links(wf) for wf in workflows})
+
+
+def dataset_cycles_of(links: dict[str, tuple[list[str], list[str]]]) -> dict[str, str]:
+    """dataset_cycles() of {workflow name: (datasets produced, datasets consumed)}."""
     edges: dict[tuple, set] = {}
-    for wf in workflows:
-        for task in wf.tasks.values():
-            for dataset in task.produces if isinstance(task.produces, list | tuple) else ():
-                if isinstance(dataset, str):
-                    edges.setdefault(("workflow", wf.name), set()).add(("dataset", dataset))
-        for on in wf.triggers:
-            datasets = getattr(on, "datasets", [])
-            for dataset in datasets if isinstance(datasets, list | tuple) else ():
-                if isinstance(dataset, str):
-                    edges.setdefault(("dataset", dataset), set()).add(("workflow", wf.name))
+    for name, (produces, consumes) in links.items():
+        for dataset in produces:
+            edges.setdefault(("workflow", name), set()).add(("dataset", dataset))
+        for dataset in consumes:
+            edges.setdefault(("dataset", dataset), set()).add(("workflow", name))
     found: dict[str, str] = {}
-    for wf in workflows:
-        loop = _loop_through(("workflow", wf.name), edges)
+    for name in links:
+        loop = _loop_through(("workflow", name), edges)
         if loop:
-            path = " -> ".join(name for _, name in loop)
-            found[wf.name] = str(DefinitionError(wf.name, "triggers", path, f"data triggers form a loop: {path}"))
+            path = " -> ".join(step for _, step in loop)
+            found[name] = str(DefinitionError(name, "triggers", path, f"data triggers form a loop: {path}"))
     return found
 
 

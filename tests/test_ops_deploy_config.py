@@ -137,6 +137,16 @@ def test_check_deploy_passes_with_the_documented_production_environment():
     ], result.stderr
 
 
+def test_check_deploy_passes_with_exactly_the_values_the_readme_shows():
+    # The example as a reader copies it, placeholders and all: not one warning.
+    env = {**documented_production_env(), "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, str(ROOT / "manage.py"), "check", "--deploy", "--fail-level", "WARNING"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == "System check identified no issues (0 silenced).", result.stdout
+    assert result.stderr == "", result.stderr
+
+
 def test_check_deploy_names_what_is_missing_without_the_production_environment():
     env = {"DATABASE_URL": "postgres://u@db/x", "SECRET_KEY": secrets.token_urlsafe(50),
            "ALLOWED_HOSTS": "example.com", "PATH": "/usr/bin:/bin", "ORCHESTRATOR_DATA_DIR": str(ROOT / ".data")}

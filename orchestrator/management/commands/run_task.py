@@ -85,7 +85,10 @@ def _workflow_spec(workflow: str) -> dict:
         hint = "; ".join(f"{module}: {error.splitlines()[0]}" for module, error in failed.items())
         raise CommandError(f"no workflow {workflow!r} (known: {', '.join(sorted(workflows)) or 'none'})"
                            + (f"; modules that failed to import: {hint}" if hint else ""))
-    return workflows[workflow].to_spec()
+    found = workflows[workflow]
+    if found.spec is None:
+        raise CommandError(f"workflow {workflow!r} is broken:\n" + "\n".join(found.errors))
+    return found.spec
 
 
 def _logical_date(text: str | None) -> datetime:

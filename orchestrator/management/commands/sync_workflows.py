@@ -10,7 +10,7 @@ class Command(BaseCommand):
         parser.add_argument("--strict", action="store_true", help="Exit with an error if anything is broken.")
 
     def handle(self, *args, strict=False, **options):
-        report = sync_workflows()
+        report = sync_workflows(notice=lambda message: self.stderr.write(message))
         for name in report.created:
             self.stdout.write(self.style.SUCCESS(f"created   {name}"))
         for name in report.new_versions:

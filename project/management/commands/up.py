@@ -95,7 +95,7 @@ class Command(BaseCommand):
 
         call_command("migrate", interactive=False, verbosity=0)
         preflight.collect_static_files(self.say)
-        report = sync_workflows()
+        report = sync_workflows(notice=lambda message: self.say(f"workflows: {message}"))
         synced = len(report.created) + len(report.new_versions) + len(report.unchanged)
         self.stdout.write(f"workflows: {synced} synced, {len(report.broken)} broken")
         for name, error in report.broken.items():
