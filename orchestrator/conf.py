@@ -134,7 +134,7 @@ OPTIONS = [
            "The keys of the secrets store, newest first (a list in settings, comma-separated in the "
            "environment): each a Fernet key, made by `manage.py rotate_secrets_key --new-key`. Values are "
            "encrypted with the first and read with any; kept outside the database. Without one, secrets "
-           "cannot be stored or read (check `orchestrator.E010`)."),
+           "cannot be stored or read (check `orchestrator.E014`)."),
     Option("SECRETS_BACKENDS", "list", ["database"], "`database`",
            "Where a task's secrets are looked up, in order: `database` (the encrypted store of the admin and "
            "API), `env` (`ORCHESTRATOR_SECRET_<NAME>`, `ORCHESTRATOR_CONNECTION_<NAME>`), `files` (a file per "
