@@ -24,7 +24,7 @@ from datetime import datetime
 
 from django.db import close_old_connections, connections
 
-from orchestrator import logformat, logs, registry, reload, secrets, tracing
+from orchestrator import logformat, logs, registry, reload, secrets, secretstore, tracing
 from orchestrator.conf import app_settings
 from orchestrator.definition import Task as DslTask
 from orchestrator.masking import MaskedStream
@@ -354,7 +354,7 @@ def run(message: dict, log_stream=None, declared: dict | None = None, functions:
     spec = message["spec"]
     # What the attempt may read of the secrets store, and the masker of the values it read: the
     # log is written through it, and the outcome is masked before it leaves this process.
-    access = secrets.Access.of_message(message)
+    access = secrets.Access.of_message(message, secretstore.read_for_task)
     log = MaskedStream(log_stream or logs.AttemptLog(logs.name_for(message["run_id"], message["id"], message["number"]),
                                                      append=message.get("check") is not None), access.masker)
     handler = logging.StreamHandler(log)

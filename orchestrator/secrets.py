@@ -198,8 +198,11 @@ class Access:
     """What one attempt may read, what it read (cached: one read per secret per attempt), and the
     masker of its values. ``where`` says who reads, for messages and the audit log."""
 
-    def __init__(self, *, task_run_id: int = 0, run_id: int = 0, attempt: int = 0, workflow: str = "",
+    def __init__(self, loader, *, task_run_id: int = 0, run_id: int = 0, attempt: int = 0, workflow: str = "",
                  task: str = "", job: bool = False):
+        # loader(kind, name, access) -> the stored value (secretstore.read_for_task: it needs the
+        # models, which this module may not import).
+        self.loader = loader
         self.task_run_id, self.run_id, self.attempt, self.workflow, self.task, self.job = \
             task_run_id, run_id, attempt, workflow, task, job
         self.names: dict[str, set[str]] = {SECRET: set(), CONNECTION: set()}
@@ -207,8 +210,8 @@ class Access:
         self.masker = Masker()
 
     @classmethod
-    def of_message(cls, message: dict) -> Access:
-        return cls(task_run_id=message.get("id") or 0, run_id=message.get("run_id") or 0,
+    def of_message(cls, message: dict, loader) -> Access:
+        return cls(loader, task_run_id=message.get("id") or 0, run_id=message.get("run_id") or 0,
                    attempt=message.get("number") or 0, workflow=message.get("workflow") or "",
                    task=message.get("task") or "", job=(message.get("spec") or {}).get("call") == "job")
 
@@ -245,15 +248,12 @@ class Access:
         return self.values[key]
 
     def _load(self, kind: str, name: str):
-        # The store needs the models; this module is imported (by workflow modules) before them.
-        from orchestrator import secretstore  # noqa: PLC0415 - see the comment above
-
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return secretstore.read_for_task(kind, name, self)
+            return self.loader(kind, name, self)
         # On an event loop (an async job): Django's ORM refuses to run there; a thread of its own reads.
-        return _off_loop.submit(secretstore.read_for_task, kind, name, self).result()
+        return _off_loop.submit(self.loader, kind, name, self).result()
 
     # --- masking what the attempt produced ---------------------------------------------------------
 

@@ -4,6 +4,9 @@ write-only), the audit of every change, key rotation without downtime, and the s
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from cryptography.fernet import Fernet
@@ -14,6 +17,7 @@ from django.test.utils import CaptureQueriesContext
 
 from orchestrator import checks, secretstore
 from orchestrator.models import AuditEvent, Secret
+from tests.conftest import ROOT
 from tests.support.api_support import client_for, make_user
 from tests.test_secrets import KEY, STRIPE, WAREHOUSE, leaks
 
@@ -227,3 +231,20 @@ def test_the_checks_report_a_bad_key_and_stored_values_without_a_key(settings):
     settings.ORCHESTRATOR_SECRETS_KEYS = []
     problems = checks.check_secrets_store()
     assert [p.id for p in problems] == ["orchestrator.E014"] and "holds values" in problems[0].msg
+
+
+def test_the_standalone_project_makes_its_own_key_in_development_and_the_variable_wins(tmp_path):
+    def keys(**env):
+        environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "ORCHESTRATOR_DATA_DIR": str(tmp_path), **env}
+        result = subprocess.run([sys.executable, "-c", "import project.settings as s; "
+                                 "print(','.join(getattr(s, 'ORCHESTRATOR_SECRETS_KEYS', [])))"],
+                                cwd=ROOT, env=environment, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+    made = keys()
+    Fernet(made)
+    assert (tmp_path / "secrets-key").read_text().strip() == made and keys() == made, "kept for the next start"
+    assert oct((tmp_path / "secrets-key").stat().st_mode & 0o777) == "0o600"
+    assert keys(ORCHESTRATOR_SECRETS_KEYS=NEW_KEY) == "", "the variable wins (read by the app from the environment)"
+    assert keys(DATABASE_URL="postgres://u@db/x", DEBUG="0") == "", "production sets its own"

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 
 from django.db import close_old_connections, connections
 
-from orchestrator import executor, logformat, logs, registry, reload, secrets, tracing
+from orchestrator import executor, logformat, logs, registry, reload, secrets, secretstore, tracing
 from orchestrator.masking import MaskedStream
 from orchestrator.states import AttemptOutcome
 from orchestrator.worker.pool import ForkedChildren
@@ -129,7 +129,7 @@ class Attempt:
     def __init__(self, message: dict):
         self.message = message
         # The secrets it may read, and the masker its log and outcome go through (orchestrator.secrets).
-        self.access = secrets.Access.of_message(message)
+        self.access = secrets.Access.of_message(message, secretstore.read_for_task)
         self.log = MaskedStream(logs.AttemptLog(logs.name_for(message["run_id"], message["id"], message["number"])),
                                 self.access.masker)
         self.outcome, self.result, self.error, self.traceback, self.exception_class = \
