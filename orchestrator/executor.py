@@ -327,7 +327,7 @@ def _call(message: dict, declared: dict | None, functions: dict | None, attempt:
     value = call_python(message, ctx, declared, functions, attempt)
     if spec.get("sensor") and not value:
         outcome = AttemptOutcome.RESCHEDULED  # not yet: checked again after the sensor's interval
-        result = answer_text(value)
+        result = answer_text(value, secrets.current().mask)
     elif spec.get("approval"):
         outcome = AttemptOutcome.ASKED  # the question is out: the task run awaits its answer
     else:
@@ -408,13 +408,14 @@ def run(message: dict, log_stream=None, declared: dict | None = None, functions:
     return (*reply[:4], reply[4][:10000], *reply[5:])
 
 
-def answer_text(value) -> str:
-    """A sensor's "not yet" answer as kept on its task run (``last_answer``): short JSON text."""
+def answer_text(value, mask=str) -> str:
+    """A sensor's "not yet" answer as kept on its task run (``last_answer``): short JSON text,
+    masked (``mask``) before it is cut, so a cut never leaves part of a secret."""
     try:
         text = json.dumps(value, allow_nan=False, default=repr)
     except (TypeError, ValueError):
         text = repr(value)
-    return text[:200]
+    return mask(text)[:200]
 
 
 class CheckTimedOut(TaskFailure):

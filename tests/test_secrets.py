@@ -4,6 +4,7 @@ tasks (audited), masking of everything an attempt stores, and the backends."""
 from __future__ import annotations
 
 import base64
+import io
 import json
 from urllib.parse import quote
 
@@ -11,7 +12,7 @@ import pytest
 from cryptography.fernet import Fernet
 from django.db import connection
 
-from orchestrator import masking, secrets, secretstore
+from orchestrator import executor, masking, secrets, secretstore
 from orchestrator.dsl import Workflow
 from orchestrator.models import Attempt, AuditEvent, Secret
 from orchestrator.validation import validate
@@ -223,3 +224,19 @@ def test_a_connection_reads_its_url_and_fields():
     built = secrets.Connection.from_stored("w", {"fields": {"scheme": "postgres", "host": "h", "port": 5433,
                                                             "login": "u", "password": "p@ss", "database": "d"}})
     assert built.url == "postgres://u:p%40ss@h:5433/d"
+
+
+def test_a_row_cannot_grant_what_the_code_does_not_declare():
+    # A shell task row naming secrets its workflow's stored graph does not declare is refused.
+    message = {"id": 1, "task": "t", "spec": {"kind": "shell", "command": "echo", "env": {},
+                                              "secret_env": {"X": "stripe"}}}
+    with pytest.raises(executor.TaskFailure, match="refused"):
+        executor.check_shell(message, declared={"kind": "shell", "command": "echo", "env": {}})
+    # A job's spec (which an API client can add keys to) grants nothing: only @job(secrets=...) does.
+    job = {"id": 2, "run_id": 1, "number": 1, "task": "tests.support.secret_tasks:async_sneak",
+           "spec": {"kind": "python", "ref": "tests.support.secret_tasks:async_sneak", "call": "job", "args": [],
+                    "kwargs": {}, "secrets": ["stripe"]}}
+    reply = executor.run(job, log_stream=io.StringIO())
+    assert reply[2] == "failed" and reply[4].startswith(
+        "SecretNotDeclared: job 'tests.support.secret_tasks:async_sneak' reads the secret 'stripe', which it does "
+        "not declare")
