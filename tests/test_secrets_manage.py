@@ -14,10 +14,12 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
 
 from orchestrator import checks, secretstore
 from orchestrator.models import AuditEvent, Secret
 from tests.conftest import ROOT
+from tests.support import secret_tasks
 from tests.support.api_support import client_for, make_user
 from tests.test_secrets import KEY, STRIPE, WAREHOUSE, leaks
 
@@ -248,3 +250,19 @@ def test_the_standalone_project_makes_its_own_key_in_development_and_the_variabl
     assert oct((tmp_path / "secrets-key").stat().st_mode & 0o777) == "0o600"
     assert keys(ORCHESTRATOR_SECRETS_KEYS=NEW_KEY) == "", "the variable wins (read by the app from the environment)"
     assert keys(DATABASE_URL="postgres://u@db/x", DEBUG="0") == "", "production sets its own"
+
+
+@pytest.mark.django_db
+def test_the_audit_page_and_api_show_secret_changes_and_reads_without_a_value(keyed, manager):
+    client_for(manager).post("/api/secrets/", {"name": "stripe", "value": STRIPE}, format="json")
+    secretstore.put("connection", "warehouse", {"url": WAREHOUSE})
+    secret_tasks.probe.test(keep=True)
+    operator = make_user("olga", "Operators")
+    page = Client()
+    page.force_login(operator)
+    html = page.get(reverse("orchestrator:web:audit") + "?source=task")
+    assert html.status_code == 200 and "secret_read" in html.content.decode()
+    api = client_for(operator).get("/api/audit/?action=secret_read")
+    assert api.status_code == 200 and len(api.json()["results"]) == 4
+    everything = html.content.decode() + api.content.decode() + client_for(operator).get("/api/audit/").content.decode()
+    assert leaks(everything) == []
