@@ -112,3 +112,43 @@ class Masker:
                     break
                 place = text.find(first, place + 1)
         return longest
+
+
+class MaskedStream(io.TextIOBase):
+    """An attempt's log (or any text stream) written through a masker: what the task prints, logs
+    or a shell command writes reaches ``stream`` masked. ``finish`` writes what was held back and
+    finishes the stream (an ``AttemptLog`` returns its storage name)."""
+
+    def __init__(self, stream, masker: Masker):
+        self.stream, self.masker = stream, masker
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if text:
+            masked = self.masker.feed(text)
+            if masked:
+                self.stream.write(masked)
+        return len(text or "")
+
+    def flush(self) -> None:
+        with contextlib.suppress(AttributeError, ValueError):
+            self.stream.flush()
+
+    def fileno_for_subprocess(self) -> int | None:
+        """A descriptor a shell command writes to directly, only while nothing is to be masked:
+        otherwise its output is read (and masked) line by line."""
+        if self.masker or not hasattr(self.stream, "fileno_for_subprocess"):
+            return None
+        return self.stream.fileno_for_subprocess()
+
+    def release(self) -> None:
+        """Write what the masker held back (the end of the attempt's output)."""
+        rest = self.masker.flush()
+        if rest:
+            self.stream.write(rest)
+
+    def finish(self):
+        self.release()
+        return self.stream.finish()
