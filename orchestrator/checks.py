@@ -142,6 +142,11 @@ def check_secrets_store(app_configs=None, **kwargs):
         return []  # reported by check_configuration
     problems = [Error(problem, hint="Make a key with manage.py rotate_secrets_key --new-key.", id="orchestrator.E014")
                 for problem in secretstore.key_problems()]
+    try:
+        secretstore.backends()
+    except secretstore.SecretError as exc:
+        problems.append(Error(str(exc), hint="Name database, env, files or the dotted path of a SecretBackend class.",
+                              id="orchestrator.E014"))
     if problems or app_settings.SECRETS_KEYS or "database" not in app_settings.SECRETS_BACKENDS:
         return problems
     try:

@@ -228,6 +228,11 @@ def test_the_checks_report_a_bad_key_and_stored_values_without_a_key(settings):
     settings.ORCHESTRATOR_SECRETS_KEYS = ["short"]
     assert [p.id for p in checks.check_secrets_store()] == ["orchestrator.E014"]
     settings.ORCHESTRATOR_SECRETS_KEYS = [KEY]
+    settings.ORCHESTRATOR_SECRETS_BACKENDS = ["env", "tests.nowhere.Backend"]
+    problems = checks.check_secrets_store()
+    assert [p.id for p in problems] == ["orchestrator.E014"] and "tests.nowhere.Backend" in problems[0].msg
+    settings.ORCHESTRATOR_SECRETS_BACKENDS = ["database"]
+    settings.ORCHESTRATOR_SECRETS_KEYS = [KEY]
     secretstore.put("secret", "stripe", {"value": STRIPE})
     assert checks.check_secrets_store() == []
     settings.ORCHESTRATOR_SECRETS_KEYS = []
