@@ -247,7 +247,6 @@ class Task:
             spec["callbacks"] = callbacks
         return spec
 
-
     def _secrets_spec(self) -> dict:
         """The names the task may read; a shell task's also by variable (its environment)."""
         spec = {}
