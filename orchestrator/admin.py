@@ -21,6 +21,7 @@ from orchestrator import (
     access,
     admin_notifications,  # noqa: F401 - registers the notification rules' and messages' admin
     admin_schedules,  # noqa: F401 - registers the Schedule admin
+    admin_secrets,  # noqa: F401 - registers the secrets store's admin
     audit,
     backfill,
     control,

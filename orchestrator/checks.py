@@ -8,9 +8,9 @@ from django.apps import apps
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
+from django.db import DatabaseError, connections
 
-from orchestrator import conf, tracing
+from orchestrator import conf, secretstore, tracing
 from orchestrator.channels import listen_params
 from orchestrator.conf import app_settings
 from orchestrator.database_url import is_transaction_pooled
@@ -130,6 +130,34 @@ def check_secrets(app_configs=None, **kwargs):
             "that signs this site's sessions.",
             hint="Give ORCHESTRATOR_WEBHOOK_SECRET a random value of its own.",
             id="orchestrator.E009",
+        )]
+    return []
+
+
+@register(Tags.security)
+def check_secrets_store(app_configs=None, **kwargs):
+    """The keys of the secrets store are Fernet keys, and a store that holds values has a key:
+    without one no task could read them (a clear error at start, not a failed task later)."""
+    if conf.problems():
+        return []  # reported by check_configuration
+    problems = [Error(problem, hint="Make a key with manage.py rotate_secrets_key --new-key.", id="orchestrator.E014")
+                for problem in secretstore.key_problems()]
+    try:
+        secretstore.backends()
+    except secretstore.SecretError as exc:
+        problems.append(Error(str(exc), hint="Name database, env, files or the dotted path of a SecretBackend class.",
+                              id="orchestrator.E014"))
+    if problems or app_settings.SECRETS_KEYS or "database" not in app_settings.SECRETS_BACKENDS:
+        return problems
+    try:
+        stored = secretstore.Secret.objects.exists()
+    except DatabaseError:  # no database yet, or not migrated: nothing is stored
+        return []
+    if stored:
+        return [Error(
+            "The secrets store holds values but ORCHESTRATOR_SECRETS_KEYS is not set: no task can read them.",
+            hint="Set ORCHESTRATOR_SECRETS_KEYS to the key(s) they were stored with, newest first.",
+            id="orchestrator.E014",
         )]
     return []
 

@@ -131,6 +131,18 @@ OPTIONS = [
            "The HMAC-SHA256 key of the `X-Orchestrator-Signature` header of webhook calls, its own secret "
            "(never `SECRET_KEY`). Required when `DEBUG` is off (check `orchestrator.E008`); unset in "
            "development, webhook calls carry no signature."),
+    Option("SECRETS_KEYS", "list", [], "unset",
+           "The keys of the secrets store, newest first (a list in settings, comma-separated in the "
+           "environment): each a Fernet key, made by `manage.py rotate_secrets_key --new-key`. Values are "
+           "encrypted with the first and read with any; kept outside the database. Without one, secrets "
+           "cannot be stored or read (check `orchestrator.E014`)."),
+    Option("SECRETS_BACKENDS", "list", ["database"], "`database`",
+           "Where a task's secrets are looked up, in order: `database` (the encrypted store of the admin and "
+           "API), `env` (`ORCHESTRATOR_SECRET_<NAME>`, `ORCHESTRATOR_CONNECTION_<NAME>`), `files` (a file per "
+           "secret in `SECRETS_DIR`), or the dotted path of a class of your own (see the README)."),
+    Option("SECRETS_DIR", "path", Path("/run/secrets"), "`/run/secrets`",
+           "The folder of the `files` secrets backend: Docker's and Kubernetes' mounted secrets, a file "
+           "`<name>` per secret and `connection-<name>` per connection (a URL, or a JSON object of fields)."),
     Option("WEBHOOK_RETRY_SECONDS", "seconds", 5.0, "5",
            "The first retry delay of a failed webhook delivery (doubling, at most 10 minutes)."),
     Option("NOTIFY_DIGEST_SECONDS", "seconds", 60.0, "60",

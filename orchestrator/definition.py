@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
-from orchestrator import limits, registry
+from orchestrator import limits, registry, secrets
 from orchestrator.retries import DEFAULT as DEFAULT_RETRY
 from orchestrator.retries import RetryPolicy
 from orchestrator.states import Catchup, Overlap, TriggerRule
@@ -102,7 +102,8 @@ class Task:
                  on_failure: Callable | Iterable[Callable] | None = None,
                  on_success: Callable | Iterable[Callable] | None = None,
                  on_retry: Callable | Iterable[Callable] | None = None, sensor: dict | None = None,
-                 approval: dict | None = None):
+                 approval: dict | None = None, secrets: Iterable[str] | dict | None = None,
+                 connections: Iterable[str] | dict | None = None):
         self.workflow = workflow
         self.name = name
         self.fn = fn
@@ -124,6 +125,10 @@ class Task:
         self.sensor = sensor  # {"every": seconds, "timeout": seconds or None}
         # {"ask": text, "options": [...], "reject": [...], "form": {name: Param}, "timeout": seconds, "groups": [...]}
         self.approval = approval
+        # What the task may read (besides what its workflow declares): names, or for a shell task
+        # {environment variable: name} (orchestrator.secrets).
+        self.secrets = secrets
+        self.connections = connections
         self.map_over: Task | None = None
         self.max_parallel: int | None = None
         if fn is not None:
@@ -167,6 +172,20 @@ class Task:
         self.max_parallel = max_parallel
         self.workflow._edge(over, self)
         return self
+
+    def declared_secrets(self) -> tuple[dict[str, str], dict[str, str]]:
+        """The secrets and connections this task may read, its workflow's and its own, each as
+        {environment variable: name} (a bad declaration counts as none: validation reports it)."""
+        found = []
+        for kind, option in ((secrets.SECRET, "secrets"), (secrets.CONNECTION, "connections")):
+            merged = {}
+            for value in (getattr(self.workflow, option, None), getattr(self, option)):
+                try:
+                    merged.update(secrets.declaration(kind, value))
+                except ValueError:
+                    pass
+            found.append(merged)
+        return found[0], found[1]
 
     @property
     def retry_policy(self) -> RetryPolicy:
@@ -222,9 +241,20 @@ class Task:
             spec["approval"] = approval
         if self.produces:
             spec["produces"] = sorted(set(self.produces))
+        spec.update(self._secrets_spec())
         callbacks = callback_refs(self.callbacks)
         if callbacks:
             spec["callbacks"] = callbacks
+        return spec
+
+    def _secrets_spec(self) -> dict:
+        """The names the task may read; a shell task's also by variable (its environment)."""
+        spec = {}
+        for option, declared in zip(("secrets", "connections"), self.declared_secrets(), strict=True):
+            if declared:
+                spec[option] = sorted(set(declared.values()))
+                if self.fn is None and self.approval is None:
+                    spec[f"{option[:-1]}_env"] = declared
         return spec
 
 

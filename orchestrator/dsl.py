@@ -74,6 +74,7 @@ class Workflow:
                  tenant: str = "default", max_active_runs: int | None = None, webhooks: Iterable[str] = (),
                  triggers: Iterable[On] = (), on_failure=None, on_success=None, on_retry=None,
                  deadline: float | None = None, run_timeout: float | None = None, notify: Iterable[Notify] = (),
+                 secrets: Iterable[str] | dict | None = None, connections: Iterable[str] | dict | None = None,
                  module: str | None = None):
         self.name = name
         self.description = inspect.cleandoc(description) if description else ""
@@ -95,6 +96,9 @@ class Workflow:
         self.run_timeout = run_timeout  # seconds after a run starts; it then fails, its tasks cancelled
         # Who hears of this workflow's runs: emails and chat posts (orchestrator.notifications).
         self.notify = [notify] if isinstance(notify, Notify) else list(notify)
+        # The secrets and connections every task of the workflow may read (orchestrator.secrets).
+        self.secrets = secrets
+        self.connections = connections
         self.tasks: dict[str, Task] = {}
         self.edges: list[tuple[str, str]] = []
         self.errors: list[DefinitionError] = []

@@ -24,9 +24,10 @@ from datetime import datetime
 
 from django.db import close_old_connections, connections
 
-from orchestrator import logformat, logs, registry, reload, tracing
+from orchestrator import logformat, logs, registry, reload, secrets, secretstore, tracing
 from orchestrator.conf import app_settings
 from orchestrator.definition import Task as DslTask
+from orchestrator.masking import MaskedStream
 from orchestrator.states import AttemptOutcome
 from orchestrator.taskcontext import TaskContext
 
@@ -131,13 +132,18 @@ def resolve(message: dict, declared: dict | None = None, functions: dict | None 
         raise TaskFailure(f"refused: {exc}") from exc
 
 
+# A shell task's secrets and connections, by environment variable (orchestrator.secrets).
+SECRET_ENV_KEYS = ("secret_env", "connection_env")
+
+
 def check_shell(message: dict, declared: dict | None = None) -> None:
     """A shell command runs only as its workflow's graph version declares it (command and
     environment), as stored by sync from the project's code; any other row is refused."""
     spec = message["spec"]
     declared = (declared if declared is not None else registry.declared_task(message["id"])) or {}
     if (declared.get("kind") != "shell" or declared.get("command") != spec.get("command")
-            or (declared.get("env") or {}) != (spec.get("env") or {})):
+            or (declared.get("env") or {}) != (spec.get("env") or {})
+            or any((declared.get(key) or {}) != (spec.get(key) or {}) for key in SECRET_ENV_KEYS)):
         raise TaskFailure(f"refused: the shell command of task {message['task']!r} is not one its workflow "
                           "declares (only commands stored by sync from the project's workflow modules run)")
 
@@ -170,6 +176,7 @@ def call_python(message: dict, ctx: TaskContext | None = None, declared: dict | 
     ``task_finished``."""
     spec = message["spec"]
     obj = resolve(message, declared, functions)
+    secrets.allow_declared(obj, spec.get("ref", ""))
     lead = []
     try:
         from django.tasks import Task as DjangoTask  # noqa: PLC0415 - guarded: a Django without django.tasks
@@ -223,15 +230,29 @@ def shell_env(message: dict) -> dict:
     return env
 
 
+def secret_env(message: dict) -> dict:
+    """A shell task's declared secrets and connections (URLs), by the variables it declared them
+    as: each read (audited, and masked in the attempt's log) before the command starts."""
+    spec = message["spec"]
+    access = secrets.current()
+    secret_vars, connection_vars = (spec.get(key) or {} for key in SECRET_ENV_KEYS)
+    access.allow(secret_vars.values(), connection_vars.values())
+    env = {variable: access.secret(name) for variable, name in secret_vars.items()}
+    env.update({variable: access.connection(name).url for variable, name in connection_vars.items()})
+    return env
+
+
 def call_shell(message: dict, log: logs.AttemptLog, declared: dict | None = None) -> None:
     command = message["spec"].get("command")
     if not command:
         raise TaskFailure("shell task has no command")
     check_shell(message, declared)
+    env = shell_env(message)
+    env.update(secret_env(message))
     fd = log.fileno_for_subprocess() if hasattr(log, "fileno_for_subprocess") else None
     # The shell dies with this child too (a timeout kills the child's whole process group).
     proc = subprocess.Popen(
-        ["/bin/sh", "-c", command], env=shell_env(message), stdin=subprocess.DEVNULL,
+        ["/bin/sh", "-c", command], env=env, stdin=subprocess.DEVNULL,
         stdout=fd if fd is not None else subprocess.PIPE, stderr=subprocess.STDOUT,
         preexec_fn=die_with_parent,  # noqa: PLW1509 - only prctl, async-signal-safe enough
     )
@@ -306,7 +327,7 @@ def _call(message: dict, declared: dict | None, functions: dict | None, attempt:
     value = call_python(message, ctx, declared, functions, attempt)
     if spec.get("sensor") and not value:
         outcome = AttemptOutcome.RESCHEDULED  # not yet: checked again after the sensor's interval
-        result = answer_text(value)
+        result = answer_text(value, secrets.current().mask)
     elif spec.get("approval"):
         outcome = AttemptOutcome.ASKED  # the question is out: the task run awaits its answer
     else:
@@ -331,8 +352,11 @@ def run(message: dict, log_stream=None, declared: dict | None = None, functions:
     the task's spec as the caller's own workflow object declares it, ``functions`` the objects it
     holds (see ``resolve``)."""
     spec = message["spec"]
-    log = log_stream or logs.AttemptLog(logs.name_for(message["run_id"], message["id"], message["number"]),
-                                        append=message.get("check") is not None)
+    # What the attempt may read of the secrets store, and the masker of the values it read: the
+    # log is written through it, and the outcome is masked before it leaves this process.
+    access = secrets.Access.of_message(message, secretstore.read_for_task)
+    log = MaskedStream(log_stream or logs.AttemptLog(logs.name_for(message["run_id"], message["id"], message["number"]),
+                                                     append=message.get("check") is not None), access.masker)
     handler = logging.StreamHandler(log)
     handler.setFormatter(log_formatter())
     handler.addFilter(logformat.ContextFilter())
@@ -342,6 +366,9 @@ def run(message: dict, log_stream=None, declared: dict | None = None, functions:
     attempt = {}  # filled by call_python: the django.tasks result of this attempt, if it is one
     root.addHandler(handler)
     sys.stdout = sys.stderr = log
+    # Current until the outcome is made: a failure's records (task_finished receivers) are masked too.
+    scope = secrets.attempt(access)
+    scope.__enter__()
     span = tracing.attempt(message)
     try:
         with logformat.bind(run_id=message["run_id"], task=message["task"], attempt=message["number"],
@@ -359,7 +386,7 @@ def run(message: dict, log_stream=None, declared: dict | None = None, functions:
             tb = "".join(traceback.format_exception(exc.__cause__))
             with contextlib.suppress(Exception):
                 log.write(f"{error}\n{tb}")
-        _django_finished(attempt, failure, tb or error, log)
+        _django_finished(attempt, failure, access.mask(tb or error), log)
     except BaseException as exc:  # noqa: B036 - SystemExit/KeyboardInterrupt in a task fail it too
         outcome = AttemptOutcome.FAILED
         error = f"{type(exc).__name__}: {exc}"
@@ -367,23 +394,28 @@ def run(message: dict, log_stream=None, declared: dict | None = None, functions:
         tb = traceback.format_exc()
         with contextlib.suppress(Exception):
             log.write(tb)
-        _django_finished(attempt, exc, tb, log)
+        _django_finished(attempt, exc, access.mask(tb), log)
     finally:
-        span.end(outcome, error)
+        span.end(outcome, access.mask(error))
         sys.stdout, sys.stderr = saved
         root.removeHandler(handler)
-        log_name = log.finish() if log_stream is None else ""
-    return (message["id"], message["number"], outcome, result, error[:10000], tb, log_name, metadata,
-            exception_class[:300])
+        log.release()
+        log_name = log.stream.finish() if log_stream is None else ""
+        scope.__exit__(None, None, None)
+    # Masked before the error is cut to size: a cut through a value would leave its first part.
+    reply = access.mask_reply((message["id"], message["number"], outcome, result, error, tb, log_name, metadata,
+                               exception_class[:300]))
+    return (*reply[:4], reply[4][:10000], *reply[5:])
 
 
-def answer_text(value) -> str:
-    """A sensor's "not yet" answer as kept on its task run (``last_answer``): short JSON text."""
+def answer_text(value, mask=str) -> str:
+    """A sensor's "not yet" answer as kept on its task run (``last_answer``): short JSON text,
+    masked (``mask``) before it is cut, so a cut never leaves part of a secret."""
     try:
         text = json.dumps(value, allow_nan=False, default=repr)
     except (TypeError, ValueError):
         text = repr(value)
-    return text[:200]
+    return mask(text)[:200]
 
 
 class CheckTimedOut(TaskFailure):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -32,8 +33,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from orchestrator import clock, limits, registry, retries, tracing
+from orchestrator import secrets as _secrets
 from orchestrator.models import Run
-from orchestrator.registry import job
 from orchestrator.retries import RetryPolicy
 from orchestrator.runs import (
     RUN_CHUNK,
@@ -47,6 +48,24 @@ from orchestrator.runs import (
 from orchestrator.states import RunState, Trigger
 
 __all__ = ["IdempotencyConflict", "JobError", "RetryPolicy", "enqueue", "enqueue_many", "job", "job_ref", "job_spec"]
+
+
+def job(fn=None, /, *, executor: str = "process", secrets: Iterable[str] | dict | None = None,
+        connections: Iterable[str] | dict | None = None):
+    """Decorator: ``@job`` lets the API, the admin and ``enqueue()`` run this function as a job
+    (see ``orchestrator.registry.job`` for ``executor``). ``secrets`` and ``connections`` name
+    what it may read while it runs (``orchestrator.secrets.secret(name)``, ``connection(name)``)."""
+    declared = {"secrets": secrets, "connections": connections}
+
+    def decorate(func):
+        func = registry.job(func, executor=executor)
+        try:
+            _secrets.declare_job(registry.ref_of(func), **declared)
+        except ValueError as exc:
+            raise TypeError(f"@job(secrets=..., connections=...) of {registry.ref_of(func)}: {exc}") from None
+        return func
+
+    return decorate(fn) if fn is not None else decorate
 
 
 class JobError(RunError):

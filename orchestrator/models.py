@@ -20,6 +20,7 @@ from orchestrator.people import (  # noqa: F401 - the app's models, defined in a
     NotificationRule,
     UserPreference,
 )
+from orchestrator.secret_models import Secret  # noqa: F401 - the secrets store's table, in a module of its own
 from orchestrator.states import (  # noqa: F401 - the state names, importable from here too
     ACTIVE_RUN_STATES,
     ACTIVE_TASK_STATES,
@@ -492,6 +493,7 @@ class AuditEvent(models.Model):
         API = "api", "API"
         ADMIN = "admin", "admin"
         CLI = "cli", "command line"
+        TASK = "task", "a task"  # a task run's read of a secret
 
     at = models.DateTimeField()
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from orchestrator import secrets
+
 
 @dataclass
 class TaskContext:
@@ -36,6 +38,16 @@ class TaskContext:
     events: list = field(default_factory=list)
     # Metadata for the events this task produces: ``ctx.metadata["sales_daily"] = {"rows": 10}``.
     metadata: dict = field(default_factory=dict)
+
+    def secret(self, name: str) -> str:
+        """The value of a secret the task (or its workflow) declares with ``secrets=[...]``;
+        masked as ``***`` in everything the attempt stores (see orchestrator.secrets)."""
+        return secrets.secret(name)
+
+    def connection(self, name: str) -> secrets.Connection:
+        """A connection the task (or its workflow) declares with ``connections=[...]``: ``.url``,
+        ``.host``, ``.port``, ``.login``, ``.password``, ``.database``, ``.extra``."""
+        return secrets.connection(name)
 
 
 # --- SQL ---------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from collections import deque
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 
-from orchestrator import cron, limits, retries
+from orchestrator import cron, limits, retries, secrets
 from orchestrator.definition import (
     CATCHUP_POLICIES,
     NOTIFY_EVENTS,
@@ -112,6 +112,20 @@ def _check_workflow(wf, error) -> None:
     elif problem := limits.text_problem(wf.tenant, limits.TENANT):
         error("tenant", wf.tenant, problem)
     _check_run_options(wf, error)
+    check_secrets_declared("", wf, error)
+
+
+def check_secrets_declared(where: str, holder, error) -> None:
+    """A workflow's or task's ``secrets=`` and ``connections=``: names (or, for a shell task's
+    environment, {variable: name}); a variable may not also be one of the task's ``env=``."""
+    for kind, option in ((secrets.SECRET, "secrets"), (secrets.CONNECTION, "connections")):
+        value = getattr(holder, option, None)
+        if problem := secrets.declaration_problem(kind, value):
+            error(f"{where}{option}", value, problem)
+        elif isinstance(getattr(holder, "env", None), dict):
+            for variable in secrets.declaration(kind, value):
+                if variable in holder.env:
+                    error(f"{where}{option}", variable, "is also a variable of env=: give the secret another name")
 
 
 def _check_run_options(wf, error) -> None:
@@ -187,6 +201,7 @@ def _check_task(wf, name, task, children: set, error) -> list[str]:
     _check_task_retries(where, task, error)
     _check_task_placement(wf, where, task, error)
     _check_callbacks(f"{where}.", task.callbacks, error)
+    check_secrets_declared(f"{where}.", task, error)
     produced = _check_datasets(f"{where}.produces", task.produces, error)
     if not isinstance(task.branch, bool):
         error(f"{where}.branch", task.branch, "must be True or False")

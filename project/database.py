@@ -2,6 +2,7 @@
 server in the data folder, started here by the project's entry points (manage.py, wsgi.py,
 asgi.py and the test command) before Django loads, and never by importing a module."""
 
+import base64
 import os
 import secrets
 from pathlib import Path
@@ -20,9 +21,15 @@ def pgdata() -> Path:
     return data_dir() / "pgdata"
 
 
-def installation_secret(name: str = "secret-key") -> str:
+def fernet_key() -> str:
+    """A new Fernet key (32 random bytes in URL-safe base64), as cryptography's Fernet.generate_key."""
+    return base64.urlsafe_b64encode(os.urandom(32)).decode()
+
+
+def installation_secret(name: str = "secret-key", make=lambda: secrets.token_urlsafe(50)) -> str:
     """One of this installation's random secrets (the SECRET_KEY in DATA_DIR/secret-key, the webhook
-    secret in DATA_DIR/webhook-secret): made on first use, readable by the service user only (0600).
+    secret in DATA_DIR/webhook-secret, the secrets store's key in DATA_DIR/secrets-key, made by
+    ``make``): made on first use, readable by the service user only (0600).
     Two processes starting at once agree: the secret is written to a private temporary file first
     and linked into place, so the file never exists half written."""
     path = data_dir() / name
@@ -37,7 +44,7 @@ def installation_secret(name: str = "secret-key") -> str:
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "w") as handle:
-            handle.write(secrets.token_urlsafe(50) + "\n")
+            handle.write(make() + "\n")
         try:
             os.link(temporary, path)
         except FileExistsError:

@@ -84,6 +84,9 @@ if not SECRET_KEY and (DEBUG or EMBEDDED_DATABASE):
     SECRET_KEY = database.installation_secret("secret-key")
 if not os.environ.get("ORCHESTRATOR_WEBHOOK_SECRET") and (DEBUG or EMBEDDED_DATABASE):
     ORCHESTRATOR_WEBHOOK_SECRET = database.installation_secret("webhook-secret")
+# The secrets store's key likewise (DATA_DIR/secrets-key); production sets ORCHESTRATOR_SECRETS_KEYS.
+if not os.environ.get("ORCHESTRATOR_SECRETS_KEYS") and (DEBUG or EMBEDDED_DATABASE):
+    ORCHESTRATOR_SECRETS_KEYS = [database.installation_secret("secrets-key", database.fernet_key)]
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])

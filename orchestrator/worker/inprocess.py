@@ -52,7 +52,8 @@ from dataclasses import dataclass, field
 
 from django.db import close_old_connections, connections
 
-from orchestrator import executor, logformat, logs, registry, reload, tracing
+from orchestrator import executor, logformat, logs, registry, reload, secrets, secretstore, tracing
+from orchestrator.masking import MaskedStream
 from orchestrator.states import AttemptOutcome
 from orchestrator.worker.pool import ForkedChildren
 
@@ -127,7 +128,10 @@ class Attempt:
 
     def __init__(self, message: dict):
         self.message = message
-        self.log = logs.AttemptLog(logs.name_for(message["run_id"], message["id"], message["number"]))
+        # The secrets it may read, and the masker its log and outcome go through (orchestrator.secrets).
+        self.access = secrets.Access.of_message(message, secretstore.read_for_task)
+        self.log = MaskedStream(logs.AttemptLog(logs.name_for(message["run_id"], message["id"], message["number"])),
+                                self.access.masker)
         self.outcome, self.result, self.error, self.traceback, self.exception_class = \
             AttemptOutcome.SUCCEEDED, None, "", "", ""
 
@@ -135,12 +139,15 @@ class Attempt:
         """The job's function called with its arguments (a coroutine for an async job)."""
         spec = self.message["spec"]
         fn = executor.resolve(self.message)
+        secrets.allow_declared(fn, spec.get("ref", ""))
         if not callable(fn):
             raise executor.TaskFailure(f"task reference {spec.get('ref')!r} is not callable")
         return fn(*spec.get("args", []), **spec.get("kwargs", {}))
 
     def __enter__(self):
         self.token = _current.set(self.log)
+        self.scope = secrets.attempt(self.access)
+        self.scope.__enter__()
         self.span = tracing.attempt(self.message)
         self.bound = logformat.bind(run_id=self.message["run_id"], task=self.message["task"],
                                     attempt=self.message["number"], **self.span.log_fields)
@@ -151,7 +158,8 @@ class Attempt:
         if exc is not None:
             self.failed(exc)
         self.bound.__exit__(None, None, None)
-        self.span.end(self.outcome, self.error)
+        self.span.end(self.outcome, self.access.mask(self.error))
+        self.scope.__exit__(None, None, None)
         _current.reset(self.token)
         return True  # the outcome says what happened; nothing unwinds into the host
 
@@ -174,8 +182,9 @@ class Attempt:
         log_name = ""
         with contextlib.suppress(Exception):
             log_name = self.log.finish()
-        return (self.message["id"], self.message["number"], self.outcome, self.result, self.error[:10000],
-                self.traceback, log_name, None, self.exception_class[:300])
+        reply = self.access.mask_reply((self.message["id"], self.message["number"], self.outcome, self.result,
+                                        self.error, self.traceback, log_name, None, self.exception_class[:300]))
+        return (*reply[:4], reply[4][:10000], *reply[5:])
 
 
 def _class_path(exc: BaseException) -> str:
