@@ -338,7 +338,6 @@ class TenantGrantAdmin(audit.AdminChanges, admin.ModelAdmin):
     list_display = ["__str__", "user", "group", "role", "tenant", "workflow", "created_at"]
     list_filter = ["role", "tenant"]
     search_fields = ["user__username", "group__name", "tenant", "workflow"]
-    autocomplete_fields = ["user", "group"]
     list_select_related = ["user", "group"]
 
     def has_module_permission(self, request):

@@ -74,7 +74,10 @@ def dataset_list(request):
     events = access.visible(request.user, DatasetEvent.objects.all())
     stats = {row["dataset__name"]: row for row in events.values("dataset__name").order_by()
              .annotate(n=Count("id"), last_at=Max("created_at"))}
-    names = sorted(set(everything) | set(stats))
+    names = set(everything) | set(stats)
+    if not access.is_scoped(request.user):
+        names |= set(Dataset.objects.values_list("name", flat=True))  # also those no event or workflow names now
+    names = sorted(names)
     datasets = [{"name": name, "declared": everything.get(name, Declared(name)),
                  "events": stats.get(name, {}).get("n", 0), "last": stats.get(name, {}).get("last_at")}
                 for name in names]
@@ -102,7 +105,8 @@ def dataset_detail(request, name):
     dataset = Dataset.objects.filter(name=name).first() if "\x00" not in name else None
     of_dataset = access.visible(request.user, DatasetEvent.objects.filter(dataset=dataset))
     # A dataset none of this user's workflows declares or produced is unknown to them.
-    if name not in everything and (dataset is None or not of_dataset.exists()):
+    known = dataset is not None and (not access.is_scoped(request.user) or of_dataset.exists())
+    if name not in everything and not known:
         raise Http404(f"No dataset named {name!r}.")
     events = []
     if dataset is not None:
