@@ -211,7 +211,7 @@ def owner(obj) -> tuple[str | None, str | None]:
     model = obj._meta.model_name
     if model == "workflow":
         return obj.tenant, obj.name
-    if model in ("run",):
+    if model == "run":
         return obj.tenant, obj.workflow.name if obj.workflow_id else None
     if model in ("taskrun", "deadtaskrun"):
         return obj.tenant, obj.run.workflow.name if obj.run.workflow_id else None
@@ -225,11 +225,13 @@ def owner(obj) -> tuple[str | None, str | None]:
 
 
 def can_view(user, obj) -> bool:
-    return reading(user).allows(*owner(obj))
+    scope = reading(user)
+    return scope.everything or scope.allows(*owner(obj))  # a global role reads no owner
 
 
 def can_operate(user, obj) -> bool:
-    return operating(user).allows(*owner(obj))
+    scope = operating(user)
+    return scope.everything or scope.allows(*owner(obj))
 
 
 NOT_YOURS = "You may read this but not change it: you are not an operator of its tenant or workflow."
