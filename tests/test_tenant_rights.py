@@ -161,3 +161,60 @@ def test_create_token_gives_a_role_on_a_tenant():
     assert (grant.user.username, grant.role, grant.tenant) == ("team-a", "operator", "a")
     assert not grant.user.groups.exists()
     assert "neither" not in err.getvalue()
+
+
+def test_a_run_page_shows_its_actions_only_to_an_operator_of_its_tenant(client, workflow):
+    billing = other_workflow(workflow, "billing", "finance")
+    run, _ = create_run(billing, trigger="manual")
+    both = make_user("both", None)
+    TenantGrant.objects.create(user=both, role=TenantGrant.Role.OPERATOR, tenant="default")
+    TenantGrant.objects.create(user=both, role=TenantGrant.Role.VIEWER, tenant="finance")
+    client.force_login(both)
+    cancel = reverse("orchestrator:web:run_cancel", args=[run.pk])
+    page = client.get(reverse("orchestrator:web:run", args=[run.pk])).content.decode()
+    assert cancel not in page
+    assert client.post(cancel).status_code == 403
+    TenantGrant.objects.create(user=both, role=TenantGrant.Role.OPERATOR, tenant="finance")
+    page = client.get(reverse("orchestrator:web:run", args=[run.pk])).content.decode()
+    assert cancel in page
+
+
+def test_a_tenant_users_run_list_costs_the_same_statements_for_one_run_or_many(client, workflow):
+    billing = other_workflow(workflow, "billing", "finance")
+    ana = make_user("ana", None)
+    TenantGrant.objects.create(user=ana, role=TenantGrant.Role.VIEWER, tenant="finance")
+    client.force_login(ana)
+    create_run(billing, trigger="manual")
+    client.get(reverse("orchestrator:api:runs"))  # what a process caches on its first request
+    with CaptureQueriesContext(connection) as one:
+        assert client.get(reverse("orchestrator:api:runs")).status_code == 200
+    for _ in range(20):
+        create_run(billing, trigger="manual")
+        create_run(workflow, trigger="manual")
+    with CaptureQueriesContext(connection) as many:
+        answer = client.get(reverse("orchestrator:api:runs"))
+    assert len(answer.json()["results"]) == 21
+    assert len(many) == len(one)
+
+
+def test_only_superusers_manage_tenant_grants_in_the_admin(client):
+    root = make_user("root", None)
+    type(root).objects.filter(pk=root.pk).update(is_superuser=True, is_staff=True)
+    staff_operator = make_user("olga", access.OPERATORS)
+    type(staff_operator).objects.filter(pk=staff_operator.pk).update(is_staff=True)
+    changelist = reverse("admin:orchestrator_tenantgrant_changelist")
+    client.force_login(staff_operator)
+    assert client.get(changelist).status_code == 403
+    client.force_login(type(root).objects.get(pk=root.pk))
+    assert client.get(changelist).status_code == 200
+    ana = make_user("ana", None)
+    answer = client.post(reverse("admin:orchestrator_tenantgrant_add"),
+                         {"user": ana.pk, "role": "operator", "tenant": "sales", "workflow": ""})
+    assert answer.status_code == 302, answer.content.decode()[:2000]
+    assert list(TenantGrant.objects.values_list("user__username", "role", "tenant")) == [("ana", "operator", "sales")]
+    assert AuditEvent.objects.get().action == "grant"
+    # Neither or both of tenant and workflow: the form says so and nothing is stored.
+    answer = client.post(reverse("admin:orchestrator_tenantgrant_add"),
+                         {"user": ana.pk, "role": "viewer", "tenant": "", "workflow": ""})
+    assert answer.status_code == 200 and "Name a tenant or a workflow" in answer.content.decode()
+    assert TenantGrant.objects.count() == 1
