@@ -34,6 +34,7 @@ from orchestrator.models import (
     QueueLimit,
     Run,
     TaskRun,
+    TenantGrant,
     TenantLimit,
     WebhookDelivery,
     Worker,
@@ -328,3 +329,22 @@ class WebhookDeliveryAdmin(ReadOnly, admin.ModelAdmin):
     list_filter = ["state", "event"]
     search_fields = ["url", "=run__id", "last_error"]
     list_select_related = ["run__workflow"]
+
+
+@admin.register(TenantGrant)
+class TenantGrantAdmin(audit.AdminChanges, admin.ModelAdmin):
+    """Rights per tenant or workflow (``orchestrator.access``): superusers give and take them."""
+
+    audit_action = "grant"
+    list_display = ["__str__", "user", "group", "role", "tenant", "workflow", "created_at"]
+    list_filter = ["role", "tenant"]
+    search_fields = ["user__username", "group__name", "tenant", "workflow"]
+    list_select_related = ["user", "group"]
+
+    def has_module_permission(self, request):
+        return request.user.is_active and request.user.is_superuser
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_superuser
+
+    has_add_permission = has_change_permission = has_delete_permission = has_view_permission

@@ -87,11 +87,11 @@ def ask(ctx: TaskContext) -> None:
 # --- who may answer, and what is open ------------------------------------------------------------
 
 def may_answer(user, approval: Approval, groups: set[str] | None = None) -> bool:
-    """Operators, and the members of the groups the approval names (``groups``: the user's, when
-    the caller read them already)."""
+    """Operators of its tenant (or workflow), and the members of the groups the approval names
+    (``groups``: the user's, when the caller read them already)."""
     if user is None or not getattr(user, "is_authenticated", False) or not user.is_active:
         return False
-    if access.is_operator(user):
+    if access.can_operate(user, approval):
         return True
     if groups is None:
         groups = set(user.groups.values_list("name", flat=True))

@@ -21,8 +21,8 @@ import os
 
 from django.conf import settings
 
-from orchestrator import clock, limits
-from orchestrator.models import AuditEvent
+from orchestrator import access, clock, limits
+from orchestrator.models import AuditEvent, Run, TaskRun
 
 SOURCES = {choice.value for choice in AuditEvent.Source}
 
@@ -65,6 +65,29 @@ def _target(target, target_type: str, target_id) -> tuple[str, str, str]:
     return (target_type or target._meta.model_name, str(target.pk), label)
 
 
+def _owner(target) -> tuple[str, str]:
+    """The target's tenant and workflow, so that its tenant's operators read the record ("" when
+    it has none: a limit, a user; such records are for global operators)."""
+    if target is None:
+        return "", ""
+    try:
+        tenant, workflow = access.owner(target)
+    except TypeError:
+        return "", ""
+    return (tenant or "")[:200], (workflow or "")[:200]
+
+
+def _owners(target_type: str, ids: list[str]) -> dict[str, tuple[str, str]]:
+    """{id: (tenant, workflow)} of the runs or task runs of a bulk action, in one query."""
+    model = {"run": Run, "taskrun": TaskRun}.get(target_type)
+    numbers = [int(i) for i in ids if i.isdigit()]
+    if model is None or not numbers:
+        return {}
+    name = "workflow__name" if model is Run else "run__workflow__name"
+    return {str(pk): (tenant, workflow or "") for pk, tenant, workflow in
+            model.objects.filter(pk__in=numbers).values_list("pk", "tenant", name)}
+
+
 def _detail(detail: dict) -> dict:
     """The detail as JSON can store it; a value it cannot hold is kept as its repr."""
     return {key: value if limits.json_problem(value) is None else limits.safe_repr(value, 500)
@@ -92,10 +115,11 @@ def record(action: str, *, request=None, user=None, source: str | None = None, t
     if source not in SOURCES:
         raise ValueError(f"audit source must be one of {', '.join(sorted(SOURCES))}, got {source!r}")
     kind, ident, label = _target(target, target_type, target_id)
+    tenant, workflow = _owner(target)
     return AuditEvent.objects.create(
         at=clock.now(), actor=user, actor_name=actor_name[:150],
         action=action[:50], source=source, ip=client_ip(request), target_type=kind[:50], target_id=ident[:255],
-        target_label=label, detail=_detail(detail),
+        target_label=label, detail=_detail(detail), tenant=tenant, workflow=workflow,
     )
 
 
@@ -104,12 +128,15 @@ def record_each(action: str, target_type: str, ids, **options) -> list[AuditEven
     ``options`` as for :func:`record`."""
     first = record(action, target_type=target_type, **options)
     first_id, *others = [str(i) for i in ids] or [""]
-    AuditEvent.objects.filter(pk=first.pk).update(target_id=first_id[:255])
+    owners = _owners(target_type, [first_id, *others])
+    tenant, workflow = owners.get(first_id, ("", ""))
+    AuditEvent.objects.filter(pk=first.pk).update(target_id=first_id[:255], tenant=tenant, workflow=workflow)
     if not others:
         return [first]
     copies = [AuditEvent(at=first.at, actor=first.actor, actor_name=first.actor_name, action=first.action,
                          source=first.source, ip=first.ip, target_type=first.target_type, target_id=ident[:255],
-                         detail=first.detail) for ident in others]
+                         detail=first.detail, tenant=owners.get(ident, ("", ""))[0],
+                         workflow=owners.get(ident, ("", ""))[1]) for ident in others]
     return [first, *AuditEvent.objects.bulk_create(copies)]
 
 

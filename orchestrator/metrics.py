@@ -10,6 +10,11 @@ numbers the dashboard shows.
 Metrics that describe a window (the schedule delay histogram, task outcomes, reaped attempts)
 say which window in their name or help text: the history is pruned, so all-time totals from
 the database would go down, and Prometheus counters must not.
+
+``/metrics`` is the installation's scrape (behind ``METRICS_TOKEN``). ``/api/metrics/`` answers the
+same text to a signed-in user or an API token: the whole installation to a global viewer, and to
+a user with rights on some tenants only their workflows' labels and their task runs' counts (the
+schedule delay by trigger, which names no workflow but sums every tenant, is left out for them).
 """
 
 from __future__ import annotations
@@ -22,10 +27,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from orchestrator import clock, reads
+from orchestrator import access, clock, reads
 from orchestrator.conf import app_settings
 from orchestrator.lease import SCHEDULER_LEASE
-from orchestrator.states import LIVE_WORKER_STATES, AttemptOutcome, RunState, Trigger, sql_list
+from orchestrator.models import TaskRun, Workflow
+from orchestrator.states import LIVE_WORKER_STATES, AttemptOutcome, RunState, TaskState, Trigger, sql_list
 
 SCHEDULE_DELAY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 SCHEDULE_DELAY_WINDOW_SECONDS = 3600
@@ -100,7 +106,10 @@ def _fetchall(sql: str, params=()) -> list[tuple]:
 
 
 class DatabaseCollector:
-    """Builds every metric family from six queries per scrape."""
+    """Builds every metric family from six queries per scrape; of what ``user`` may read, when given."""
+
+    def __init__(self, user=None):
+        self.user = user
 
     def describe(self):
         # Describing would run the queries at registration time; an empty description is allowed.
@@ -130,6 +139,9 @@ class DatabaseCollector:
             "lease": SCHEDULER_LEASE,
         })[0]
         worker_rows = _fetchall(WORKERS_BY_QUEUE_SQL, {"db_now": db_now, "heartbeat": heartbeat_timeout})
+        if self.user is not None and access.is_scoped(self.user):
+            depths, outcome_rows, not_run_rows, dead = self._scoped(now, outcome_rows, not_run_rows)
+            delay_rows = []
 
         # Queues served by a live worker are reported even when empty, so a dashboard shows 0
         # rather than no data.
@@ -212,6 +224,18 @@ class DatabaseCollector:
         return families
 
 
+    def _scoped(self, now, outcome_rows: list, not_run_rows: list) -> tuple:
+        """The depths, outcomes, fire times not run and dead-letter size of the user's workflows
+        and task runs only. A workflow's label is kept by its name; the jobs' label when the user
+        reads the jobs' tenant."""
+        task_runs = access.visible(self.user, TaskRun.objects.all())
+        names = set(access.visible(self.user, Workflow.objects.all()).values_list("name", flat=True))
+        if access.reading(self.user).allows(access.JOB_TENANT, None):
+            names.add(JOB_LABEL)
+        return (reads.queue_depths_of(task_runs, now), [row for row in outcome_rows if row[0] in names],
+                [row for row in not_run_rows if row[0] in names], task_runs.filter(state=TaskState.DEAD).count())
+
+
 def _lease_families(holder, epoch, remaining) -> list:
     """Whether a scheduler leads, which one, and how often leadership changed."""
     families = []
@@ -250,6 +274,13 @@ def _authorized(request) -> bool:
         return True
     given = request.headers.get("Authorization", "")
     return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+
+
+def text_for(user) -> bytes:
+    """The metrics of what ``user`` may read, in Prometheus' text format."""
+    own = CollectorRegistry(auto_describe=False)
+    own.register(DatabaseCollector(user))
+    return generate_latest(own)
 
 
 def metrics_view(request):

@@ -37,6 +37,7 @@ from orchestrator.states import (  # noqa: F401 - the state names, importable fr
     Trigger,
     WorkerState,
 )
+from orchestrator.tenancy import TenantGrant  # noqa: F401 - the app's model, defined in a module of its own
 
 
 class WorkflowQuerySet(models.QuerySet):
@@ -507,6 +508,9 @@ class AuditEvent(models.Model):
     target_id = models.CharField(max_length=255, blank=True)
     target_label = models.CharField(max_length=300, blank=True)
     detail = models.JSONField(default=dict, blank=True)
+    # The target's tenant and workflow when it has them: a tenant's operators read its records.
+    tenant = models.CharField(max_length=200, blank=True, default="", db_default="")
+    workflow = models.CharField(max_length=200, blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["-id"]

@@ -10,7 +10,7 @@ from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
-from orchestrator import approvals
+from orchestrator import access, approvals
 from orchestrator.api import serializers as s
 from orchestrator.api.base import APIBase, body, errors, validated
 from orchestrator.api.schema import extend_schema
@@ -52,6 +52,8 @@ class ApprovalAnswerView(APIBase):
         if approval is None:
             raise NotFound(f"no approval {pk}")
         if not approvals.may_answer(request.user, approval):
+            if not access.can_view(request.user, approval):
+                raise NotFound(f"no approval {pk}")  # another tenant's: as if there were none
             raise PermissionDenied("only operators and the groups this approval names can answer it")
         data = validated(AnswerSerializer, body(request))
         try:

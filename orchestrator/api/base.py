@@ -14,7 +14,7 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.views import APIView
 
-from orchestrator import reads
+from orchestrator import access, reads
 from orchestrator.api import serializers as s
 from orchestrator.api.errors import exception_handler
 from orchestrator.api.parsing import JSONParser, KeysetPagination
@@ -41,7 +41,7 @@ def errors(*codes: int, bad_input: str | None = None) -> dict:
     described = {
         400: "invalid input: each bad field has a list of messages",
         401: "no credentials (a token or a session)",
-        403: "the user lacks the Viewers/Operators group this needs",
+        403: "the user lacks the Viewers/Operators group or the tenant right this needs",
         404: "no such object",
         409: "the idempotency key was used for a different request",
     }
@@ -61,25 +61,31 @@ def paginated_schema(item_serializer):
     })
 
 
-def filter_workflow(name: str) -> int:
-    """The id of the workflow a list is filtered by: like a workflow in the path, an unknown one is a 404."""
+def filter_workflow(name: str, user) -> int:
+    """The id of the workflow a list is filtered by: like a workflow in the path, an unknown one
+    (or one ``user`` may not read) is a 404."""
     workflow_id = reads.workflow_id(name)
+    if workflow_id is not None and not access.visible(user, Workflow.objects.filter(pk=workflow_id)).exists():
+        workflow_id = None
     if workflow_id is None:
         raise NotFound({"detail": f"unknown workflow {name!r}", "workflow": [f"unknown workflow {name!r}"]})
     return workflow_id
 
 
-def get_workflow(name: str) -> Workflow:
+def get_workflow(name: str, user) -> Workflow:
+    """The workflow named ``name`` that ``user`` may read, or a 404."""
     # PostgreSQL text cannot hold NUL, so no workflow has such a name (and asking would be a DataError).
-    workflow = None if "\x00" in name else Workflow.objects.select_related("current_version").filter(name=name).first()
+    workflow = None if "\x00" in name else access.visible(
+        user, Workflow.objects.select_related("current_version")).filter(name=name).first()
     if workflow is None:
         raise NotFound(f"unknown workflow {name!r}")
     return workflow
 
 
-def get_run(pk: int, **filters) -> Run:
+def get_run(pk: int, user, **filters) -> Run:
+    """The run ``pk`` that ``user`` may read, or a 404."""
     # Not the graph (a workflow of 100,000 tasks has megabytes of it): a run is shown without.
-    run = (Run.objects.select_related("workflow", "version", "schedule", "created_by")
+    run = (access.visible(user, Run.objects.select_related("workflow", "version", "schedule", "created_by"))
            .defer("version__spec").filter(pk=pk, **filters).first())
     if run is None:
         raise NotFound(f"no run {pk}" if not filters else f"no job {pk}")

@@ -47,12 +47,16 @@ def revoke_tokens(user) -> int:
 
 
 class ViewerReadsOperatorWrites(BasePermission):
-    message = "reading needs the Viewers or Operators group; changing anything needs Operators"
+    """The door: a user with some right to read (or to act) gets in; each view then reads through
+    ``access.visible`` and checks the right on the object it acts on."""
+
+    message = ("reading needs the Viewers or Operators group or rights on a tenant; changing anything needs "
+               "Operators or operator rights on a tenant")
 
     def has_permission(self, request, view):
         if request.method in SAFE_METHODS:
-            return access.is_viewer(request.user)
-        return access.is_operator(request.user)
+            return access.reads_anything(request.user)
+        return access.operates_anything(request.user)
 
 
 class OperatorsOnly(BasePermission):
@@ -60,3 +64,21 @@ class OperatorsOnly(BasePermission):
 
     def has_permission(self, request, view):
         return access.is_operator(request.user)
+
+
+class TenantOperators(BasePermission):
+    """Global operators, and the operators of some tenant or workflow (the view shows each only
+    what is theirs)."""
+
+    message = "this needs the Operators group or operator rights on a tenant"
+
+    def has_permission(self, request, view):
+        return access.operates_anything(request.user)
+
+
+class SuperusersOnly(BasePermission):
+    message = "this needs a superuser"
+
+    def has_permission(self, request, view):
+        user = request.user
+        return bool(user and user.is_authenticated and user.is_active and user.is_superuser)

@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from orchestrator.api import approvals, schema, secrets, views
+from orchestrator.api import approvals, grants, metrics, schema, secrets, views
 from orchestrator.api.errors import not_found
 
 app_name = "api"
@@ -34,6 +34,9 @@ urlpatterns = [
     path("dataset-events/", views.DatasetEventListView.as_view(), name="dataset-events"),
     path("secrets/", secrets.SecretListView.as_view(), name="secrets"),
     path("secrets/<str:kind>/<str:name>/", secrets.SecretDetailView.as_view(), name="secret"),
+    path("metrics/", metrics.MetricsView.as_view(), name="metrics"),
+    path("grants/", grants.GrantListView.as_view(), name="grants"),
+    path("grants/<int:pk>/", grants.GrantDetailView.as_view(), name="grant"),
     path("schema/", schema.SchemaView.as_view(), name="schema"),
     path("docs/", schema.DocsView.as_view(), name="docs"),
     # Any path at all, a line break in it too ("." stops at one, and "(?s)" cannot be reversed):

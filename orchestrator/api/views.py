@@ -11,7 +11,7 @@ from rest_framework import status
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
-from orchestrator import audit, clock, control, jobs, logs, reads
+from orchestrator import access, audit, clock, control, jobs, logs, reads
 from orchestrator import backfill as backfills
 from orchestrator.api import job_serializers as js
 from orchestrator.api import serializers as s
@@ -38,7 +38,7 @@ from orchestrator.api.parsing import (
     RunTaskRunPagination,
     validated_query,
 )
-from orchestrator.api.permissions import OperatorsOnly
+from orchestrator.api.permissions import TenantOperators
 from orchestrator.api.schema import extend_schema
 from orchestrator.models import (
     Attempt,
@@ -63,7 +63,7 @@ class WorkflowListView(APIBase):
     @extend_schema(tags=["workflows"], operation_id="workflows_list", summary="List workflows", responses={200: s.WorkflowSerializer(many=True),
                                                                              **errors(401, 403)})
     def get(self, request):
-        workflows = Workflow.objects.select_related("current_version").order_by("name")
+        workflows = access.visible(request.user, Workflow.objects.select_related("current_version")).order_by("name")
         return Response(s.WorkflowSerializer(workflows, many=True).data)
 
 
@@ -77,14 +77,15 @@ class WorkflowDetailView(APIBase):
     @extend_schema(tags=["workflows"], summary="A workflow: graph, params, schedules with next fire times",
                    responses={200: s.WorkflowDetailSerializer, **errors(401, 403, 404)})
     def get(self, request, name):
-        return Response(workflow_detail(get_workflow(name)))
+        return Response(workflow_detail(get_workflow(name, request.user)))
 
 
 class WorkflowPauseView(APIBase):
     @extend_schema(tags=["workflows"], summary="Pause a workflow: its schedules stop creating runs",
                    request=None, responses={200: s.WorkflowDetailSerializer, **errors(401, 403, 404)})
     def post(self, request, name):
-        workflow = get_workflow(name)
+        workflow = get_workflow(name, request.user)
+        access.require_operate(request.user, workflow)
         control.pause_workflow(workflow)
         audit.record("pause", request=request, target=workflow)
         workflow.refresh_from_db()
@@ -95,7 +96,8 @@ class WorkflowResumeView(APIBase):
     @extend_schema(tags=["workflows"], summary="Resume a paused workflow",
                    request=None, responses={200: s.WorkflowDetailSerializer, **errors(401, 403, 404)})
     def post(self, request, name):
-        workflow = get_workflow(name)
+        workflow = get_workflow(name, request.user)
+        access.require_operate(request.user, workflow)
         control.resume_workflow(workflow)
         audit.record("resume", request=request, target=workflow)
         workflow.refresh_from_db()
@@ -109,12 +111,12 @@ def filtered_runs(request, workflow=reads.ANY):
     """The runs a list's query asks for (``reads.runs``); ``workflow`` the id of the one in the path."""
     filters = validated_query(s.RunFilterSerializer, request.query_params)
     if workflow is reads.ANY and "workflow" in filters:
-        workflow = filter_workflow(filters["workflow"])
-    return reads.runs(
+        workflow = filter_workflow(filters["workflow"], request.user)
+    return access.visible(request.user, reads.runs(
         workflow=workflow, state=filters.get("state"), trigger=filters.get("trigger"),
         logical_from=filters.get("logical_after"), logical_before=filters.get("logical_before"),
         created_from=filters.get("created_after"), created_before=filters.get("created_before"),
-    ).select_related("workflow", "version", "schedule", "created_by")
+    )).select_related("workflow", "version", "schedule", "created_by")
 
 
 def run_detail(run: Run) -> dict:
@@ -134,7 +136,7 @@ class WorkflowRunsView(APIBase):
                    parameters=[s.RunFilterSerializer, CURSOR, LIMIT],
                    responses={200: paginated_schema(s.RunSerializer), **errors(400, 401, 403, 404)})
     def get(self, request, name):
-        return self.page(filtered_runs(request, get_workflow(name).pk), s.RunSerializer)
+        return self.page(filtered_runs(request, get_workflow(name, request.user).pk), s.RunSerializer)
 
     @extend_schema(
         tags=["runs"], summary="Trigger a run",
@@ -145,7 +147,8 @@ class WorkflowRunsView(APIBase):
                    **errors(400, 401, 403, 404, 409, bad_input=IDEMPOTENCY_400)},
     )
     def post(self, request, name):
-        workflow = get_workflow(name)
+        workflow = get_workflow(name, request.user)
+        access.require_operate(request.user, workflow)
         data = validated(s.TriggerSerializer, body(request))
         key = idempotency_key(request, data)
         run, created = trigger_workflow(
@@ -154,7 +157,7 @@ class WorkflowRunsView(APIBase):
         )
         if created:
             audit.record("trigger", request=request, target=run, workflow=workflow.name, params=data["params"])
-        run = get_run(run.pk)
+        run = get_run(run.pk, request.user)
         headers = {"Location": reverse("orchestrator:api:run", args=[run.pk])}
         return Response(run_detail(run), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
                         headers=headers)
@@ -164,7 +167,7 @@ class RunDetailView(APIBase):
     @extend_schema(tags=["runs"], summary="A run with its tasks' and its mapped tasks' instances' counts by state",
                    responses={200: s.RunDetailSerializer, **errors(401, 403, 404)})
     def get(self, request, pk):
-        return Response(run_detail(get_run(pk)))
+        return Response(run_detail(get_run(pk, request.user)))
 
 
 class RunTaskRunsView(APIBase):
@@ -177,7 +180,7 @@ class RunTaskRunsView(APIBase):
                    responses={200: paginated_schema(s.RunTaskRunSerializer), **errors(400, 401, 403, 404)})
     def get(self, request, pk):
         filters = validated_query(s.RunTaskRunFilterSerializer, request.query_params)
-        run = get_run(pk)
+        run = get_run(pk, request.user)
         paginator = RunTaskRunPagination(run.pk, filters.get("task"), filters.get("state"))
         rows = paginator.paginate_queryset(TaskRun.objects.filter(run_id=run.pk), request, view=self)
         return paginator.get_paginated_response(s.RunTaskRunSerializer(rows, many=True).data)
@@ -187,21 +190,23 @@ class RunCancelView(APIBase):
     @extend_schema(tags=["runs"], summary="Cancel a run: its unfinished task runs are cancelled",
                    request=s.CancelSerializer, responses={200: s.CancelResultSerializer, **errors(400, 401, 403, 404)})
     def post(self, request, pk):
-        run = get_run(pk)
+        run = get_run(pk, request.user)
+        access.require_operate(request.user, run)
         data = validated(s.CancelSerializer, body(request))
         cancelled = control.cancel_run(run, reason=data["reason"], by=request.user)
         audit.record("cancel", request=request, target=run, reason=data["reason"], changed=bool(cancelled))
-        return Response({"cancelled": bool(cancelled), "run": s.RunSerializer(get_run(pk)).data})
+        return Response({"cancelled": bool(cancelled), "run": s.RunSerializer(get_run(pk, request.user)).data})
 
 
 class RunRetryView(APIBase):
     @extend_schema(tags=["runs"], summary="Retry every dead, failed or upstream-failed task run of a run",
                    request=None, responses={200: s.RunRetriedSerializer, **errors(401, 403, 404)})
     def post(self, request, pk):
-        run = get_run(pk)
+        run = get_run(pk, request.user)
+        access.require_operate(request.user, run)
         retried = control.retry_run(run)
         audit.record("retry", request=request, target=run, changed=retried)
-        return Response({"retried": retried, "run": s.RunSerializer(get_run(pk)).data})
+        return Response({"retried": retried, "run": s.RunSerializer(get_run(pk, request.user)).data})
 
 
 # --- task runs and logs -----------------------------------------------------------------------------
@@ -211,16 +216,12 @@ class TaskRunDetailView(APIBase):
     @extend_schema(tags=["runs"], summary="A task run with its attempts",
                    responses={200: s.TaskRunDetailSerializer, **errors(401, 403, 404)})
     def get(self, request, pk):
-        task_run = (TaskRun.objects.select_related("run__workflow")
-                    .prefetch_related(Prefetch("attempt_set", Attempt.objects.select_related("worker")))
-                    .filter(pk=pk).first())
-        if task_run is None:
-            raise NotFound(f"no task run {pk}")
-        return Response(s.TaskRunDetailSerializer(task_run).data)
+        return Response(s.TaskRunDetailSerializer(get_task_run(pk, request.user)).data)
 
 
-def get_task_run(pk: int) -> TaskRun:
-    task_run = (TaskRun.objects.select_related("run__workflow")
+def get_task_run(pk: int, user) -> TaskRun:
+    """The task run ``pk`` with its attempts, that ``user`` may read, or a 404."""
+    task_run = (access.visible(user, TaskRun.objects.select_related("run__workflow"))
                 .prefetch_related(Prefetch("attempt_set", Attempt.objects.select_related("worker")))
                 .filter(pk=pk).first())
     if task_run is None:
@@ -232,32 +233,35 @@ class TaskRunRetryView(APIBase):
     @extend_schema(tags=["runs"], summary="Retry a dead or failed task run: it gets a fresh set of attempts",
                    request=None, responses={200: s.TaskRunActionSerializer, **errors(401, 403, 404)})
     def post(self, request, pk):
-        task_run = get_task_run(pk)
+        task_run = get_task_run(pk, request.user)
+        access.require_operate(request.user, task_run)
         changed = [pk] if control.retry_task_runs([pk]) else []
         audit.record("retry", request=request, target=task_run, changed=len(changed))
-        return Response({"changed": changed, "task_run": s.TaskRunDetailSerializer(get_task_run(pk)).data})
+        return Response({"changed": changed, "task_run": s.TaskRunDetailSerializer(get_task_run(pk, request.user)).data})
 
 
 class TaskRunClearView(APIBase):
     @extend_schema(tags=["runs"], summary="Clear a finished task run (and what is downstream of it): it runs again",
                    request=s.ClearSerializer, responses={200: s.TaskRunActionSerializer, **errors(400, 401, 403, 404)})
     def post(self, request, pk):
-        task_run = get_task_run(pk)
+        task_run = get_task_run(pk, request.user)
+        access.require_operate(request.user, task_run)
         data = validated(s.ClearSerializer, body(request))
         changed = control.clear_task_runs([pk], downstream=data["downstream"])
         audit.record("clear", request=request, target=task_run, downstream=data["downstream"], changed=changed)
-        return Response({"changed": changed, "task_run": s.TaskRunDetailSerializer(get_task_run(pk)).data})
+        return Response({"changed": changed, "task_run": s.TaskRunDetailSerializer(get_task_run(pk, request.user)).data})
 
 
 class TaskRunMarkView(APIBase):
     @extend_schema(tags=["runs"], summary="Mark a task run succeeded or failed; its downstream follows its rules",
                    request=s.MarkSerializer, responses={200: s.TaskRunActionSerializer, **errors(400, 401, 403, 404)})
     def post(self, request, pk):
-        task_run = get_task_run(pk)
+        task_run = get_task_run(pk, request.user)
+        access.require_operate(request.user, task_run)
         data = validated(s.MarkSerializer, body(request))
         changed = control.mark_task_runs([pk], data["state"], by=request.user)
         audit.record("mark", request=request, target=task_run, state=data["state"], changed=changed)
-        return Response({"changed": changed, "task_run": s.TaskRunDetailSerializer(get_task_run(pk)).data})
+        return Response({"changed": changed, "task_run": s.TaskRunDetailSerializer(get_task_run(pk, request.user)).data})
 
 
 class AttemptLogView(APIBase):
@@ -267,7 +271,7 @@ class AttemptLogView(APIBase):
                    responses={200: s.LogPageSerializer, **errors(400, 401, 403, 404)})
     def get(self, request, pk, number):
         query = validated_query(s.LogQuerySerializer, request.query_params)
-        attempt = Attempt.objects.filter(task_run_id=pk, number=number).first()
+        attempt = access.visible(request.user, Attempt.objects.filter(task_run_id=pk, number=number)).first()
         if attempt is None:
             raise NotFound(f"task run {pk} has no attempt {number}")
         text, next_offset, eof = logs.read(attempt, query["offset"], query["limit"])
@@ -294,7 +298,7 @@ class JobListView(APIBase):
                    parameters=[CURSOR, LIMIT],
                    responses={200: paginated_schema(js.JobSerializer), **errors(400, 401, 403)})
     def get(self, request):
-        return self.page(jobs_queryset(), js.JobSerializer)
+        return self.page(access.visible(request.user, jobs_queryset()), js.JobSerializer)
 
     @extend_schema(
         tags=["jobs"], summary="Enqueue a one-off or delayed job (or a list of them)",
@@ -308,6 +312,8 @@ class JobListView(APIBase):
         responses={201: js.JobSerializer, 200: js.JobSerializer, **errors(400, 401, 403, 409, bad_input=IDEMPOTENCY_400)},
     )
     def post(self, request):
+        # A job runs in the default tenant: its operators (and global ones) enqueue.
+        access.require_operate_tenant(request.user, access.JOB_TENANT)
         if isinstance(request.data, list):
             return self.post_many(request, request.data)
         data = validated(js.JobRequestSerializer, body(request))
@@ -371,7 +377,7 @@ class JobDetailView(APIBase):
     @extend_schema(tags=["jobs"], summary="A job's state and result",
                    responses={200: js.JobSerializer, **errors(401, 403, 404)})
     def get(self, request, pk):
-        run = jobs_queryset().filter(pk=pk).first()
+        run = access.visible(request.user, jobs_queryset()).filter(pk=pk).first()
         if run is None:
             raise NotFound(f"no job {pk}")
         return Response(job_data(run))
@@ -386,16 +392,29 @@ class DeadLetterListView(APIBase):
                    responses={200: paginated_schema(s.DeadTaskRunSerializer), **errors(400, 401, 403, 404)})
     def get(self, request):
         filters = validated_query(s.DeadLetterFilterSerializer, request.query_params)
-        workflow = filter_workflow(filters["workflow"]) if "workflow" in filters else reads.ANY
-        dead = reads.dead_letters(workflow=workflow, queue=filters.get("queue")).select_related("run__workflow")
+        workflow = filter_workflow(filters["workflow"], request.user) if "workflow" in filters else reads.ANY
+        dead = access.visible(request.user, reads.dead_letters(workflow=workflow, queue=filters.get("queue"))
+                              ).select_related("run__workflow")
         return self.page(dead, s.DeadTaskRunSerializer, DeadLetterPagination)
+
+
+def own_task_runs(request, ids: list[int]) -> list[int]:
+    """The ids of a bulk action that this user acts on: another tenant's task run counts as one
+    that does not exist (it is not changed); one the user reads but may not act on is a 403."""
+    ids = sorted(set(ids))
+    if access.operating(request.user).everything:
+        return ids
+    rows = list(access.visible(request.user, TaskRun.objects.filter(pk__in=ids).select_related("run__workflow")))
+    for row in rows:
+        access.require_operate(request.user, row)
+    return sorted(row.pk for row in rows)
 
 
 class DeadLetterRetryView(APIBase):
     @extend_schema(tags=["dead-letter queue"], summary="Retry task runs: each gets a fresh attempt",
                    request=s.TaskRunIdsSerializer, responses={200: s.RetriedSerializer, **errors(400, 401, 403)})
     def post(self, request):
-        ids = sorted(set(validated(s.TaskRunIdsSerializer, body(request))["ids"]))
+        ids = own_task_runs(request, validated(s.TaskRunIdsSerializer, body(request))["ids"])
         retried = control.retry_task_runs(ids)
         audit.record_each("retry", "taskrun", ids, request=request, changed=retried)
         return Response({"requested": len(ids), "retried": retried})
@@ -405,7 +424,7 @@ class DeadLetterDiscardView(APIBase):
     @extend_schema(tags=["dead-letter queue"], summary="Discard task runs: they fail and leave the queue",
                    request=s.TaskRunIdsSerializer, responses={200: s.DiscardedSerializer, **errors(400, 401, 403)})
     def post(self, request):
-        ids = sorted(set(validated(s.TaskRunIdsSerializer, body(request))["ids"]))
+        ids = own_task_runs(request, validated(s.TaskRunIdsSerializer, body(request))["ids"])
         discarded = control.discard_task_runs(ids)
         audit.record_each("discard", "taskrun", ids, request=request, changed=discarded)
         return Response({"requested": len(ids), "discarded": discarded})
@@ -423,7 +442,7 @@ class BackfillListView(APIBase):
                    parameters=[CURSOR, LIMIT],
                    responses={200: paginated_schema(s.BackfillSerializer), **errors(400, 401, 403)})
     def get(self, request):
-        return self.page(backfills_queryset(), s.BackfillSerializer)
+        return self.page(access.visible(request.user, backfills_queryset()), s.BackfillSerializer)
 
     @extend_schema(
         tags=["backfills"], summary="Backfill a date range, or preview it with dry_run",
@@ -434,9 +453,11 @@ class BackfillListView(APIBase):
     )
     def post(self, request):
         data = validated(s.BackfillRequestSerializer, body(request))
-        workflow = Workflow.objects.select_related("current_version").filter(name=data["workflow"]).first()
+        workflow = access.visible(request.user, Workflow.objects.select_related("current_version")).filter(
+            name=data["workflow"]).first()
         if workflow is None:
             raise ValidationError({"workflow": [f"unknown workflow {data['workflow']!r}"]})
+        access.require_operate(request.user, workflow)
         where = {"schedule": data["schedule"]} if data["cron"] is None else {"expr": data["cron"],
                                                                              "timezone": data["timezone"]}
         try:
@@ -469,7 +490,7 @@ class BackfillDetailView(APIBase):
     @extend_schema(tags=["backfills"], summary="A backfill and its progress",
                    responses={200: s.BackfillSerializer, **errors(401, 403, 404)})
     def get(self, request, pk):
-        backfill = backfills_queryset().filter(pk=pk).first()
+        backfill = access.visible(request.user, backfills_queryset()).filter(pk=pk).first()
         if backfill is None:
             raise NotFound(f"no backfill {pk}")
         return Response(s.BackfillSerializer(backfill).data)
@@ -479,16 +500,17 @@ class BackfillDetailView(APIBase):
 
 
 class AuditListView(APIBase):
-    permission_classes = [OperatorsOnly]
+    permission_classes = [TenantOperators]
 
     @extend_schema(tags=["audit"], operation_id="audit_list", summary="The audit log: operator actions, newest first",
                    description="Who did what, when, to which object and from where (UI, API, admin or command "
-                               "line, and the IP address). Operators only. Retention never deletes these.",
+                               "line, and the IP address). Operators only (an operator of some tenants reads "
+                               "their objects' records). Retention never deletes these.",
                    parameters=[s.AuditFilterSerializer, CURSOR, LIMIT],
                    responses={200: paginated_schema(s.AuditEventSerializer), **errors(400, 401, 403)})
     def get(self, request):
         filters = validated_query(s.AuditFilterSerializer, request.query_params)
-        events = AuditEvent.objects.all()
+        events = access.operable(request.user, AuditEvent.objects.all())
         for key, lookup in [("action", "action"), ("actor", "actor_name"), ("source", "source"),
                             ("target_type", "target_type"), ("target_id", "target_id"), ("since", "at__gte"),
                             ("until", "at__lt")]:
@@ -511,10 +533,14 @@ class DatasetEventListView(APIBase):
                    responses={200: paginated_schema(s.DatasetEventSerializer), **errors(400, 401, 403, 404)})
     def get(self, request):
         filters = validated_query(s.DatasetEventFilterSerializer, request.query_params)
-        events = DatasetEvent.objects.select_related("dataset").prefetch_related(
-            Prefetch("consumers", queryset=ConsumerRun.objects.select_related("workflow").order_by("id")))
+        # Another tenant's events, and its consumers of this user's events, are not shown.
+        consumers = access.visible(request.user, ConsumerRun.objects.select_related("workflow")).order_by("id")
+        events = access.visible(request.user, DatasetEvent.objects.select_related("dataset")).prefetch_related(
+            Prefetch("consumers", queryset=consumers))
         if "dataset" in filters:
             dataset = Dataset.objects.filter(name=filters["dataset"]).first()
+            if dataset is not None and access.is_scoped(request.user) and not events.filter(dataset=dataset).exists():
+                dataset = None  # known to this user only by an event of theirs
             if dataset is None:
                 name = filters["dataset"]
                 raise NotFound({"detail": f"unknown dataset {name!r}", "dataset": [f"unknown dataset {name!r}"]})

@@ -8,6 +8,7 @@ from __future__ import annotations
 from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
+from django.http import Http404
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
@@ -43,6 +44,8 @@ def answer_view(request, approval_id):
         return redirect_to_login(request.get_full_path(), login_url=app_settings.LOGIN_URL)
     approval = get_object_or_404(Approval, pk=approval_id)
     if not approvals.may_answer(request.user, approval):
+        if not access.can_view(request.user, approval):
+            raise Http404("No such approval.")  # another tenant's: as if there were none
         raise PermissionDenied("Only operators and the groups this approval names can answer it.")
     default = reverse("orchestrator:web:run", args=[approval.run_id])
     try:
@@ -63,7 +66,7 @@ def link_view(request, token):
     except approvals.AnswerRefused as exc:
         return render(request, "orchestrator/web/approval_link.html", {"refused": str(exc)}, status=exc.status)
     context = {"approval": approval, "option": option, "recipient": recipient, "now": clock.now(),
-               "can_operate": access.is_operator(request.user)}
+               "can_operate": access.can_operate(request.user, approval)}
     if request.method == "POST":
         try:
             approvals.answer(approval.pk, approvals.Answer(option, form_values(approval, request.POST),

@@ -8,7 +8,7 @@ from datetime import UTC
 from django.contrib import messages
 from django.urls import reverse
 
-from orchestrator import audit, control, reads
+from orchestrator import access, audit, control, reads
 from orchestrator.models import TaskRun
 from orchestrator.states import TaskState
 from orchestrator.web import zones
@@ -36,15 +36,15 @@ def dead_task_runs(data: dict, zone=UTC):
 def dead_letter(request):
     if request.method == "POST":
         return dead_letter_action(request)
-    form = DeadLetterFilterForm(request.GET or None)
+    form = DeadLetterFilterForm(request.GET or None, user=request.user)
     data = valid_filters(form)
-    dead = reads.DEAD_LETTER_ORDER.page(dead_task_runs(data, zones.for_request(request).zone)
+    dead = reads.DEAD_LETTER_ORDER.page(access.visible(request.user, dead_task_runs(data, zones.for_request(request).zone))
                                         .select_related("run__workflow"), data.get("cursor"))
     return page(request, "orchestrator/web/dead_letter.html", {
         "form": form, "rows": dead.rows, **page_links(request, dead, reads.DEAD_LETTER_ORDER),
         "paged": bool(data.get("cursor")),
-        "queues": TaskRun.objects.filter(state=TaskState.DEAD).values_list("queue", flat=True).distinct()
-        .order_by("queue"),
+        "queues": access.visible(request.user, TaskRun.objects.filter(state=TaskState.DEAD))
+        .values_list("queue", flat=True).distinct().order_by("queue"),
     })
 
 
@@ -59,7 +59,11 @@ def dead_letter_action(request):
                 messages.error(request, error if field in ("ids", "__all__") else f"{field}: {error}")
         return back(request, home)
     action, ids = form.cleaned_data["action"], sorted(set(form.cleaned_data["ids"]))
-    rows = list(TaskRun.objects.filter(pk__in=ids, state=TaskState.DEAD).select_related("run__workflow"))
+    # Another tenant's task run reads as gone; one this user reads but may not act on is refused.
+    rows = list(access.visible(request.user, TaskRun.objects.filter(pk__in=ids, state=TaskState.DEAD))
+                .select_related("run__workflow"))
+    for row in rows:
+        access.require_operate(request.user, row)
     if not rows:
         messages.warning(request, "None of the selected task runs is in the dead-letter queue any more.")
         return back(request, home)

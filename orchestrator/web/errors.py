@@ -56,7 +56,7 @@ def is_api(request) -> bool:
 def bad_request(request, field: str, message: str):
     if is_api(request):
         return JsonResponse({"detail": message, field: [message]}, status=400)
-    context = {"title": "Bad request", "message": message, "can_operate": access.is_operator(request.user)
+    context = {"title": "Bad request", "message": message, "can_operate": access.operates_anything(request.user)
                if hasattr(request, "user") else False}
     return render(request, "orchestrator/web/error.html", context, status=400)
 

@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo
 from django import forms
 from django.utils import timezone
 
-from orchestrator import audit, backfill, reads
+from orchestrator import access, audit, backfill, reads
 from orchestrator.limits import MAX_ID
 from orchestrator.models import Backfill, Workflow
 from orchestrator.states import RunState, TaskState, Trigger
@@ -32,9 +32,11 @@ class RunFilterForm(forms.Form):
     before = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID)
     after = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID)
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, user=None, **kwargs):
         super().__init__(*args, **kwargs)
-        names = Workflow.objects.order_by("name").values_list("name", flat=True)
+        # Only the workflows this user may read (``user`` None: every workflow).
+        names = (access.visible(user, Workflow.objects.all()) if user is not None else Workflow.objects.all()
+                 ).order_by("name").values_list("name", flat=True)
         self.fields["workflow"].choices = [("", "all workflows"), (JOBS, "jobs (no workflow)")] + [
             (name, name) for name in names
         ]
@@ -55,9 +57,11 @@ class DeadLetterFilterForm(forms.Form):
     # Keyset pagination in the order of death, as the API's: "older.<microseconds>.<id>".
     cursor = forms.CharField(required=False, max_length=60)
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, user=None, **kwargs):
         super().__init__(*args, **kwargs)
-        names = Workflow.objects.order_by("name").values_list("name", flat=True)
+        # Only the workflows this user may read (``user`` None: every workflow).
+        names = (access.visible(user, Workflow.objects.all()) if user is not None else Workflow.objects.all()
+                 ).order_by("name").values_list("name", flat=True)
         self.fields["workflow"].choices = [("", "all workflows"), (JOBS, "jobs (no workflow)")] + [
             (name, name) for name in names
         ]

@@ -24,20 +24,23 @@ from orchestrator.web import zones
 from orchestrator.web.forms import JOBS
 
 POLL = "2s"  # how often the live part of an unfinished run or task run is refreshed
-NOT_A_VIEWER = "You need to be in the Viewers or Operators group to see these pages."
+NOT_A_VIEWER = ("You need to be in the Viewers or Operators group, or to have rights on a tenant or a workflow, "
+                "to see these pages.")
 
 
 def viewer_required(view):
-    """Anonymous users go to the login page; a logged-in user who is not a viewer gets 403, and
-    so does any write (POST) by a user who is not an operator, before the view runs."""
+    """Anonymous users go to the login page; a logged-in user who reads nothing (no global role,
+    no tenant rights) gets 403, and so does any write (POST) by a user who operates nothing,
+    before the view runs. The view then reads through ``access.visible`` and checks the right on
+    the object it acts on (``access.require_operate``)."""
 
     @wraps(view)
     def wrapper(request, *args, **kwargs):
         if not request.user.is_authenticated:
             return redirect_to_login(request.get_full_path(), login_url=app_settings.LOGIN_URL)
-        if not access.is_viewer(request.user):
+        if not access.reads_anything(request.user):
             raise PermissionDenied(NOT_A_VIEWER)
-        if request.method not in ("GET", "HEAD", "OPTIONS") and not access.is_operator(request.user):
+        if request.method not in ("GET", "HEAD", "OPTIONS") and not access.operates_anything(request.user):
             raise PermissionDenied("Only operators can change anything here.")
         return view(request, *args, **kwargs)
 
@@ -55,7 +58,8 @@ def is_htmx(request) -> bool:
 
 def page(request, template: str, context: dict, status: int = 200, partial: str | None = None):
     """Render a page, or only its partial when htmx asks for it."""
-    context.setdefault("can_operate", access.is_operator(request.user))
+    # A page about one object says whether this user may act on it (``access.can_operate``).
+    context.setdefault("can_operate", access.operates_anything(request.user))
     context.setdefault("now", clock.now())
     context.setdefault("clock", zones.for_request(request))
     if partial and is_htmx(request):

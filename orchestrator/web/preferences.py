@@ -20,7 +20,7 @@ def clock_choice(request):
     """Any viewer may choose (it changes nothing but how they read the pages)."""
     if not request.user.is_authenticated:
         return redirect_to_login(reverse("orchestrator:web:dashboard"), login_url=app_settings.LOGIN_URL)
-    if not access.is_viewer(request.user):
+    if not access.reads_anything(request.user):
         raise PermissionDenied(NOT_A_VIEWER)
     choice = request.POST.get("clock", "")
     if choice not in UserPreference.Clock.values:

@@ -12,7 +12,7 @@ from django.db.models import Prefetch, prefetch_related_objects
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 
-from orchestrator import approvals, audit, clock, control, reads
+from orchestrator import access, approvals, audit, clock, control, reads
 from orchestrator.limits import MAX_ID
 from orchestrator.models import Attempt, Run, TaskRun
 from orchestrator.states import TaskState
@@ -46,9 +46,9 @@ def filter_runs(data: dict, zone=UTC):
 
 @viewer_required
 def run_list(request):
-    form = RunFilterForm(request.GET or None)
+    form = RunFilterForm(request.GET or None, user=request.user)
     data = valid_filters(form)
-    runs = reads.RUN_ORDER.page(filter_runs(data, zones.for_request(request).zone)
+    runs = reads.RUN_ORDER.page(access.visible(request.user, filter_runs(data, zones.for_request(request).zone))
                                 .select_related("workflow", "created_by"), id_cursor(data))
     now = clock.now()
     for run in runs.rows:
@@ -156,17 +156,19 @@ def run_context(run: Run, now: datetime, after: int | None = None) -> dict:
 def run_detail(request, run_id):
     # Not the graph version's spec: the page draws the graph from the task runs (a run of 100,000
     # tasks has megabytes of spec).
-    run = get_object_or_404(Run.objects.select_related("workflow", "version", "created_by", "schedule")
-                            .defer("version__spec"), pk=run_id)
+    run = get_object_or_404(access.visible(request.user, Run.objects.select_related(
+        "workflow", "version", "created_by", "schedule").defer("version__spec")), pk=run_id)
     after = query_int(request, "after", None, 1, MAX_ID)
     context = run_context(run, clock.now(), after)
+    context["can_operate"] = access.can_operate(request.user, run)
     context["approvals"] = approvals.waiting_for(request.user, run) if run.is_active else []
     return page(request, "orchestrator/web/run.html", context, partial="live")
 
 
 @operator_action
 def run_cancel(request, run_id):
-    run = get_object_or_404(Run, pk=run_id)
+    run = get_object_or_404(access.visible(request.user, Run.objects.select_related("workflow")), pk=run_id)
+    access.require_operate(request.user, run)
     cancelled = control.cancel_run(run, reason=f"cancelled in the web UI by {request.user.get_username()}",
                                    by=request.user)
     audit.record("cancel", request=request, target=run, changed=cancelled)
@@ -179,7 +181,8 @@ def run_cancel(request, run_id):
 
 @operator_action
 def run_retry(request, run_id):
-    run = get_object_or_404(Run, pk=run_id)
+    run = get_object_or_404(access.visible(request.user, Run.objects.select_related("workflow")), pk=run_id)
+    access.require_operate(request.user, run)
     count = control.retry_run(run)
     audit.record("retry", request=request, target=run, changed=count)
     if count:

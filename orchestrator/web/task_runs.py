@@ -12,7 +12,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils.http import urlencode
 
-from orchestrator import audit, clock, control, logs, tracing
+from orchestrator import access, audit, clock, control, logs, tracing
 from orchestrator.conf import app_settings
 from orchestrator.limits import MAX_ID, MAX_LOG_OFFSET
 from orchestrator.models import Attempt, TaskRun
@@ -104,11 +104,13 @@ def task_run_context(tr: TaskRun, now: datetime, attempt: int | None = None, off
 @viewer_required
 def task_run_detail(request, task_run_id):
     # The result when shown, which a mapped task's never is: the list of its instances' results.
-    tr = get_object_or_404(TaskRun.objects.select_related("run__workflow", "worker").defer("result"), pk=task_run_id)
+    tr = get_object_or_404(access.visible(request.user, TaskRun.objects.select_related("run__workflow", "worker")
+                                          .defer("result")), pk=task_run_id)
     attempt = query_int(request, "attempt", None, 1, MAX_ID)
     offset = query_int(request, "offset", 0, 0, MAX_LOG_OFFSET)
-    return page(request, "orchestrator/web/task_run.html", task_run_context(tr, clock.now(), attempt, offset),
-                partial="live")
+    context = task_run_context(tr, clock.now(), attempt, offset)
+    context["can_operate"] = access.can_operate(request.user, tr)
+    return page(request, "orchestrator/web/task_run.html", context, partial="live")
 
 
 def act(request, tr: TaskRun, action: str) -> tuple[list[int], str]:
@@ -131,7 +133,9 @@ def task_run_action(request, task_run_id, action):
     (hx-confirm) and the action is written to the audit log."""
     if action not in TASK_ACTIONS:
         raise InvalidInput("action", f"no task-run action {action!r}: use one of {', '.join(TASK_ACTIONS)}")
-    tr = get_object_or_404(TaskRun.objects.select_related("run__workflow"), pk=task_run_id)
+    tr = get_object_or_404(access.visible(request.user, TaskRun.objects.select_related("run__workflow")),
+                           pk=task_run_id)
+    access.require_operate(request.user, tr)
     was = tr.state
     changed, done = act(request, tr, action)
     detail = {"state": action.removeprefix("mark-"), "was": was} if action.startswith("mark-") else {}
@@ -154,7 +158,8 @@ def attempt_log(request, attempt_id):
     follower ask for this fragment and append it. A browser that opens the address itself (a
     link copied, a new tab) gets the task run's page at that attempt and offset, where the log
     sits in its box, not a bare fragment as wide as its longest line."""
-    attempt = get_object_or_404(Attempt.objects.select_related("task_run"), pk=attempt_id)
+    attempt = get_object_or_404(access.visible(request.user, Attempt.objects.select_related("task_run")),
+                                pk=attempt_id)
     offset = query_int(request, "offset", 0, 0, MAX_LOG_OFFSET)
     if not is_htmx(request):
         query = urlencode({"attempt": attempt.number, **({"offset": offset} if offset else {})})
@@ -164,7 +169,8 @@ def attempt_log(request, attempt_id):
 
 @viewer_required
 def attempt_log_download(request, attempt_id):
-    attempt = get_object_or_404(Attempt.objects.select_related("task_run"), pk=attempt_id)
+    attempt = get_object_or_404(access.visible(request.user, Attempt.objects.select_related("task_run")),
+                                pk=attempt_id)
     try:
         handle = logs.open_for_download(attempt)
     except FileNotFoundError:
@@ -175,5 +181,6 @@ def attempt_log_download(request, attempt_id):
 
 @viewer_required
 def mapped_instances(request, task_run_id):
+    get_object_or_404(access.visible(request.user, TaskRun.objects.values("pk")), pk=task_run_id)
     return page(request, "orchestrator/web/mapped_instances.html", mapped.instances_context(request, task_run_id),
                 partial="rows")

@@ -13,7 +13,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils.http import urlencode
 
-from orchestrator import audit, clock, control, cron
+from orchestrator import access, audit, clock, control, cron
 from orchestrator.limits import MAX_ID
 from orchestrator.models import Run, TaskRun, Workflow
 from orchestrator.params import ParamError
@@ -76,9 +76,10 @@ def next_fires(wf: Workflow, now: datetime, count: int = 3) -> list[datetime]:
     return sorted(upcoming)[:count]
 
 
-def workflows_context(now: datetime) -> dict:
-    workflows = list(Workflow.objects.select_related("current_version").prefetch_related("schedules")
-                     .order_by("-present", "name"))
+def workflows_context(now: datetime, workflows=None) -> dict:
+    """The list's context, of ``workflows`` (a queryset: those a user may read) or of every workflow."""
+    workflows = list((Workflow.objects.all() if workflows is None else workflows).select_related("current_version")
+                     .prefetch_related("schedules").order_by("-present", "name"))
     strips = last_run_states([wf.pk for wf in workflows])
     for wf in workflows:
         wf.strip = strips[wf.pk]
@@ -93,7 +94,8 @@ def workflows_context(now: datetime) -> dict:
 
 @viewer_required
 def workflow_list(request):
-    return page(request, "orchestrator/web/workflows.html", workflows_context(clock.now()))
+    return page(request, "orchestrator/web/workflows.html",
+                workflows_context(clock.now(), access.visible(request.user, Workflow.objects.all())))
 
 
 def selected_graph(wf: Workflow, selected: Run | None, upstream: dict[str, list[str]]):
@@ -155,7 +157,7 @@ def schedules(wf: Workflow, now: datetime) -> list[tuple]:
 
 def workflow_context(wf: Workflow, now: datetime, *, run: int | None = None, grid_size: int = grid.RUNS,
                      grid_before: int | None = None, submitted: dict | None = None, errors: dict | None = None,
-                     form_error: str = "") -> dict:
+                     form_error: str = "", readable=None) -> dict:
     """The workflow page: ``run`` is the run picked for the graph (the newest one shown when
     absent), ``submitted``, ``errors`` and ``form_error`` what the trigger form shows again."""
     upstream = svg.upstream_of(wf.spec)
@@ -166,7 +168,7 @@ def workflow_context(wf: Workflow, now: datetime, *, run: int | None = None, gri
         selected = runs[-1]
     return {
         "wf": wf,
-        "data": lineage.of_workflow(wf),
+        "data": lineage.of_workflow(wf, readable),
         "spec": wf.spec,
         **cells,
         "selected": selected,
@@ -185,7 +187,7 @@ def _page_context(request, wf: Workflow, **form) -> dict:
     context = workflow_context(
         wf, clock.now(), grid_size=query_int(request, "runs", grid.RUNS, 1, grid.SIZES[-1]),
         grid_before=query_int(request, "before", None, 1, MAX_ID), run=query_int(request, "run", None, 1, MAX_ID),
-        **form,
+        readable=access.visible(request.user, Workflow.objects.all()), **form,
     )
     # The live part polls the workflow's GET view, also when this page answers a POST (a trigger
     # with bad params) whose own URL takes no GET.
@@ -210,11 +212,12 @@ def grid_panel(request, wf: Workflow) -> TaskRun | None:
 
 @viewer_required
 def workflow_detail(request, name):
-    wf = get_object_or_404(Workflow.objects.select_related("current_version"), name=name)
+    wf = get_object_or_404(access.visible(request.user, Workflow.objects.select_related("current_version")), name=name)
     if is_htmx(request) and request.GET.get("panel"):
         # A grid cell was picked: only the panel under the grid.
         return page(request, "orchestrator/web/workflow.html#task_panel", {"wf": wf, "panel": grid_panel(request, wf)})
     context = _page_context(request, wf)
+    context["can_operate"] = access.can_operate(request.user, wf)
     context["panel"] = grid_panel(request, wf)
     context["backfill_form"] = BackfillForm(workflow=wf)
     return page(request, "orchestrator/web/workflow.html", context, partial="live")
@@ -222,7 +225,8 @@ def workflow_detail(request, name):
 
 @operator_action
 def workflow_trigger(request, name):
-    wf = get_object_or_404(Workflow.objects.select_related("current_version"), name=name)
+    wf = get_object_or_404(access.visible(request.user, Workflow.objects.select_related("current_version")), name=name)
+    access.require_operate(request.user, wf)
     values = submitted_params(wf.spec.get("params", {}), request.POST)
     try:
         run, _created = trigger_workflow(wf, values, trigger=Trigger.MANUAL, created_by=request.user)
@@ -240,7 +244,8 @@ def workflow_trigger(request, name):
 
 @operator_action
 def workflow_pause(request, name):
-    wf = get_object_or_404(Workflow, name=name)
+    wf = get_object_or_404(access.visible(request.user, Workflow.objects.all()), name=name)
+    access.require_operate(request.user, wf)
     control.pause_workflow(wf)
     audit.record("pause", request=request, target=wf)
     messages.success(request, f"Paused {wf.name}: its schedules fire no new runs until resumed.")
@@ -249,7 +254,8 @@ def workflow_pause(request, name):
 
 @operator_action
 def workflow_resume(request, name):
-    wf = get_object_or_404(Workflow, name=name)
+    wf = get_object_or_404(access.visible(request.user, Workflow.objects.all()), name=name)
+    access.require_operate(request.user, wf)
     control.resume_workflow(wf)
     audit.record("resume", request=request, target=wf)
     messages.success(request, f"Resumed {wf.name}.")
@@ -262,7 +268,8 @@ def workflow_backfill(request, name):
     and params → a dry run (how many runs, the first fire times) → start, only with the digest
     of the values previewed (values edited since preview again); recorded in the audit log.
     htmx swaps the dialog in place; without script the same dialog is a page of its own."""
-    wf = get_object_or_404(Workflow.objects.select_related("current_version"), name=name)
+    wf = get_object_or_404(access.visible(request.user, Workflow.objects.select_related("current_version")), name=name)
+    access.require_operate(request.user, wf)
     form = BackfillForm(request.POST, workflow=wf)
     preview = None
     status = 200
