@@ -177,11 +177,15 @@ WRITE_TABLES = (("run", "orchestrator_run"), ("task run", "orchestrator_taskrun"
 
 
 def table_writes() -> dict[str, tuple[int, int, int]]:
-    """(inserts, updates, HOT updates) per job table, as counted so far."""
+    """(inserts, updates, HOT updates) per job table, as counted so far; under "commits", the
+    transactions committed in the benchmark database (every process's)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_stat_force_next_flush(), pg_stat_clear_snapshot()")
         cursor.execute(WRITES)
-        return {name: (ins, upd, hot) for name, ins, upd, hot in cursor.fetchall()}
+        counts = {name: (ins, upd, hot) for name, ins, upd, hot in cursor.fetchall()}
+        cursor.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+        counts["commits"] = (cursor.fetchone()[0], 0, 0)
+        return counts
 
 
 def writes_per_job(before: dict, after: dict, jobs: int) -> str:
@@ -192,7 +196,8 @@ def writes_per_job(before: dict, after: dict, jobs: int) -> str:
     for label, table in WRITE_TABLES:
         ins, upd, hot = (a - b for a, b in zip(after.get(table, (0, 0, 0)), before.get(table, (0, 0, 0)), strict=True))
         parts.append(f"{label} {ins / jobs:.2f} ins + {upd / jobs:.2f} upd ({hot / jobs:.2f} HOT)")
-    return "; ".join(parts)
+    commits = after.get("commits", (0, 0, 0))[0] - before.get("commits", (0, 0, 0))[0]
+    return "; ".join(parts) + f"; {commits / jobs:.3f} transactions per job (all processes)"
 
 
 def enqueue_jobs(n: int, ref: str = "orchestrator.bench.jobs:noop") -> None:
