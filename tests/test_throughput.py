@@ -272,3 +272,22 @@ def test_the_reaper_finds_a_dead_worker_s_attempts_through_its_running_task_runs
     assert lost == {m["id"] for m in mine}
     assert Attempt.objects.get(task_run_id=theirs[0]["id"]).outcome == AttemptOutcome.RUNNING
     assert set(TaskRun.objects.filter(id__in=lost).values_list("state", flat=True)) == {TaskState.DEAD}
+
+
+def test_a_batch_s_endings_go_in_statements_of_about_fifty_cut_between_runs_in_run_order():
+    from orchestrator.resolver import Ending
+    from orchestrator.states import AttemptOutcome
+    from orchestrator.worker.batch import ENDINGS_PER_STATEMENT, chunks
+
+    # 120 job endings (a run each) and a run of 30 task endings in the middle, out of order.
+    endings = [Ending(n, 1, AttemptOutcome.SUCCEEDED, run_id=n) for n in range(120, 0, -1)]
+    endings[10:10] = [Ending(1000 + n, 1, AttemptOutcome.SUCCEEDED, run_id=45) for n in range(30)]
+    parts = chunks(endings)
+    assert sorted(e.task_run_id for part in parts for e in part) == sorted(e.task_run_id for e in endings)
+    runs = [e.run_id for part in parts for e in part]
+    assert runs == sorted(runs)  # run locks taken in one order across the statements
+    # No run is split between two statements, and none is much larger than the bound.
+    assert all(not ({e.run_id for e in a} & {e.run_id for e in b}) for a, b in zip(parts, parts[1:], strict=False))
+    # Runs 1-44 and run 45's 31 endings; then 50 runs; the rest.
+    assert [len(part) for part in parts] == [44 + 31, ENDINGS_PER_STATEMENT, 150 - 75 - ENDINGS_PER_STATEMENT]
+    assert chunks([]) == []
