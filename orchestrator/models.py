@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 from django.db.models import Q
 
@@ -231,8 +232,11 @@ class Run(models.Model):
             models.Index(fields=["schedule", "state"], condition=Q(state__in=[*ACTIVE_RUN_STATES], schedule__isnull=False),
                          name="run_active_of_schedule"),
             models.Index(fields=["finished_at"], condition=Q(finished_at__isnull=False), name="run_finished_at"),
-            # /metrics: the schedule delay of runs started in the last hour.
-            models.Index(fields=["started_at"], condition=Q(schedule_delay__isnull=False), name="run_schedule_delay"),
+            # /metrics and the dashboard: the schedule delay of runs started in the last hour. A
+            # BRIN index (a summary per range of pages; runs start roughly in the order they were
+            # inserted): PostgreSQL 16 and later keep a run's start, which writes started_at, a
+            # HOT update, where a B-tree on started_at gave it an index entry of its own.
+            BrinIndex(fields=["started_at"], condition=Q(schedule_delay__isnull=False), name="run_schedule_delay"),
             # The runs list filters by trigger and by logical date and pages by id (keyset).
             models.Index(fields=["trigger", "-id"], name="run_by_trigger"),
             models.Index(fields=["logical_date"], name="run_by_logical_date"),
@@ -359,8 +363,10 @@ class DeadTaskRun(TaskRun):
 
 
 class Attempt(models.Model):
-    # Found by task run on attempt_unique_number, which leads with it; by worker only while
-    # running (attempt_running).
+    # Found by task run on attempt_unique_number, which leads with it. The running ones are found
+    # from their task runs (taskrun_running): no B-tree here names the outcome or the end time,
+    # which change when an attempt ends, so that update is a HOT update (fill factor 70, see
+    # migration 0029) that writes no index.
     task_run = models.ForeignKey(TaskRun, on_delete=models.CASCADE, related_name="attempt_set", db_index=False)
     number = models.PositiveIntegerField()
     # No constraint in the database, as TaskRun.worker (the same check at every claim).
@@ -381,9 +387,10 @@ class Attempt(models.Model):
         ordering = ["task_run", "number"]
         constraints = [models.UniqueConstraint(fields=["task_run", "number"], name="attempt_unique_number")]
         indexes = [
-            models.Index(fields=["worker"], condition=Q(outcome=AttemptOutcome.RUNNING), name="attempt_running"),
-            # /metrics: attempts the reaper ended recently.
-            models.Index(fields=["finished_at"], condition=Q(outcome__in=[AttemptOutcome.LOST, AttemptOutcome.TIMED_OUT]), name="attempt_reaped"),
+            # /metrics: attempts the reaper ended recently. BRIN, as run_schedule_delay: attempts
+            # end roughly in the order they were inserted, and it leaves the end a HOT update.
+            BrinIndex(fields=["finished_at"], condition=Q(outcome__in=[AttemptOutcome.LOST, AttemptOutcome.TIMED_OUT]),
+                      name="attempt_reaped"),
         ]
 
     def __str__(self):

@@ -33,21 +33,24 @@ RETURNING id
 """
 
 # Running attempts whose worker is gone (lost, stopped or deleted); the current attempt of a
-# running task run only. Not locked here: end_attempts locks the runs first (the order every
-# writer follows) and its guarded update lets only one of two reapers, or of a reaper and a late
-# worker, end an attempt.
+# running task run only. Found from the task runs (taskrun_running: the running ones, by worker),
+# not by an index of running attempts: such an index names the attempt's outcome, so the end of
+# every attempt would have to write it and could never be a HOT update. Not locked here:
+# end_attempts locks the runs first (the order every writer follows) and its guarded update lets
+# only one of two reapers, or of a reaper and a late worker, end an attempt.
 ORPHANED = f"""
-SELECT a.task_run_id, a.number, a.log_path, t.run_id FROM orchestrator_attempt a
-JOIN orchestrator_taskrun t ON t.id = a.task_run_id AND t.attempts = a.number AND t.state = '{TaskState.RUNNING}'
-LEFT JOIN orchestrator_worker w ON w.id = a.worker_id
-WHERE a.outcome = '{AttemptOutcome.RUNNING}' AND (w.id IS NULL OR w.state NOT IN ({sql_list(LIVE_WORKER_STATES)}))
+SELECT a.task_run_id, a.number, a.log_path, t.run_id FROM orchestrator_taskrun t
+JOIN orchestrator_attempt a ON a.task_run_id = t.id AND a.number = t.attempts
+LEFT JOIN orchestrator_worker w ON w.id = t.worker_id
+WHERE t.state = '{TaskState.RUNNING}' AND a.outcome = '{AttemptOutcome.RUNNING}'
+  AND (w.id IS NULL OR w.state NOT IN ({sql_list(LIVE_WORKER_STATES)}))
 """
 
-# Running attempts past their timeout plus the margin.
+# Running attempts past their timeout plus the margin (the task run's start is its attempt's).
 OVERDUE = f"""
-SELECT a.task_run_id, a.number, a.log_path, t.timeout, t.run_id FROM orchestrator_attempt a
-JOIN orchestrator_taskrun t ON t.id = a.task_run_id AND t.attempts = a.number AND t.state = '{TaskState.RUNNING}'
-WHERE a.outcome = '{AttemptOutcome.RUNNING}' AND t.timeout IS NOT NULL
+SELECT a.task_run_id, a.number, a.log_path, t.timeout, t.run_id FROM orchestrator_taskrun t
+JOIN orchestrator_attempt a ON a.task_run_id = t.id AND a.number = t.attempts
+WHERE t.state = '{TaskState.RUNNING}' AND a.outcome = '{AttemptOutcome.RUNNING}' AND t.timeout IS NOT NULL
   AND a.started_at + make_interval(secs => t.timeout + %(margin)s) < %(now)s
 """
 

@@ -161,6 +161,30 @@ def test_default_jobs_claimed_for_in_process_places_wait_for_a_child_and_stop_fu
     assert worker.capacity() == 1  # one place, to find in-process jobs; the child is busy
 
 
+def test_with_a_deep_backlog_of_short_tasks_a_claim_takes_one_more_per_child_started_as_children_reply():
+    worker = ready_worker(children=2, places=0)
+    # No backlog known: the idle children only.
+    assert worker.capacity() == 2
+    # The latest claim got all it asked for and more was due; tasks take about a millisecond.
+    worker.backlog, worker.pool.task_seconds = True, 0.001
+    assert worker.capacity() == 2 + 2
+    worker.place([message(n, "plain_job") for n in (1, 2, 3, 4)])
+    assert sorted(slot.message["id"] for slot in worker.pool.slots) == [1, 2] and [m["id"] for m in worker.held] == [3, 4]
+    assert worker.capacity() == 0  # one waits per child already
+    # A child's reply starts the next one there at once, before any transaction.
+    [first, _] = worker.pool.slots
+    worker.pool.children.conns[first.pid].inbox.append((1, 1, "succeeded", None, "", "", "", None, ""))
+    worker.loop.wake(first.conn)
+    worker.start_held()
+    assert first.message["id"] == 3 and [m["id"] for m in worker.held] == [4]
+    assert worker.capacity() == 1
+    # Long tasks: nothing is claimed ahead (a task would wait long for a child), whatever the backlog.
+    worker.pool.task_seconds = 1.0
+    assert worker.capacity() == 0
+    worker.held = []
+    assert worker.capacity() == 0  # both children busy
+
+
 def test_an_overdue_thread_job_retires_its_host_and_an_overdue_async_job_is_cancelled():
     worker = ready_worker(children=1, places=10)
     worker.place([message(1, "hang_async", timeout=1.0), message(2, "hang_thread", timeout=5.0)])

@@ -196,3 +196,98 @@ def test_a_run_over_at_birth_is_one_row_and_a_pending_one_holds_its_tasks_back()
     assert dict(TaskRun.objects.filter(run=held).values_list("task", "state")) == {
         "a": TaskState.WAITING, "b": TaskState.WAITING}
     assert TaskRun.objects.get(run=held, task="b").upstream == ["a"]
+
+
+# --- a job's writes: which of them PostgreSQL makes HOT updates ------------------------------------
+
+
+def job_table_writes() -> dict[str, tuple[int, int, int]]:
+    """(inserts, updates, HOT updates) per job table, counted by PostgreSQL: this transaction's and
+    the earlier ones this connection has not reported yet (compare two readings)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables "
+                       "WHERE relname IN ('orchestrator_run', 'orchestrator_taskrun', 'orchestrator_attempt')")
+        return {name.removeprefix("orchestrator_"): (ins, upd, hot) for name, ins, upd, hot in cursor.fetchall()}
+
+
+def since(before: dict) -> dict[str, tuple[int, int, int]]:
+    after = job_table_writes()
+    return {name: tuple(a - b for a, b in zip(after[name], before.get(name, (0, 0, 0)), strict=True))
+            for name in after}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_s_start_and_its_attempt_s_end_are_hot_updates_that_write_no_index(clock):
+    from django.db import transaction
+
+    from orchestrator.models import Attempt
+    from orchestrator.resolver import Ending, end_attempts
+    from orchestrator.states import AttemptOutcome, RunState
+    from orchestrator.worker import Worker
+
+    enqueue_many([{"ref": REF, "kwargs": {"user_id": n}} for n in range(10)], now=clock.now())
+    loop = Worker(["default"], concurrency=10)
+    loop.register()
+    with transaction.atomic():
+        before = job_table_writes()
+        claimed = loop.claim(10, clock.now())
+        claim = since(before)
+    assert len(claimed) == 10
+    # The claim: each task run becomes running (its state is indexed: a plain update), its attempt
+    # is inserted, and its run's start is recorded in place (no index names started_at).
+    assert claim == {"taskrun": (0, 10, 0), "attempt": (10, 0, 0), "run": (0, 10, 10)}
+    clock.advance(1)
+    with transaction.atomic():
+        before = job_table_writes()
+        accepted = end_attempts([Ending(m["id"], m["number"], AttemptOutcome.SUCCEEDED, result="null", job=True,
+                                        run_id=m["run_id"]) for m in claimed], worker_id=loop.id, now=clock.now())
+        end = since(before)
+    assert len(accepted) == 10
+    # The end: the attempt's outcome and end time are in no B-tree, so it is updated in place; the
+    # task run and the run change state (indexed).
+    assert end["attempt"] == (0, 10, 10)
+    assert end["taskrun"][:2] == (0, 10) and end["run"][:2] == (0, 10)
+    assert set(Attempt.objects.values_list("outcome", flat=True)) == {AttemptOutcome.SUCCEEDED}
+    assert set(Run.objects.values_list("state", flat=True)) == {RunState.SUCCEEDED}
+    assert Run.objects.filter(started_at=clock.now() - timedelta(seconds=1), schedule_delay__isnull=False).count() == 10
+
+
+def test_the_reaper_finds_a_dead_worker_s_attempts_through_its_running_task_runs(clock):
+    from orchestrator.models import Attempt
+    from orchestrator.models import Worker as WorkerRow
+    from orchestrator.reaper import reap_once
+    from orchestrator.states import AttemptOutcome, WorkerState
+    from orchestrator.worker import Worker
+
+    enqueue_many([{"ref": REF, "kwargs": {"user_id": n}} for n in range(3)], now=clock.now())
+    gone, alive = Worker(["default"], concurrency=2), Worker(["default"], concurrency=1)
+    gone.register()
+    alive.register()
+    mine = gone.claim(2, clock.now())
+    theirs = alive.claim(1, clock.now())
+    WorkerRow.objects.filter(pk=gone.id).update(state=WorkerState.STOPPED)
+    # Only the stopped worker's attempts are ended (lost), through the retry rule (one attempt: dead).
+    assert reap_once(clock) == 2
+    lost = set(Attempt.objects.filter(outcome=AttemptOutcome.LOST).values_list("task_run_id", flat=True))
+    assert lost == {m["id"] for m in mine}
+    assert Attempt.objects.get(task_run_id=theirs[0]["id"]).outcome == AttemptOutcome.RUNNING
+    assert set(TaskRun.objects.filter(id__in=lost).values_list("state", flat=True)) == {TaskState.DEAD}
+
+
+def test_a_batch_s_endings_go_in_statements_of_about_fifty_cut_between_runs_in_run_order():
+    from orchestrator.resolver import Ending
+    from orchestrator.states import AttemptOutcome
+    from orchestrator.worker.batch import ENDINGS_PER_STATEMENT, chunks
+
+    # 120 job endings (a run each) and a run of 30 task endings in the middle, out of order.
+    endings = [Ending(n, 1, AttemptOutcome.SUCCEEDED, run_id=n) for n in range(120, 0, -1)]
+    endings[10:10] = [Ending(1000 + n, 1, AttemptOutcome.SUCCEEDED, run_id=45) for n in range(30)]
+    parts = chunks(endings)
+    assert sorted(e.task_run_id for part in parts for e in part) == sorted(e.task_run_id for e in endings)
+    runs = [e.run_id for part in parts for e in part]
+    assert runs == sorted(runs)  # run locks taken in one order across the statements
+    # No run is split between two statements, and none is much larger than the bound.
+    assert all(not ({e.run_id for e in a} & {e.run_id for e in b}) for a, b in zip(parts, parts[1:], strict=False))
+    # Runs 1-44 and run 45's 31 endings; then 50 runs; the rest.
+    assert [len(part) for part in parts] == [44 + 31, ENDINGS_PER_STATEMENT, 150 - 75 - ENDINGS_PER_STATEMENT]
+    assert chunks([]) == []

@@ -4,8 +4,11 @@ dispatcher processes it starts, what the sections print to, and the execution-pa
 
 - jobs: no-op single-task jobs completed per second end to end (enqueue, dispatch, execute,
   record) with one and with two worker processes. Jobs are enqueued while the workers run, in
-  batches of 500 by one INSERT per batch (what a bulk producer does); the clock runs from the
-  first enqueue to the last recorded success.
+  batches of 500 by the product's own bulk path (``jobs.enqueue_many``: one statement per batch,
+  what a bulk producer calls); the clock runs from the first enqueue to the last recorded
+  success. Each line also gives the rows written per job (PostgreSQL's pg_stat_user_tables, read
+  after the processes exited: inserts, updates and how many of those were HOT updates, which
+  write no index) for the run, task run and attempt tables.
 - latency: enqueue-to-start delay (the job's own first instruction) at a light steady load, one
   job per ``create_run`` transaction every 20 ms.
 - dag: trigger-to-success wall time of a DAG of 1 + 200 parallel + 1 join tasks, and of a
@@ -164,6 +167,46 @@ def enqueue_noops(n: int, ref: str = "orchestrator.bench.jobs:noop") -> None:
         wake_due({"default": n})
 
 
+# Rows written to the job tables so far, as PostgreSQL counts them (a backend reports its counts
+# when it goes idle or exits; the snapshot is cleared so this reads them afresh).
+WRITES = """
+SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
+WHERE relname IN ('orchestrator_run', 'orchestrator_taskrun', 'orchestrator_attempt')
+"""
+WRITE_TABLES = (("run", "orchestrator_run"), ("task run", "orchestrator_taskrun"), ("attempt", "orchestrator_attempt"))
+
+
+def table_writes() -> dict[str, tuple[int, int, int]]:
+    """(inserts, updates, HOT updates) per job table, as counted so far; under "commits", the
+    transactions committed in the benchmark database (every process's)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush(), pg_stat_clear_snapshot()")
+        cursor.execute(WRITES)
+        counts = {name: (ins, upd, hot) for name, ins, upd, hot in cursor.fetchall()}
+        cursor.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+        counts["commits"] = (cursor.fetchone()[0], 0, 0)
+        return counts
+
+
+def writes_per_job(before: dict, after: dict, jobs: int) -> str:
+    """The rows written per job between two ``table_writes``: per table, inserts + updates (HOT)."""
+    if not jobs:
+        return "no job done"
+    parts = []
+    for label, table in WRITE_TABLES:
+        ins, upd, hot = (a - b for a, b in zip(after.get(table, (0, 0, 0)), before.get(table, (0, 0, 0)), strict=True))
+        parts.append(f"{label} {ins / jobs:.2f} ins + {upd / jobs:.2f} upd ({hot / jobs:.2f} HOT)")
+    commits = after.get("commits", (0, 0, 0))[0] - before.get("commits", (0, 0, 0))[0]
+    return "; ".join(parts) + f"; {commits / jobs:.3f} transactions per job (all processes)"
+
+
+def enqueue_jobs(n: int, ref: str = "orchestrator.bench.jobs:noop") -> None:
+    """n jobs through the product's bulk path (one statement, see jobs.enqueue_many)."""
+    from orchestrator.jobs import enqueue_many
+
+    enqueue_many([{"ref": ref}] * n)
+
+
 def unfinished() -> bool:
     # Cheap while the workers run: the partial indexes answer it.
     with connection.cursor() as cursor:
@@ -225,9 +268,10 @@ def bench_jobs(out, n: int, concurrency: int) -> None:
         try:
             roles.start("dispatcher")
             roles.workers(workers, concurrency)
+            before = table_writes()
             started = time.time()
             for offset in range(0, n, 500):
-                enqueue_noops(min(500, n - offset))
+                enqueue_jobs(min(500, n - offset))
             deadline = time.monotonic() + 120
             while unfinished() and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -235,8 +279,10 @@ def bench_jobs(out, n: int, concurrency: int) -> None:
             elapsed = last_finish() - started
         finally:
             roles.stop()
+        time.sleep(0.5)  # the exited processes' backends report their counts as they end
         out(f"  {n} no-op jobs, {workers} worker process(es) x {concurrency} children: "
             f"{done / elapsed:>7,.0f} jobs/s end to end ({elapsed:.2f} s{'' if done == n else f', only {done} done'})")
+        out(f"    rows written per job: {writes_per_job(before, table_writes(), done)}")
 
 
 def bench_latency(out, count: int = 150, interval: float = 0.02, concurrency: int = 4) -> None:

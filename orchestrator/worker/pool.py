@@ -34,6 +34,9 @@ log = logging.getLogger(__package__)  # the worker's records under one name, orc
 # killed: an idle child exits at once, unless it is still importing the job modules again.
 RETIRE_SECONDS = 5.0
 
+# The weight of the latest task in ``Pool.task_seconds``, a moving average of how long tasks take.
+TASK_SECONDS_WEIGHT = 0.1
+
 
 @dataclass
 class Slot:
@@ -108,6 +111,8 @@ class Pool:
                  on_reply: Callable[[dict, tuple], None], on_died: Callable[[dict, str], None],
                  children: ForkedChildren | None = None):
         self.concurrency = concurrency
+        # How long the latest tasks took in their children, a moving average (seconds).
+        self.task_seconds = 0.0
         self.min_children = min(min_children or concurrency, concurrency)
         self.idle_seconds = idle_seconds
         self.max_tasks_per_child = max_tasks_per_child
@@ -189,6 +194,7 @@ class Pool:
         slot.deadline = None
         slot.tasks += 1
         slot.idle_since = time.monotonic()
+        self.task_seconds += TASK_SECONDS_WEIGHT * (slot.idle_since - slot.started - self.task_seconds)
         self.on_reply(message, reply)
 
     def child_died(self, slot: Slot) -> None:

@@ -49,6 +49,17 @@ log = logging.getLogger(__package__)  # the worker's records under one name, orc
 # candidates it looked at): look again after this.
 RECHECK_SECONDS = 0.005
 
+# A local queue (graphile-worker's localQueue): while the backlog is deep (the latest claim got
+# all it asked for and more was due at once) and tasks are short, a claim also takes up to this
+# many task runs per child beyond the idle children. They wait in the worker (``held``: claimed,
+# their attempt begun) and start the moment a child replies, without waiting for the next
+# transaction, and each transaction records and claims about twice as many. Order holds: a claim
+# takes work in dispatch order (priority, tenants in turn, live lane first), and what waits here is
+# at most one task per child ahead. A drain hands it back at once; the reaper's timeout margin
+# (HEARTBEAT_TIMEOUT_SECONDS or more) is far beyond the wait of a task that waits for one this short.
+PREFETCH_PER_CHILD = 1
+PREFETCH_TASK_SECONDS = 0.05
+
 
 class Worker(Role):
     """The worker role. Each tick takes named steps: end the tasks past their timeout, start or
@@ -98,6 +109,8 @@ class Worker(Role):
         # Claimed jobs that wait for a forked child: claimed for in-process places, they turned
         # out to be jobs of the default executor (a claim cannot tell them apart).
         self.held: list[dict] = []
+        # Whether the latest claim found more due than it took (see PREFETCH_PER_CHILD).
+        self.backlog = False
         # The share of in-process jobs among the latest claims (a moving average): how many of the
         # free in-process places a claim offers (see capacity).
         self.inprocess_share = 0.0
@@ -251,9 +264,17 @@ class Worker(Role):
         claim cannot choose the executor of what it takes, so a worker whose queues hold only
         default jobs offers one place per claim and holds at most one job beyond its children;
         one whose queues hold only in-process jobs soon offers every place."""
-        free_children = max(0, len(self.pool.idle_slots()) - len(self.held))
-        free = 0 if self.held else self.inprocess.free()
+        ahead = self.prefetch()
+        free_children = max(0, len(self.pool.idle_slots()) + ahead - len(self.held))
+        free = 0 if len(self.held) > ahead else self.inprocess.free()
         return free_children + (max(1, round(free * self.inprocess_share)) if free else 0)
+
+    def prefetch(self) -> int:
+        """How many task runs a claim may take beyond the idle children (PREFETCH_PER_CHILD): none
+        unless the backlog is deep and tasks are short."""
+        if not self.backlog or self.pool.task_seconds > PREFETCH_TASK_SECONDS:
+            return 0
+        return PREFETCH_PER_CHILD * self.concurrency
 
     def start_held(self) -> None:
         """Give the held jobs the children that became free."""
@@ -376,6 +397,7 @@ class Worker(Role):
         # Full, and more is due: claim again at once, unless the notification answered named only
         # this worker's places (the rest is other workers' turn).
         self.want_claim = claimed == asked and due_now and (not answering or self.wakeup.more)
+        self.backlog = claimed == asked and due_now
         self.wakeup.after_claim(asked, claimed, now, answering=answering, due_now=due_now,
                                 later=wait is not None and wait > 0)
         if wait is not None and wait > 0:
@@ -402,7 +424,7 @@ class Worker(Role):
 
     def resize_pool(self, now: float) -> None:
         """Grow when work waits and no child is free; shrink to the minimum after idling."""
-        if self.held:
+        if len(self.held) > self.prefetch():
             self.pool.grow(len(self.held) + len(self.pool.idle_slots()))
             return
         room = self.pool.room_to_grow() if self.want_claim or self.wakeup.asked(now) else 0

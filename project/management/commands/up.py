@@ -35,6 +35,9 @@ from django.db import connections
 from orchestrator import preflight
 from orchestrator.supervisor import Child, Supervisor, die_with_parent, role_argv, write_line
 
+# The development worker's in-process places (see README, "Executors").
+DEV_INPROCESS_PLACES = 50
+
 
 class Command(BaseCommand):
     help = "Run the whole product for development: database, web UI, scheduler, dispatcher and a worker."
@@ -68,7 +71,10 @@ class Command(BaseCommand):
             # The dispatcher's work (admitting work under a concurrency limit) in the scheduler's process:
             # one process and two database connections fewer for the idle footprint.
             Child("scheduler", role_argv("scheduler", "--dispatch"), fork=True),
-            Child("worker", role_argv("worker", "--queues", "default,batch", "--concurrency", "4", "--min-children", "1", "--grace", "10"),
+            # --inprocess: jobs declared @job(executor="async"/"thread") run in development as they
+            # do on a production worker given places (one host process more, forked at start).
+            Child("worker", role_argv("worker", "--queues", "default,batch", "--concurrency", "4", "--min-children", "1",
+                                      "--inprocess", str(DEV_INPROCESS_PLACES), "--grace", "10"),
                   fork=True),
         ]
         url = f"http://{host}:{port}/"
