@@ -233,9 +233,12 @@ def test_a_job_s_start_and_its_attempt_s_end_are_hot_updates_that_write_no_index
         claimed = loop.claim(10, clock.now())
         claim = since(before)
     assert len(claimed) == 10
+    # Before PostgreSQL 16 a BRIN index on a changed column (the metrics' indexes) rules out a HOT
+    # update too; from 16 on it does not.
+    hot = 10 if connection.pg_version >= 160000 else 0
     # The claim: each task run becomes running (its state is indexed: a plain update), its attempt
-    # is inserted, and its run's start is recorded in place (no index names started_at).
-    assert claim == {"taskrun": (0, 10, 0), "attempt": (10, 0, 0), "run": (0, 10, 10)}
+    # is inserted, and its run's start is recorded in place (no B-tree names started_at).
+    assert claim == {"taskrun": (0, 10, 0), "attempt": (10, 0, 0), "run": (0, 10, hot)}
     clock.advance(1)
     with transaction.atomic():
         before = job_table_writes()
@@ -245,7 +248,7 @@ def test_a_job_s_start_and_its_attempt_s_end_are_hot_updates_that_write_no_index
     assert len(accepted) == 10
     # The end: the attempt's outcome and end time are in no B-tree, so it is updated in place; the
     # task run and the run change state (indexed).
-    assert end["attempt"] == (0, 10, 10)
+    assert end["attempt"] == (0, 10, hot)
     assert end["taskrun"][:2] == (0, 10) and end["run"][:2] == (0, 10)
     assert set(Attempt.objects.values_list("outcome", flat=True)) == {AttemptOutcome.SUCCEEDED}
     assert set(Run.objects.values_list("state", flat=True)) == {RunState.SUCCEEDED}

@@ -14,7 +14,7 @@ FILL = "ALTER TABLE {} SET (fillfactor = {})"
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('orchestrator', '0028_sensor_waiting'),
+        ('orchestrator', '0030_tenants_grants'),
     ]
 
     operations = [
