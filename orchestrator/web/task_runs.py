@@ -23,7 +23,7 @@ from orchestrator.states import (
     AttemptOutcome,
     TaskState,
 )
-from orchestrator.web import mapped
+from orchestrator.web import actions, mapped
 from orchestrator.web.errors import InvalidInput, query_int
 from orchestrator.web.kit import POLL, back, is_htmx, operator_action, page, seconds, viewer_required
 
@@ -107,8 +107,9 @@ def task_run_detail(request, task_run_id):
     tr = get_object_or_404(TaskRun.objects.select_related("run__workflow", "worker").defer("result"), pk=task_run_id)
     attempt = query_int(request, "attempt", None, 1, MAX_ID)
     offset = query_int(request, "offset", 0, 0, MAX_LOG_OFFSET)
-    return page(request, "orchestrator/web/task_run.html", task_run_context(tr, clock.now(), attempt, offset),
-                partial="live")
+    context = task_run_context(tr, clock.now(), attempt, offset)
+    context.update(actions.page_extras(tr.run, tr))
+    return page(request, "orchestrator/web/task_run.html", context, partial="live")
 
 
 def act(request, tr: TaskRun, action: str) -> tuple[list[int], str]:

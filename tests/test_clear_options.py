@@ -1,0 +1,271 @@
+# ruff: noqa: F811 - pytest fixtures imported from tests.support.api_support
+"""Clear with options and whole-run marks (orchestrator.clearing): the dry run lists exactly the
+task runs the clear then touches, at the edges of each option (upstream, downstream, only failed,
+past and future runs), mapped tasks, held-back runs; a run marked succeeded or failed; the bound
+on how many task runs one action touches."""
+
+import textwrap
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from orchestrator import clearing, clock
+from orchestrator.models import Attempt, AttemptOutcome, Run, RunState, TaskRun, TaskState, Workflow
+from orchestrator.runs import trigger_workflow
+from orchestrator.sync import sync_workflows
+
+pytestmark = pytest.mark.django_db
+
+# a >> b >> c, and d beside them (no edge to the chain); e is a root feeding c.
+CHAIN = '''
+from orchestrator.dsl import Workflow
+
+wf = Workflow("chain", description="A chain and a task beside it.")
+
+@wf.task
+def a(ctx):
+    return 1
+
+@wf.task
+def b(ctx):
+    return 2
+
+@wf.task
+def c(ctx):
+    return 3
+
+@wf.task
+def d(ctx):
+    return 4
+
+@wf.task
+def e(ctx):
+    return 5
+
+a >> b >> c
+e >> c
+'''
+
+DAY = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+def chain(tmp_path) -> Workflow:
+    package = f"clearwf_{uuid.uuid4().hex[:10]}"
+    folder = tmp_path / package
+    folder.mkdir()
+    (folder / "chain.py").write_text(textwrap.dedent(CHAIN))
+    report = sync_workflows(folder, package)
+    assert report.created == ["chain"], report
+    return Workflow.objects.get(name="chain")
+
+
+def finished_run(workflow, day: int, states: dict | None = None, run_state=RunState.SUCCEEDED) -> Run:
+    """A finished run of ``workflow`` on 2026-03-<day>: every task succeeded but those named."""
+    run, _ = trigger_workflow(workflow, {}, logical_date=DAY + timedelta(days=day - 1))
+    now = clock.now()
+    for tr in TaskRun.objects.filter(run=run):
+        state = (states or {}).get(tr.task, TaskState.SUCCEEDED)
+        tried = state not in (TaskState.UPSTREAM_FAILED, TaskState.SKIPPED, TaskState.CANCELLED)
+        TaskRun.objects.filter(pk=tr.pk).update(state=state, attempts=int(tried), started_at=now if tried else None,
+                                                finished_at=now)
+        if tried:
+            Attempt.objects.create(task_run=tr, number=1, started_at=now, finished_at=now,
+                                   outcome=AttemptOutcome.SUCCEEDED if state == TaskState.SUCCEEDED
+                                   else AttemptOutcome.FAILED)
+    Run.objects.filter(pk=run.pk).update(state=run_state, finished_at=now)
+    return run
+
+
+def task_run(run, task) -> TaskRun:
+    return TaskRun.objects.select_related("run").get(run=run, task=task, map_index=-1)
+
+
+def listed(plan) -> list[tuple[int, str]]:
+    """(run id, task) of each task run a plan lists, in its order."""
+    return [(row["run"], row["task"]) for row in plan.rows]
+
+
+def states(run) -> dict:
+    return dict(TaskRun.objects.filter(run=run, map_index=-1).values_list("task", "state"))
+
+
+# --- the task set: upstream and downstream ---------------------------------------------------------
+
+
+def test_the_task_alone_downstream_and_upstream_are_what_the_graph_says(chain):
+    run = finished_run(chain, 1)
+    b = task_run(run, "b")
+    alone = clearing.plan_task_clear(b, clearing.ClearScope(downstream=False))
+    assert listed(alone) == [(run.pk, "b")] and alone.count == 1 and alone.runs == 1
+    # Downstream: c (and nothing beside the chain: d, e, a stay).
+    assert listed(clearing.plan_task_clear(b, clearing.ClearScope())) == [(run.pk, "b"), (run.pk, "c")]
+    # Upstream: a only (e feeds c, not b).
+    assert listed(clearing.plan_task_clear(b, clearing.ClearScope(upstream=True, downstream=False))) == [
+        (run.pk, "a"), (run.pk, "b")]
+    # Both: the chain; c's other parent e is not upstream of b, so it stays.
+    both = clearing.plan_task_clear(b, clearing.ClearScope(upstream=True, downstream=True))
+    assert listed(both) == [(run.pk, "a"), (run.pk, "b"), (run.pk, "c")]
+    # Upstream of the leaf: every ancestor, transitively (a through b, and e).
+    leaf = clearing.plan_task_clear(task_run(run, "c"), clearing.ClearScope(upstream=True))
+    assert listed(leaf) == [(run.pk, "a"), (run.pk, "b"), (run.pk, "c"), (run.pk, "e")]
+
+
+def test_only_failed_keeps_the_failed_dead_and_upstream_failed_ones(chain):
+    run = finished_run(chain, 1, {"b": TaskState.DEAD, "c": TaskState.UPSTREAM_FAILED, "a": TaskState.SUCCEEDED},
+                       run_state=RunState.FAILED)
+    plan = clearing.plan_task_clear(task_run(run, "a"), clearing.ClearScope(only_failed=True))
+    # a itself succeeded: not listed; b (dead) and c (upstream failed) are.
+    assert listed(plan) == [(run.pk, "b"), (run.pk, "c")]
+
+
+def test_active_task_runs_and_held_back_runs_are_never_listed(chain):
+    run = finished_run(chain, 1)
+    TaskRun.objects.filter(run=run, task="c").update(state=TaskState.RUNNING, finished_at=None)
+    assert listed(clearing.plan_task_clear(task_run(run, "b"), clearing.ClearScope())) == [(run.pk, "b")]
+    held = finished_run(chain, 2)
+    Run.objects.filter(pk=held.pk).update(state=RunState.PENDING)
+    assert clearing.plan_task_clear(task_run(held, "b"), clearing.ClearScope()).count == 0
+
+
+# --- past and future runs ------------------------------------------------------------------------------
+
+
+def test_past_and_future_take_the_same_tasks_in_earlier_and_later_runs_only(chain):
+    first, second, third = (finished_run(chain, day) for day in (1, 2, 3))
+    # Another run on the same logical date as the picked one is neither past nor future.
+    twin = finished_run(chain, 2)
+    b = task_run(second, "b")
+    scope = clearing.ClearScope(downstream=False)
+    assert listed(clearing.plan_task_clear(b, scope)) == [(second.pk, "b")]
+    past = clearing.plan_task_clear(b, clearing.ClearScope(downstream=False, past=True))
+    assert listed(past) == [(first.pk, "b"), (second.pk, "b")] and past.runs == 2
+    future = clearing.plan_task_clear(b, clearing.ClearScope(downstream=False, future=True))
+    assert listed(future) == [(second.pk, "b"), (third.pk, "b")]
+    both = clearing.plan_task_clear(b, clearing.ClearScope(past=True, future=True))
+    assert listed(both) == [(first.pk, "b"), (first.pk, "c"), (second.pk, "b"), (second.pk, "c"),
+                            (third.pk, "b"), (third.pk, "c")]
+    assert twin.pk not in {row["run"] for row in both.rows}
+
+
+def test_the_first_run_has_no_past_and_the_last_no_future(chain):
+    first, last = finished_run(chain, 1), finished_run(chain, 2)
+    assert listed(clearing.plan_task_clear(task_run(first, "d"), clearing.ClearScope(past=True))) == [(first.pk, "d")]
+    assert listed(clearing.plan_task_clear(task_run(last, "d"), clearing.ClearScope(future=True))) == [(last.pk, "d")]
+
+
+def test_past_runs_of_another_workflow_are_never_taken(chain, tmp_path):
+    run = finished_run(chain, 2)
+    folder = tmp_path / "otherpkg"
+    folder.mkdir()
+    (folder / "other.py").write_text(textwrap.dedent(CHAIN.replace('"chain"', '"other"')))
+    sync_workflows(folder, "otherpkg")
+    other = finished_run(Workflow.objects.get(name="other"), 1)
+    plan = clearing.plan_task_clear(task_run(run, "d"), clearing.ClearScope(past=True))
+    assert listed(plan) == [(run.pk, "d")] and other.pk not in {row["run"] for row in plan.rows}
+
+
+def test_only_failed_in_past_runs_lists_just_the_failures(chain):
+    bad = finished_run(chain, 1, {"d": TaskState.FAILED}, run_state=RunState.FAILED)
+    finished_run(chain, 2)
+    picked = finished_run(chain, 3, {"d": TaskState.DEAD}, run_state=RunState.FAILED)
+    plan = clearing.plan_task_clear(task_run(picked, "d"), clearing.ClearScope(only_failed=True, past=True))
+    assert listed(plan) == [(bad.pk, "d"), (picked.pk, "d")]
+
+
+# --- what the clear does is what the dry run said ----------------------------------------------------
+
+
+@pytest.mark.time_sensitive
+def test_the_clear_touches_exactly_what_the_dry_run_listed(chain):
+    first = finished_run(chain, 1)
+    second = finished_run(chain, 2)
+    plan = clearing.plan_task_clear(task_run(second, "b"), clearing.ClearScope(past=True))
+    cleared = clearing.clear(plan)
+    assert cleared == plan.ids == sorted(row["id"] for row in plan.rows)
+    # b is not a root: it waits for a again (a stays succeeded); c waits for b.
+    assert states(first) == {"a": "succeeded", "b": "scheduled", "c": "waiting", "d": "succeeded", "e": "succeeded"}
+    assert states(second) == states(first)
+    for run in (first, second):
+        run.refresh_from_db()
+        assert run.state == RunState.RUNNING
+
+
+def test_a_plan_over_the_bound_counts_and_lists_but_refuses_to_clear(chain, monkeypatch):
+    runs = [finished_run(chain, day) for day in (1, 2, 3)]
+    monkeypatch.setattr(clearing, "MOST", 4)
+    plan = clearing.plan_task_clear(task_run(runs[2], "b"), clearing.ClearScope(past=True))
+    # b and c in three runs: six, past the bound of four; counted to the bound + 1 only.
+    assert (plan.too_many, plan.count, plan.ids) == (True, 5, [])
+    with pytest.raises(clearing.ClearError, match="more than 4 task runs"):
+        clearing.clear(plan)
+    assert all(states(run)["b"] == "succeeded" for run in runs)
+
+
+def test_the_digest_changes_when_the_selection_does(chain):
+    run = finished_run(chain, 1)
+    before = clearing.plan_task_clear(task_run(run, "b"), clearing.ClearScope())
+    TaskRun.objects.filter(run=run, task="c").update(state=TaskState.RUNNING)
+    after = clearing.plan_task_clear(task_run(run, "b"), clearing.ClearScope())
+    assert before.digest != after.digest
+
+
+# --- whole runs --------------------------------------------------------------------------------------
+
+
+def test_a_run_clear_takes_every_finished_task_or_only_the_failed_ones(chain):
+    run = finished_run(chain, 1, {"b": TaskState.DEAD, "c": TaskState.UPSTREAM_FAILED}, run_state=RunState.FAILED)
+    every = clearing.plan_run_clear([run.pk])
+    assert sorted(task for _, task in listed(every)) == ["a", "b", "c", "d", "e"]
+    failed = clearing.plan_run_clear([run.pk], only_failed=True)
+    assert listed(failed) == [(run.pk, "b"), (run.pk, "c")]
+
+
+@pytest.mark.time_sensitive
+def test_marking_a_failed_run_succeeded_marks_what_did_not_end_well(chain):
+    run = finished_run(chain, 1, {"b": TaskState.DEAD, "c": TaskState.UPSTREAM_FAILED}, run_state=RunState.FAILED)
+    result = clearing.mark_runs([run.pk], TaskState.SUCCEEDED, by="olga")
+    assert sorted(TaskRun.objects.filter(pk__in=result["task_runs"]).values_list("task", flat=True)) == ["b", "c"]
+    run.refresh_from_db()
+    assert run.state == RunState.SUCCEEDED and result["runs"] == [run.pk]
+    assert set(states(run).values()) == {"succeeded"}
+
+
+@pytest.mark.time_sensitive
+def test_marking_a_running_run_failed_stops_its_running_attempt(chain):
+    run, _ = trigger_workflow(chain, {})
+    now = clock.now()
+    a = task_run(run, "a")
+    TaskRun.objects.filter(pk=a.pk).update(state=TaskState.RUNNING, attempts=1, started_at=now)
+    Attempt.objects.create(task_run=a, number=1, started_at=now, outcome=AttemptOutcome.RUNNING)
+    clearing.mark_runs([run.pk], TaskState.FAILED, by="olga")
+    run.refresh_from_db()
+    assert run.state == RunState.FAILED
+    attempt = Attempt.objects.get(task_run=a)
+    assert (attempt.outcome, attempt.error) == (AttemptOutcome.CANCELLED, "marked failed by olga")
+    # Nothing of the run is left unfinished.
+    assert not TaskRun.objects.filter(run=run, state__in=clearing.UNFINISHED).exists()
+
+
+@pytest.mark.time_sensitive
+def test_marking_a_succeeded_run_failed_fails_the_run_itself_with_the_reason(chain):
+    run = finished_run(chain, 1)
+    result = clearing.mark_runs([run.pk], TaskState.FAILED, by="olga")
+    run.refresh_from_db()
+    assert (run.state, run.reason, result["task_runs"]) == (RunState.FAILED, "marked failed by olga", [])
+    assert set(states(run).values()) == {"succeeded"}
+
+
+@pytest.mark.time_sensitive
+def test_marking_a_cancelled_run_succeeded_ends_it_succeeded(chain):
+    run = finished_run(chain, 1, {"c": TaskState.CANCELLED}, run_state=RunState.CANCELLED)
+    clearing.mark_runs([run.pk], TaskState.SUCCEEDED)
+    run.refresh_from_db()
+    assert run.state == RunState.SUCCEEDED
+
+
+def test_a_run_cannot_be_marked_anything_else(chain):
+    run = finished_run(chain, 1)
+    with pytest.raises(ValueError, match="succeeded or failed"):
+        clearing.mark_runs([run.pk], "skipped")
