@@ -35,7 +35,14 @@ from django.db import connection, transaction
 
 from orchestrator import clock, control, resolver
 from orchestrator.models import Run, TaskRun
-from orchestrator.states import FINISHED_TASK_STATES, MARKABLE_TASK_STATES, RunState, TaskState
+from orchestrator.states import (
+    FINISHED_TASK_STATES,
+    MARKABLE_TASK_STATES,
+    SUCCESSFUL_TASK_STATES,
+    RunState,
+    TaskState,
+    sql_list,
+)
 
 MOST = 10_000  # the most task runs one clear or mark touches
 SHOWN = 200  # task runs a dry run lists (it counts them all, up to MOST)
@@ -194,6 +201,15 @@ WHERE id = ANY (%(runs)s) AND state = '{RunState.SUCCEEDED}'
 RETURNING id
 """
 
+# A run marked failed by hand (above) whose task runs all ended well, marked succeeded again.
+SUCCEED_FAILED_RUNS = f"""
+UPDATE orchestrator_run r SET state = '{RunState.SUCCEEDED}', reason = ''
+WHERE r.id = ANY (%(runs)s) AND r.state = '{RunState.FAILED}'
+  AND NOT EXISTS (SELECT 1 FROM orchestrator_taskrun t WHERE t.run_id = r.id
+                  AND t.state NOT IN ({sql_list(SUCCESSFUL_TASK_STATES)}))
+RETURNING id
+"""
+
 # A cancelled run marked succeeded decides again (its tasks are marked, then the resolver ends it).
 REOPEN_CANCELLED = f"""
 UPDATE orchestrator_run SET state = '{RunState.RUNNING}'
@@ -235,8 +251,10 @@ def mark_runs(run_ids: list[int], state: str, *, by=None, now: datetime | None =
         if state == TaskState.SUCCEEDED:
             cursor.execute(REOPEN_CANCELLED, {"runs": run_ids})
         marked = control.mark_task_runs(ids, state, by=by, now=now)
+        resolver.resolve_runs(run_ids, now=now)
         if state == TaskState.FAILED:
             cursor.execute(FAIL_SUCCEEDED_RUNS, {"runs": run_ids, "reason": marked_by(state, by)})
-        resolver.resolve_runs(run_ids, now=now)
+        else:
+            cursor.execute(SUCCEED_FAILED_RUNS, {"runs": run_ids})
     after = dict(Run.objects.filter(pk__in=run_ids).values_list("id", "state"))
     return {"task_runs": marked, "runs": [run_id for run_id in run_ids if after.get(run_id) != before.get(run_id)]}

@@ -5,8 +5,6 @@ past and future runs), mapped tasks, held-back runs; a run marked succeeded or f
 on how many task runs one action touches."""
 
 import textwrap
-import uuid
-from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -14,81 +12,9 @@ from orchestrator import clearing, clock
 from orchestrator.models import Attempt, AttemptOutcome, Run, RunState, TaskRun, TaskState, Workflow
 from orchestrator.runs import trigger_workflow
 from orchestrator.sync import sync_workflows
+from tests.support.actions_support import CHAIN, chain, finished_run, listed, states, task_run  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.django_db
-
-# a >> b >> c, and d beside them (no edge to the chain); e is a root feeding c.
-CHAIN = '''
-from orchestrator.dsl import Workflow
-
-wf = Workflow("chain", description="A chain and a task beside it.")
-
-@wf.task
-def a(ctx):
-    return 1
-
-@wf.task
-def b(ctx):
-    return 2
-
-@wf.task
-def c(ctx):
-    return 3
-
-@wf.task
-def d(ctx):
-    return 4
-
-@wf.task
-def e(ctx):
-    return 5
-
-a >> b >> c
-e >> c
-'''
-
-DAY = datetime(2026, 3, 1, tzinfo=UTC)
-
-
-@pytest.fixture
-def chain(tmp_path) -> Workflow:
-    package = f"clearwf_{uuid.uuid4().hex[:10]}"
-    folder = tmp_path / package
-    folder.mkdir()
-    (folder / "chain.py").write_text(textwrap.dedent(CHAIN))
-    report = sync_workflows(folder, package)
-    assert report.created == ["chain"], report
-    return Workflow.objects.get(name="chain")
-
-
-def finished_run(workflow, day: int, states: dict | None = None, run_state=RunState.SUCCEEDED) -> Run:
-    """A finished run of ``workflow`` on 2026-03-<day>: every task succeeded but those named."""
-    run, _ = trigger_workflow(workflow, {}, logical_date=DAY + timedelta(days=day - 1))
-    now = clock.now()
-    for tr in TaskRun.objects.filter(run=run):
-        state = (states or {}).get(tr.task, TaskState.SUCCEEDED)
-        tried = state not in (TaskState.UPSTREAM_FAILED, TaskState.SKIPPED, TaskState.CANCELLED)
-        TaskRun.objects.filter(pk=tr.pk).update(state=state, attempts=int(tried), started_at=now if tried else None,
-                                                finished_at=now)
-        if tried:
-            Attempt.objects.create(task_run=tr, number=1, started_at=now, finished_at=now,
-                                   outcome=AttemptOutcome.SUCCEEDED if state == TaskState.SUCCEEDED
-                                   else AttemptOutcome.FAILED)
-    Run.objects.filter(pk=run.pk).update(state=run_state, finished_at=now)
-    return run
-
-
-def task_run(run, task) -> TaskRun:
-    return TaskRun.objects.select_related("run").get(run=run, task=task, map_index=-1)
-
-
-def listed(plan) -> list[tuple[int, str]]:
-    """(run id, task) of each task run a plan lists, in its order."""
-    return [(row["run"], row["task"]) for row in plan.rows]
-
-
-def states(run) -> dict:
-    return dict(TaskRun.objects.filter(run=run, map_index=-1).values_list("task", "state"))
 
 
 # --- the task set: upstream and downstream ---------------------------------------------------------
@@ -269,3 +195,12 @@ def test_a_run_cannot_be_marked_anything_else(chain):
     run = finished_run(chain, 1)
     with pytest.raises(ValueError, match="succeeded or failed"):
         clearing.mark_runs([run.pk], "skipped")
+
+
+@pytest.mark.time_sensitive
+def test_a_run_marked_failed_by_hand_is_marked_succeeded_again(chain):
+    run = finished_run(chain, 1)
+    clearing.mark_runs([run.pk], TaskState.FAILED)
+    result = clearing.mark_runs([run.pk], TaskState.SUCCEEDED)
+    run.refresh_from_db()
+    assert (run.state, run.reason, result["runs"]) == (RunState.SUCCEEDED, "", [run.pk])
