@@ -7,6 +7,7 @@ tasks' names. The web pages call the same functions (``orchestrator.clearing``,
 
 from __future__ import annotations
 
+from django.db.models import Prefetch
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
@@ -17,7 +18,7 @@ from orchestrator.api.base import APIBase, body, errors, get_run, validated
 from orchestrator.api.fields import Flag
 from orchestrator.api.schema import extend_schema
 from orchestrator.limits import MAX_ID
-from orchestrator.models import Run, TaskRun
+from orchestrator.models import Attempt, Run, TaskRun
 from orchestrator.people import NOTE_LENGTH
 
 AUDIT_NAMES = 50  # names and ids an audit record lists (its count counts them all)
@@ -71,12 +72,16 @@ class ClearRowSerializer(serializers.Serializer):
 
 
 class ClearAnswerSerializer(serializers.Serializer):
+    """The answer of a clear (``task_run``: the task run cleared, as it is now; not in a dry run
+    nor for a whole run)."""
+
     dry_run = serializers.BooleanField()
     count = serializers.IntegerField(help_text="how many task runs it touches (or touched)")
     runs = serializers.IntegerField(help_text="in how many runs")
     too_many = serializers.BooleanField(help_text=f"more than {clearing.MOST} match: the clear is refused")
     task_runs = ClearRowSerializer(many=True, help_text=f"the first {clearing.SHOWN}, by logical date")
     changed = serializers.ListField(child=serializers.IntegerField(), help_text="ids cleared (empty in a dry run)")
+    task_run = s.TaskRunDetailSerializer(required=False, help_text="the task run asked for, after the clear")
 
 
 class MarkAnswerSerializer(serializers.Serializer):
@@ -121,6 +126,12 @@ def do_clear(plan: clearing.ClearPlan) -> list[int]:
         raise ValidationError({"non_field_errors": [str(exc)]}) from None
 
 
+def task_run_detail(pk: int) -> dict:
+    task_run = (TaskRun.objects.select_related("run__workflow")
+                .prefetch_related(Prefetch("attempt_set", Attempt.objects.select_related("worker"))).get(pk=pk))
+    return s.TaskRunDetailSerializer(task_run).data
+
+
 def get_task_run(pk: int) -> TaskRun:
     task_run = TaskRun.objects.select_related("run__workflow").filter(pk=pk).first()
     if task_run is None:
@@ -148,7 +159,7 @@ class TaskRunClearView(APIBase):
         changed = do_clear(plan)
         audit.record("clear", request=request, target=task_run, workflow=workflow_name(task_run.run),
                      task=task_run.task, run=task_run.run_id, options=options, **named(changed))
-        return Response(plan_answer(plan, False, changed))
+        return Response({**plan_answer(plan, False, changed), "task_run": task_run_detail(pk)})
 
 
 class RunClearView(APIBase):

@@ -379,10 +379,6 @@ class TaskRunIdsSerializer(serializers.Serializer):
     )
 
 
-class ClearSerializer(serializers.Serializer):
-    downstream = Flag(required=False, default=True, help_text="Also clear every finished task run downstream of it.")
-
-
 class MarkSerializer(serializers.Serializer):
     state = serializers.ChoiceField(choices=["succeeded", "failed"], help_text="The outcome to set.")
 
