@@ -94,19 +94,29 @@ class ClearPlan:
 
 
 # The task runs a clear selects, in the order of the runs' logical dates, up to MOST + 1 rows.
-# ``r`` is the picked run alone, or it and the workflow's runs before or after it (the index
-# run_of_workflow_by_date); each run's task runs are found on taskrun_unique_task (run, task).
+# The runs are the picked ones, then the workflow's runs before or after the picked run's date,
+# each branch read in date order from run_of_workflow_by_date, so a merge of the branches feeds
+# the per-run probes of taskrun_unique_task (run, task) in the order asked, and the LIMIT stops
+# the walk through a long history once MOST + 1 task runs are found.
 SELECT = f"""
-SELECT t.id, t.run_id, r.logical_date, t.task, t.map_index, t.state
-FROM orchestrator_run r
-JOIN orchestrator_taskrun t ON t.run_id = r.id
-WHERE (r.id = ANY (%(runs)s) OR (r.workflow_id = %(workflow)s AND (
-        (%(past)s AND r.logical_date < %(date)s) OR (%(future)s AND r.logical_date > %(date)s))))
-  AND r.state <> '{RunState.PENDING}'
-  AND t.task = ANY (%(tasks)s) AND t.state = ANY (%(states)s)
-  AND CASE WHEN t.task = %(pick)s AND %(pick_index)s >= 0 THEN t.map_index = %(pick_index)s
-           WHEN %(only_failed)s THEN t.map_index >= 0 OR NOT (t.spec ? 'map_over')
-           ELSE t.map_index = -1 END
+SELECT t.id, r.id, r.logical_date, t.task, t.map_index, t.state
+FROM (
+    (SELECT id, logical_date, state FROM orchestrator_run WHERE id = ANY (%(runs)s))
+    UNION ALL
+    (SELECT id, logical_date, state FROM orchestrator_run
+     WHERE %(past)s AND workflow_id = %(workflow)s AND logical_date < %(date)s)
+    UNION ALL
+    (SELECT id, logical_date, state FROM orchestrator_run
+     WHERE %(future)s AND workflow_id = %(workflow)s AND logical_date > %(date)s)
+) r
+CROSS JOIN LATERAL (
+    SELECT t.id, t.task, t.map_index, t.state FROM orchestrator_taskrun t
+    WHERE t.run_id = r.id AND t.task = ANY (%(tasks)s) AND t.state = ANY (%(states)s)
+      AND CASE WHEN t.task = %(pick)s AND %(pick_index)s >= 0 THEN t.map_index = %(pick_index)s
+               WHEN %(only_failed)s THEN t.map_index >= 0 OR NOT (t.spec ? 'map_over')
+               ELSE t.map_index = -1 END
+) t
+WHERE r.state <> '{RunState.PENDING}'
 ORDER BY r.logical_date, r.id, t.task, t.map_index
 LIMIT %(limit)s
 """
