@@ -193,6 +193,27 @@ def clear(plan: ClearPlan, *, now: datetime | None = None) -> list[int]:
     return control.clear_task_runs(plan.ids, downstream=False, now=now)
 
 
+# --- What the audit log says of it ---------------------------------------------------------------
+
+AUDIT_NAMES = 50  # ids an audit record lists (its count counts them all)
+
+
+def audit_names(ids: list[int]) -> dict:
+    """What an audit record says of the task runs an action changed: how many, the first ids,
+    and the names of their tasks and their runs, so it reads without looking the ids up."""
+    rows = list(TaskRun.objects.filter(pk__in=ids[:AUDIT_NAMES]).values_list("task", "run_id"))
+    return {"count": len(ids), "changed": ids[:AUDIT_NAMES], "changed_tasks": sorted({task for task, _ in rows}),
+            "runs": sorted({run_id for _, run_id in rows})}
+
+
+def by_run(ids: list[int]) -> dict[int, list[int]]:
+    """The task run ids, by run: one audit record per run of a bulk action."""
+    found: dict[int, list[int]] = {}
+    for task_run_id, run_id in TaskRun.objects.filter(pk__in=ids).values_list("id", "run_id").order_by("id"):
+        found.setdefault(run_id, []).append(task_run_id)
+    return found
+
+
 # --- Marking whole runs -------------------------------------------------------------------------
 
 # A run's task runs a mark changes: for succeeded, all but those that ended well; for failed, the

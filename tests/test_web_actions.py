@@ -176,6 +176,8 @@ def test_an_operator_clears_ticked_runs(client, operator, chain):
     ({"action": "mark-succeeded"}, "Tick at least one run."),
     ({"action": "explode", "ids": ["1"]}, "explode is not an action on runs"),
     ({"action": "clear", "ids": ["x"]}, "Select a valid choice"),
+    ({"action": "clear", "ids": ["²"]}, "Select a valid choice"),
+    ({"action": "clear", "ids": [str(10**30)]}, "Select a valid choice"),
     ({"action": "clear", "ids": ["999999"]}, "no run #999999"),
 ])
 def test_bad_bulk_requests_say_what_is_wrong_and_change_nothing(client, operator, chain, data, message):
@@ -276,3 +278,14 @@ def test_a_bad_logical_date_is_a_400_next_to_its_input_and_starts_nothing(client
     error = re.search(r'<span class="error field-error" id="e-logical-date">([^<]*)</span>', html)
     assert error and message in error.group(1).replace("&#x27;", "'"), html[-2000:]
     assert 'aria-invalid="true"' in html and not Run.objects.exists() and not TaskRun.objects.exists()
+
+
+def test_the_grid_panel_opens_the_clear_dialog_of_its_task_run(client, operator, viewer, chain):
+    run = finished_run(chain, 1)
+    b = task_run(run, "b")
+    url = reverse("orchestrator:web:workflow", args=["chain"]) + f"?run={run.pk}&task=b&panel=1"
+    client.force_login(operator)
+    html = client.get(url, **HTMX).content.decode()
+    assert f'id="grid-clear-options" href="{reverse("orchestrator:web:task_run_clear", args=[b.pk])}"' in html
+    client.force_login(viewer)
+    assert "grid-clear-options" not in client.get(url, **HTMX).content.decode()

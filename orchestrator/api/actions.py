@@ -21,7 +21,6 @@ from orchestrator.limits import MAX_ID
 from orchestrator.models import Attempt, Run, TaskRun
 from orchestrator.people import NOTE_LENGTH
 
-AUDIT_NAMES = 50  # names and ids an audit record lists (its count counts them all)
 BULK_MOST = 100  # runs one bulk request takes
 BULK_ACTIONS = ["clear", "clear-failed", "mark-succeeded", "mark-failed"]
 
@@ -102,14 +101,6 @@ class BulkAnswerSerializer(serializers.Serializer):
 # --- helpers -----------------------------------------------------------------------------------------
 
 
-def named(ids: list[int]) -> dict:
-    """What an audit record says of the task runs an action changed: how many, the first ids,
-    and their tasks' names and runs."""
-    rows = list(TaskRun.objects.filter(pk__in=ids[:AUDIT_NAMES]).values_list("task", "run_id"))
-    return {"count": len(ids), "changed": ids[:AUDIT_NAMES], "changed_tasks": sorted({task for task, _ in rows}),
-            "runs": sorted({run_id for _, run_id in rows})}
-
-
 def workflow_name(run: Run) -> str:
     return run.workflow.name if run.workflow_id else ""
 
@@ -158,7 +149,7 @@ class TaskRunClearView(APIBase):
             return Response(plan_answer(plan, True))
         changed = do_clear(plan)
         audit.record("clear", request=request, target=task_run, workflow=workflow_name(task_run.run),
-                     task=task_run.task, run=task_run.run_id, options=options, **named(changed))
+                     task=task_run.task, run=task_run.run_id, options=options, **clearing.audit_names(changed))
         return Response({**plan_answer(plan, False, changed), "task_run": task_run_detail(pk)})
 
 
@@ -173,7 +164,7 @@ class RunClearView(APIBase):
             return Response(plan_answer(plan, True))
         changed = do_clear(plan)
         audit.record("clear", request=request, target=run, workflow=workflow_name(run), run=run.pk,
-                     options={"only_failed": data["only_failed"]}, **named(changed))
+                     options={"only_failed": data["only_failed"]}, **clearing.audit_names(changed))
         return Response(plan_answer(plan, False, changed))
 
 
@@ -198,10 +189,11 @@ def mark(request, runs: list[Run], state: str, dry_run: bool, bulk: int | None =
         result = clearing.mark_runs(ids, state, by=request.user)
     except clearing.ClearError as exc:
         raise ValidationError({"non_field_errors": [str(exc)]}) from None
+    mine = clearing.by_run(result["task_runs"])
     for run in runs:
-        extra = {"bulk": bulk} if bulk else named(result["task_runs"])
+        extra = {"bulk": bulk} if bulk else {}
         audit.record("mark", request=request, target=run, workflow=workflow_name(run), run=run.pk, state=state,
-                     **extra)
+                     **extra, **clearing.audit_names(mine.get(run.pk, [])))
     return {"dry_run": False, "count": len(result["task_runs"]), "task_runs": result["task_runs"],
             "runs": result["runs"]}
 
@@ -230,12 +222,10 @@ class RunBulkView(APIBase):
             return Response({"action": action, "dry_run": True, "runs": ids, "count": plan.count,
                              "task_runs": plan.ids})
         changed = do_clear(plan)
-        by_run: dict[int, list[int]] = {}
-        for task_run_id, run_id in TaskRun.objects.filter(pk__in=changed).values_list("id", "run_id"):
-            by_run.setdefault(run_id, []).append(task_run_id)
+        by_run = clearing.by_run(changed)
         for run in runs:
             audit.record("clear", request=request, target=run, workflow=workflow_name(run), run=run.pk, bulk=len(runs),
-                         options={"only_failed": action == "clear-failed"}, **named(sorted(by_run.get(run.pk, []))))
+                         options={"only_failed": action == "clear-failed"}, **clearing.audit_names(by_run.get(run.pk, [])))
         return Response({"action": action, "dry_run": False, "runs": ids, "count": len(changed), "task_runs": changed})
 
 

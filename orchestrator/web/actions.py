@@ -26,7 +26,6 @@ from orchestrator.web.errors import InvalidInput
 from orchestrator.web.forms import RUN_BULK_ACTIONS, ClearForm, RunBulkForm
 from orchestrator.web.kit import back, page, safe_next, viewer_required
 
-AUDIT_NAMES = 50  # names and ids an audit record lists (its count counts them all)
 MARK_STATES = (TaskState.SUCCEEDED.value, TaskState.FAILED.value)
 
 
@@ -41,14 +40,6 @@ def operator_only(view):
         return view(request, *args, **kwargs)
 
     return wrapper
-
-
-def cleared_names(ids: list[int]) -> dict:
-    """What an audit record says of the task runs an action changed: how many, the first ids,
-    and the names of their tasks and runs, so it reads without looking the ids up."""
-    rows = list(TaskRun.objects.filter(pk__in=ids[:AUDIT_NAMES]).values_list("task", "run_id"))
-    return {"count": len(ids), "changed": ids[:AUDIT_NAMES], "changed_tasks": sorted({task for task, _ in rows}),
-            "runs": sorted({run_id for _, run_id in rows})}
 
 
 def scope_of(data: dict) -> clearing.ClearScope:
@@ -71,7 +62,7 @@ def clear_step(request, form: ClearForm, plan_of, done: str, record: dict):
         form.add_error(None, str(exc))
         return None, plan, False
     options = {name: value for name, value in form.cleaned_data.items() if name != "confirm"}
-    audit.record("clear", request=request, **record, options=options, **cleared_names(cleared))
+    audit.record("clear", request=request, **record, options=options, **clearing.audit_names(cleared))
     if cleared:
         messages.success(request, f"Cleared {len(cleared)} task run{'s' if len(cleared) != 1 else ''}: they run again.")
     else:
@@ -141,7 +132,7 @@ def run_mark(request, run_id, state):
         messages.error(request, str(exc))
         return back(request, reverse("orchestrator:web:run", args=[run.pk]))
     audit.record("mark", request=request, target=run, workflow=run.workflow.name if run.workflow_id else "",
-                 run=run.pk, state=state, **cleared_names(result["task_runs"]))
+                 run=run.pk, state=state, **clearing.audit_names(result["task_runs"]))
     run.refresh_from_db()
     messages.success(request, f"Marked run #{run.pk} {state}: {len(result['task_runs'])} task run"
                               f"{'s' if len(result['task_runs']) != 1 else ''} changed; the run is "
@@ -170,19 +161,18 @@ def bulk_do(request, action: str, runs: list[Run]) -> str:
     ids = [run.pk for run in runs]
     if action.startswith("clear"):
         cleared = clearing.clear(clearing.plan_run_clear(ids, only_failed=action == "clear-failed"))
-        by_run: dict[int, list[int]] = {}
-        for task_run_id, run_id in TaskRun.objects.filter(pk__in=cleared).values_list("id", "run_id"):
-            by_run.setdefault(run_id, []).append(task_run_id)
+        by_run = clearing.by_run(cleared)
         for run in runs:
             audit.record("clear", request=request, target=run, workflow=run.workflow.name if run.workflow_id else "",
                          run=run.pk, options={"only_failed": action == "clear-failed"}, bulk=len(runs),
-                         **cleared_names(sorted(by_run.get(run.pk, []))))
+                         **clearing.audit_names(by_run.get(run.pk, [])))
         return f"Cleared {len(cleared)} task run{'s' if len(cleared) != 1 else ''} in {len(by_run)} run(s)."
     state = action.removeprefix("mark-")
     result = clearing.mark_runs(ids, state, by=request.user)
+    by_run = clearing.by_run(result["task_runs"])
     for run in runs:
         audit.record("mark", request=request, target=run, workflow=run.workflow.name if run.workflow_id else "",
-                     run=run.pk, state=state, bulk=len(runs))
+                     run=run.pk, state=state, bulk=len(runs), **clearing.audit_names(by_run.get(run.pk, [])))
     return (f"Marked {len(runs)} run(s) {state}: {len(result['task_runs'])} task run(s) changed, "
             f"{len(result['runs'])} run(s) changed state.")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
@@ -122,7 +123,9 @@ class RunBulkForm(forms.Form):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["ids"].valid_value = lambda value: str(value).isdigit() and 0 < int(value) <= MAX_ID
+        # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
+        self.fields["ids"].valid_value = lambda value: bool(re.fullmatch(r"[0-9]{1,20}", str(value))) and (
+            0 < int(value) <= MAX_ID)
 
     def clean_ids(self):
         ids = sorted(set(self.cleaned_data["ids"]))
