@@ -5,14 +5,24 @@ past and future runs), mapped tasks, held-back runs; a run marked succeeded or f
 on how many task runs one action touches."""
 
 import textwrap
+from datetime import timedelta
 
 import pytest
 
-from orchestrator import clearing, clock
+from orchestrator import clearing, clock, notes, retention
 from orchestrator.models import Attempt, AttemptOutcome, Run, RunState, TaskRun, TaskState, Workflow
 from orchestrator.runs import trigger_workflow
 from orchestrator.sync import sync_workflows
-from tests.support.actions_support import CHAIN, chain, finished_run, listed, states, task_run  # noqa: F401 - fixture
+from tests.support.actions_support import (  # noqa: F401 - fixtures
+    CHAIN,
+    chain,
+    fan,
+    finished_run,
+    listed,
+    mapped_run,
+    states,
+    task_run,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -204,3 +214,54 @@ def test_a_run_marked_failed_by_hand_is_marked_succeeded_again(chain):
     result = clearing.mark_runs([run.pk], TaskState.SUCCEEDED)
     run.refresh_from_db()
     assert (run.state, run.reason, result["runs"]) == (RunState.SUCCEEDED, "", [run.pk])
+
+
+# --- mapped tasks ------------------------------------------------------------------------------------
+
+
+def indexed(plan) -> list[tuple[str, int]]:
+    return [(row["task"], row["map_index"]) for row in plan.rows]
+
+
+def test_a_mapped_task_is_cleared_as_its_own_row_or_by_its_failed_instances(fan):
+    run = mapped_run(fan, 1, [TaskState.SUCCEEDED, TaskState.DEAD, TaskState.SUCCEEDED])
+    mapped = TaskRun.objects.select_related("run").get(run=run, task="part", map_index=-1)
+    # Clearing the map maps it again (every instance runs again): its own row, and join below it.
+    assert indexed(clearing.plan_task_clear(mapped, clearing.ClearScope())) == [("join", -1), ("part", -1)]
+    # Only failed: the failed instance, not the map (its good instances keep their results).
+    assert indexed(clearing.plan_run_clear([run.pk], only_failed=True)) == [("join", -1), ("part", 1)]
+    assert indexed(clearing.plan_task_clear(mapped, clearing.ClearScope(only_failed=True))) == [
+        ("join", -1), ("part", 1)]
+
+
+def test_an_instance_picked_by_hand_is_cleared_alone_and_its_index_in_past_runs(fan):
+    old = mapped_run(fan, 1, [TaskState.SUCCEEDED, TaskState.SUCCEEDED])
+    new = mapped_run(fan, 2, [TaskState.SUCCEEDED, TaskState.DEAD])
+    instance = TaskRun.objects.select_related("run").get(run=new, task="part", map_index=1)
+    plan = clearing.plan_task_clear(instance, clearing.ClearScope(downstream=False, past=True))
+    assert [(row["run"], row["task"], row["map_index"]) for row in plan.rows] == [(old.pk, "part", 1),
+                                                                                    (new.pk, "part", 1)]
+
+
+@pytest.mark.time_sensitive
+def test_clearing_a_failed_instance_reopens_its_map(fan):
+    run = mapped_run(fan, 1, [TaskState.SUCCEEDED, TaskState.DEAD])
+    cleared = clearing.clear(clearing.plan_run_clear([run.pk], only_failed=True))
+    assert len(cleared) == 2
+    found = dict(TaskRun.objects.filter(run=run, task="part").values_list("map_index", "state"))
+    assert found == {-1: TaskState.MAPPED, 0: TaskState.SUCCEEDED, 1: TaskState.SCHEDULED}
+    assert states(run)["join"] == TaskState.WAITING
+
+
+# --- notes go with their runs ----------------------------------------------------------------------
+
+
+@pytest.mark.time_sensitive
+def test_retention_deletes_a_runs_notes_with_it(chain, clock):
+    run = finished_run(chain, 1)
+    notes.set_note(run, "kept for a while")
+    notes.set_note(run, "slow", task_run=task_run(run, "b"))
+    Run.objects.filter(pk=run.pk).update(finished_at=clock.now() - timedelta(days=40))
+    report = retention.prune(timedelta(days=30), clock=clock)
+    assert report.runs == 1 and not Run.objects.filter(pk=run.pk).exists()
+    assert not notes.Note.objects.exists()

@@ -84,3 +84,53 @@ def listed(plan) -> list[tuple[int, str]]:
 
 def states(run) -> dict:
     return dict(TaskRun.objects.filter(run=run, map_index=-1).values_list("task", "state"))
+
+
+# A task mapped over a list: split >> part (mapped) >> join.
+MAPPED = '''
+from orchestrator.dsl import Workflow
+
+fan = Workflow("fan")
+
+@fan.task
+def split(ctx):
+    return [1, 2, 3]
+
+@fan.task
+def part(ctx):
+    return ctx.item
+
+part.map(over=split)
+
+@fan.task
+def join(ctx):
+    return 0
+
+part >> join
+'''
+
+
+@pytest.fixture
+def fan(tmp_path) -> Workflow:
+    package = f"fanwf_{uuid.uuid4().hex[:10]}"
+    folder = tmp_path / package
+    folder.mkdir()
+    (folder / "fan.py").write_text(textwrap.dedent(MAPPED))
+    report = sync_workflows(folder, package)
+    assert report.created == ["fan"], report
+    return Workflow.objects.get(name="fan")
+
+
+def mapped_run(workflow, day: int, instances: list[str]) -> Run:
+    """A finished run of ``fan`` whose mapped task had one instance per state in ``instances``;
+    the map and join failed when any instance did."""
+    bad = any(state != TaskState.SUCCEEDED for state in instances)
+    run = finished_run(workflow, day, {"part": TaskState.FAILED if bad else TaskState.SUCCEEDED,
+                                       "join": TaskState.UPSTREAM_FAILED if bad else TaskState.SUCCEEDED},
+                       run_state=RunState.FAILED if bad else RunState.SUCCEEDED)
+    mapped = TaskRun.objects.get(run=run, task="part", map_index=-1)
+    now = clock.now()
+    for index, state in enumerate(instances):
+        TaskRun.objects.create(run=run, task="part", map_index=index, state=state, spec=mapped.spec,
+                               upstream=mapped.upstream, attempts=1, started_at=now, finished_at=now, item=index)
+    return run
