@@ -119,6 +119,8 @@ def test_the_task_mark_and_retry_records_name_the_workflow_and_task(api, chain):
     ("/api/runs/bulk/", {"action": "clear", "ids": [999999]}, "ids"),
     ("/api/runs/{run}/note/", {"text": "x" * 1001}, "text"),
     ("/api/runs/{run}/note/", {"text": "a\x00b"}, "text"),
+    ("/api/runs/{run}/note/", {"text": 0}, "text"),
+    ("/api/runs/{run}/note/", {}, "text"),
 ])
 def test_bad_input_is_a_400_naming_the_field_and_changes_nothing(api, chain, path, data, field):
     run = finished_run(chain, 1)

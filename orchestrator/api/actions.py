@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from orchestrator import audit, clearing, notes
 from orchestrator.api import serializers as s
 from orchestrator.api.base import APIBase, body, errors, get_run, validated
-from orchestrator.api.fields import Flag
+from orchestrator.api.fields import Flag, Text
 from orchestrator.api.schema import extend_schema
 from orchestrator.limits import MAX_ID
 from orchestrator.models import Attempt, Run, TaskRun
@@ -57,8 +57,9 @@ class RunBulkSerializer(serializers.Serializer):
 
 
 class NoteRequestSerializer(serializers.Serializer):
-    text = serializers.CharField(allow_blank=True, trim_whitespace=True, max_length=NOTE_LENGTH,
-                                 help_text="The note; empty deletes it.")
+    # Not trimmed here: the schema's maxLength is of the text as sent (orchestrator.notes trims it).
+    text = Text(allow_blank=True, trim_whitespace=False, max_length=NOTE_LENGTH,
+                help_text="The note; empty deletes it.")
 
 
 class ClearRowSerializer(serializers.Serializer):
