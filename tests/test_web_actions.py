@@ -289,3 +289,16 @@ def test_the_grid_panel_opens_the_clear_dialog_of_its_task_run(client, operator,
     assert f'id="grid-clear-options" href="{reverse("orchestrator:web:task_run_clear", args=[b.pk])}"' in html
     client.force_login(viewer)
     assert "grid-clear-options" not in client.get(url, **HTMX).content.decode()
+
+
+def test_the_audit_page_counts_every_task_run_a_clear_changed(client, operator, chain, monkeypatch):
+    runs = [finished_run(chain, day) for day in (1, 2, 3)]
+    monkeypatch.setattr("orchestrator.clearing.AUDIT_NAMES", 2)
+    client.force_login(operator)
+    url = reverse("orchestrator:web:task_run_clear", args=[task_run(runs[2], "b").pk])
+    preview = client.post(url, {"downstream": "on", "past": "on", "preview": "1"}).content.decode()
+    client.post(url, {"downstream": "on", "past": "on", "go": "1", "confirm": digest(preview)})
+    event = AuditEvent.objects.get(action="clear")
+    assert (event.detail["count"], len(event.detail["changed"])) == (6, 2)
+    html = client.get(reverse("orchestrator:web:audit")).content.decode()
+    assert "changed 6 task runs" in html and "count=" not in html
