@@ -16,6 +16,7 @@ from django.db.models import Q
 
 from orchestrator.people import (  # noqa: F401 - the app's models, defined in a module of their own
     Approval,
+    Note,
     Notification,
     NotificationMessage,
     NotificationRule,

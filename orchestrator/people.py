@@ -1,6 +1,7 @@
 """The tables of what reaches people and what people answer: the installation's notification
 rules, the notifications events make, the messages (one email or chat post each) that carry them,
-the approvals that wait for a person's answer, and what each user chose for the pages.
+the approvals that wait for a person's answer, what each user chose for the pages, and the notes
+operators leave on runs and task runs.
 
 Defined here rather than in ``models.py`` to keep that module to the core of runs and tasks;
 ``models.py`` imports them, so they are the app's models like the others.
@@ -173,3 +174,35 @@ class UserPreference(models.Model):
 
     def __str__(self):
         return f"{self.user} prefers {self.get_clock_display()}"
+
+
+NOTE_LENGTH = 1000  # a note is a short text, as Airflow's
+
+
+class Note(models.Model):
+    """An operator's note on a run (``task_run`` empty) or on one of its task runs: one each,
+    edited in place; who wrote it last and when. Deleted with its run (retention follows the
+    foreign keys)."""
+
+    # Named reverse relations (not "+"): retention finds what to delete with a run through them.
+    run = models.ForeignKey("orchestrator.Run", on_delete=models.CASCADE, related_name="notes", db_index=False)
+    task_run = models.ForeignKey("orchestrator.TaskRun", null=True, blank=True, on_delete=models.CASCADE,
+                                 related_name="notes")
+    text = models.TextField(max_length=NOTE_LENGTH)
+    author = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                               related_name="+")
+    # Who wrote it, kept by name when the user is deleted.
+    author_name = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+        # One note per run and one per task run (NULLS NOT DISTINCT: the run's own, task_run
+        # empty, is one too); the index leads with the run, so a run page reads its notes at once.
+        constraints = [models.UniqueConstraint(fields=["run", "task_run"], nulls_distinct=False,
+                                               name="note_one_per_object")]
+
+    def __str__(self):
+        where = f"task run {self.task_run_id}" if self.task_run_id else f"run #{self.run_id}"
+        return f"note on {where} by {self.author_name or 'someone'}"

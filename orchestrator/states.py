@@ -204,6 +204,8 @@ RUN_TRANSITIONS = [
     (R.RUNNING, R.MISSED, "scheduler: no task started within the start deadline"),
     (R.FAILED, R.RUNNING, "control: a task run of it is retried"),
     (R.SUCCEEDED, R.RUNNING, "control: a task run of it is retried"),
+    (R.SUCCEEDED, R.FAILED, "clearing: a run that had ended well is marked failed by an operator"),
+    (R.FAILED, R.SUCCEEDED, "clearing: a run whose task runs all ended well is marked succeeded by an operator"),
     *[(state, R.RUNNING, "backfill: reprocessed; control: a task run of it is cleared")
       for state in FINISHED_RUN_STATES],
     *[(state, R.PENDING, "backfill: reprocessed, and held back by admission (max_active_runs)")

@@ -71,7 +71,9 @@ def test_each_action_in_the_web_ui_is_recorded_with_who_what_and_from_where(clie
     first = AuditEvent.objects.order_by("id").first()
     assert (first.at, first.ip, first.actor) == (at, "203.0.113.7", operator)
     # The params as the run took them: typed (7, not "7"), the defaults included.
-    assert first.detail == {"workflow": "reports", "params": {"day": "2026-03-01", "orders": 7, "currency": "EUR"}}
+    # And the logical date the run took (now, when the form leaves it empty).
+    assert first.detail == {"workflow": "reports", "params": {"day": "2026-03-01", "orders": 7, "currency": "EUR"},
+                            "logical_date": at.isoformat()}
     assert first.detail["params"] == run.params
 
 

@@ -208,7 +208,11 @@ def test_the_api_clears_marks_and_retries_a_task_run_and_records_each(api, workf
     events = list(AuditEvent.objects.filter(target_type="taskrun", target_id=str(extract.pk)).order_by("id"))
     assert [(e.action, e.actor_name, e.source) for e in events] == [
         ("mark", "olga", "api"), ("clear", "olga", "api"), ("retry", "olga", "api")]
-    assert events[0].detail == {"state": "succeeded", "changed": [extract.pk]}
+    # Each names what it touched: the workflow, the task and the run, not only ids.
+    assert events[0].detail == {"state": "succeeded", "changed": [extract.pk], "was": "dead", "workflow": "reports",
+                                "task": "extract", "run": run.pk}
+    assert (events[1].detail["workflow"], events[1].detail["task"], events[1].detail["changed_tasks"]) == (
+        "reports", "extract", ["extract"])
 
 
 @pytest.mark.time_sensitive

@@ -35,6 +35,7 @@ from orchestrator.models import (
     Backfill,
     Dataset,
     DatasetEvent,
+    Note,
     Run,
     TaskRun,
     TaskState,
@@ -174,6 +175,13 @@ CASES = [
     Case("web:task_run_action", ACT, "post", args=lambda w: [w.dead.pk, "retry"], data=lambda w: {}),
     Case("web:attempt_log", READ, args=lambda w: [w.attempt.pk], htmx=True),
     Case("web:attempt_log_download", READ, args=lambda w: [w.attempt.pk]),
+    Case("web:run_clear", READ, args=run, label="(the dialog)"),
+    Case("web:run_mark", ACT, "post", args=lambda w: [w.run.pk, "succeeded"], data=lambda w: {}),
+    Case("web:run_note", ACT, "post", args=run, data=lambda w: {"text": "a note"}),
+    Case("web:runs_bulk", ACT, "post", data=lambda w: {"action": "mark-succeeded", "ids": [w.run.pk]},
+         label="(its dry run)"),
+    Case("web:task_run_clear", READ, args=dead, label="(the dialog)"),
+    Case("web:task_run_note", ACT, "post", args=dead, data=lambda w: {"text": "a note"}),
     Case("web:dead_letter", LIST),
     Case("web:dead_letter", ACT, "post", data=lambda w: {"action": "retry", "ids": [w.dead.pk], "confirmed": "on"},
          label="retry"),
@@ -206,6 +214,13 @@ CASES = [
     Case("api:task-run-retry", ACT, "post", args=dead, data=lambda w: {}),
     Case("api:task-run-clear", ACT, "post", args=dead, data=lambda w: {}),
     Case("api:task-run-mark", ACT, "post", args=dead, data=lambda w: {"state": "succeeded"}),
+    Case("api:task-run-note", READ, args=dead),
+    Case("api:task-run-note", ACT, "put", args=dead, data=lambda w: {"text": "a note"}, label="write"),
+    Case("api:run-clear", ACT, "post", args=run, data=lambda w: {}),
+    Case("api:run-mark", ACT, "post", args=run, data=lambda w: {"state": "succeeded"}),
+    Case("api:run-note", READ, args=run),
+    Case("api:run-note", ACT, "put", args=run, data=lambda w: {"text": "a note"}, label="write"),
+    Case("api:runs-bulk", ACT, "post", data=lambda w: {"action": "mark-succeeded", "ids": [w.run.pk]}),
     Case("api:attempt-log", READ, args=lambda w: [w.dead.pk, 1]),
     Case("api:jobs", LIST),
     Case("api:jobs", ACT, "post", data=lambda w: {"ref": "tests.support.tasks_for_tests:record_job",
@@ -271,7 +286,8 @@ def snapshot() -> tuple:
     return (sorted(Run.objects.values_list("id", "state")), sorted(TaskRun.objects.values_list("id", "state",
                                                                                               "attempts")),
             sorted(Workflow.objects.values_list("id", "paused")), sorted(Approval.objects.values_list("id", "state")),
-            Backfill.objects.count(), sorted(TenantGrant.objects.values_list("id", "role", "tenant")))
+            Backfill.objects.count(), sorted(TenantGrant.objects.values_list("id", "role", "tenant")),
+            sorted(Note.objects.values_list("id", "text")))
 
 
 def ask(client: Client, case: Case, world: World, pattern: str, markers: tuple[str, ...]) -> str:
@@ -386,8 +402,9 @@ def test_the_matrix_refuses_tenant_b_to_tenant_a_and_matches_the_readme(tmp_path
     for route in ("web:runs", "web:dashboard", "web:dead_letter", "web:workflows", "web:datasets", "api:runs",
                   "api:dlq", "api:dataset-events", "api:jobs", "api:metrics", "api:workflows"):
         assert cells[(route, "", "Viewer of A")] == {"A": "shown", "B": "hidden"}, route
-    for route in ("web:run_cancel", "web:workflow_pause", "web:task_run_action", "api:run-cancel",
-                  "api:task-run-mark", "api:dlq-retry", "api:workflow-pause", "api:approval-answer"):
+    for route in ("web:run_cancel", "web:workflow_pause", "web:task_run_action", "web:run_mark", "web:run_note",
+                  "web:task_run_note", "api:run-cancel", "api:task-run-mark", "api:dlq-retry", "api:workflow-pause",
+                  "api:approval-answer", "api:run-clear", "api:run-mark", "api:runs-bulk", "api:task-run-clear"):
         assert cells[(route, "", "Operator of A")]["A"] == "done", route
         assert cells[(route, "", "Viewer of A")]["A"] in ("403", "404"), route
     assert cells[("api:audit", "", "Operator of A")] == {"A": "shown", "B": "hidden"}

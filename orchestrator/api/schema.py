@@ -23,8 +23,10 @@ SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # MarkStateEnum: a task run's and a run's mark take the same two outcomes.
     "ENUM_NAME_OVERRIDES": {"RunStateEnum": "orchestrator.models.RunState",
-                            "TaskStateEnum": "orchestrator.models.TaskState"},
+                            "TaskStateEnum": "orchestrator.models.TaskState",
+                            "MarkStateEnum": ["succeeded", "failed"]},
     "PREPROCESSING_HOOKS": ["orchestrator.api.schema.only_this_api"],
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
                              "orchestrator.api.parsing.describe_text_inputs",

@@ -29,7 +29,17 @@ from orchestrator.limits import (
     PRIORITY_MAX,
     PRIORITY_MIN,
 )
-from orchestrator.models import Attempt, AuditEvent, Backfill, DatasetEvent, Run, Schedule, TaskRun, Workflow
+from orchestrator.models import (
+    Attempt,
+    AuditEvent,
+    Backfill,
+    DatasetEvent,
+    Note,
+    Run,
+    Schedule,
+    TaskRun,
+    Workflow,
+)
 from orchestrator.states import RunState, TaskState, Trigger
 
 PRIORITY_RANGE = (PRIORITY_MIN, PRIORITY_MAX)
@@ -198,6 +208,35 @@ class RunTaskRunFilterSerializer(serializers.Serializer):
     state = serializers.ChoiceField(choices=TaskState.choices, required=False)
 
 
+class NoteSerializer(serializers.Serializer):
+    text = serializers.CharField(help_text="empty when there is no note")
+    author = serializers.CharField(allow_null=True, help_text="who wrote it last")
+    created_at = serializers.DateTimeField(allow_null=True)
+    updated_at = serializers.DateTimeField(allow_null=True)
+
+
+def note_data(note) -> dict:
+    """A note as the API shows it; no note is an empty text."""
+    if note is None:
+        return {"text": "", "author": None, "created_at": None, "updated_at": None}
+    return {"text": note.text, "author": note.author_name or None, "created_at": note.created_at,
+            "updated_at": note.updated_at}
+
+
+@extend_schema_field(NoteSerializer)
+class NoteField(serializers.Field):
+    """The note of a run (or, with ``task_run``, of a task run): one query, on detail answers only."""
+
+    def __init__(self, task_run: bool = False, **kwargs):
+        self.of_task_run = task_run
+        super().__init__(source="*", read_only=True, help_text="the operators' note (orchestrator.notes)", **kwargs)
+
+    def to_representation(self, value):
+        where = {"run_id": value.run_id, "task_run_id": value.pk} if self.of_task_run else {
+            "run_id": value.pk, "task_run_id": None}
+        return NoteSerializer(note_data(Note.objects.filter(**where).first())).data
+
+
 class RunDetailSerializer(RunSerializer):
     """A run with its counts, never a list of its task runs (a run may have 100,000): those are
     paged at ``task_runs_url``."""
@@ -206,9 +245,10 @@ class RunDetailSerializer(RunSerializer):
     mapped = serializers.SerializerMethodField(help_text="every mapped task of the run, with its instances' counts")
     task_runs_url = serializers.SerializerMethodField(
         help_text="the run's task runs, instances too, by task and map index, a page at a time")
+    note = NoteField()
 
     class Meta(RunSerializer.Meta):
-        fields = [*RunSerializer.Meta.fields, "tasks", "mapped", "task_runs_url"]
+        fields = [*RunSerializer.Meta.fields, "tasks", "mapped", "task_runs_url", "note"]
 
     def to_representation(self, run):
         # Both counts come from one statement (reads.run_counts), asked once per run.
@@ -258,9 +298,10 @@ class TaskRunDetailSerializer(TaskRunSerializer):
     spec = serializers.SerializerMethodField(
         help_text="What the task runs; the values of a shell task's declared `env` are hidden (names only).")
     attempt_list = AttemptSerializer(source="attempt_set", many=True, read_only=True)
+    note = NoteField(task_run=True)
 
     class Meta(TaskRunSerializer.Meta):
-        fields = ["run", "workflow", *TaskRunSerializer.Meta.fields, "spec", "attempt_list"]
+        fields = ["run", "workflow", *TaskRunSerializer.Meta.fields, "spec", "attempt_list", "note"]
 
     @extend_schema_field(OpenApiTypes.OBJECT)
     def get_spec(self, task_run) -> dict:
@@ -336,10 +377,6 @@ class TaskRunIdsSerializer(serializers.Serializer):
         child=WholeNumber(min_value=1, max_value=MAX_ID), min_length=1, max_length=1000,
         help_text="Task run ids (one or many).",
     )
-
-
-class ClearSerializer(serializers.Serializer):
-    downstream = Flag(required=False, default=True, help_text="Also clear every finished task run downstream of it.")
 
 
 class MarkSerializer(serializers.Serializer):

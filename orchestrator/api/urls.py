@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from orchestrator.api import approvals, grants, metrics, schema, secrets, views
+from orchestrator.api import actions, approvals, grants, metrics, schema, secrets, views
 from orchestrator.api.errors import not_found
 
 app_name = "api"
@@ -12,13 +12,18 @@ urlpatterns = [
     path("workflows/<str:name>/resume/", views.WorkflowResumeView.as_view(), name="workflow-resume"),
     path("workflows/<str:name>/runs/", views.WorkflowRunsView.as_view(), name="workflow-runs"),
     path("runs/", views.RunListView.as_view(), name="runs"),
+    path("runs/bulk/", actions.RunBulkView.as_view(), name="runs-bulk"),
     path("runs/<int:pk>/", views.RunDetailView.as_view(), name="run"),
+    path("runs/<int:pk>/clear/", actions.RunClearView.as_view(), name="run-clear"),
+    path("runs/<int:pk>/mark/", actions.RunMarkView.as_view(), name="run-mark"),
+    path("runs/<int:pk>/note/", actions.RunNoteView.as_view(), name="run-note"),
     path("runs/<int:pk>/task-runs/", views.RunTaskRunsView.as_view(), name="run-task-runs"),
     path("runs/<int:pk>/cancel/", views.RunCancelView.as_view(), name="run-cancel"),
     path("runs/<int:pk>/retry/", views.RunRetryView.as_view(), name="run-retry"),
     path("task-runs/<int:pk>/", views.TaskRunDetailView.as_view(), name="task-run"),
     path("task-runs/<int:pk>/retry/", views.TaskRunRetryView.as_view(), name="task-run-retry"),
-    path("task-runs/<int:pk>/clear/", views.TaskRunClearView.as_view(), name="task-run-clear"),
+    path("task-runs/<int:pk>/clear/", actions.TaskRunClearView.as_view(), name="task-run-clear"),
+    path("task-runs/<int:pk>/note/", actions.TaskRunNoteView.as_view(), name="task-run-note"),
     path("task-runs/<int:pk>/mark/", views.TaskRunMarkView.as_view(), name="task-run-mark"),
     path("task-runs/<int:pk>/attempts/<int:number>/log/", views.AttemptLogView.as_view(), name="attempt-log"),
     path("jobs/", views.JobListView.as_view(), name="jobs"),

@@ -229,6 +229,12 @@ def get_task_run(pk: int, user) -> TaskRun:
     return task_run
 
 
+def names_of(task_run: TaskRun) -> dict:
+    """An audit record's names for a task run: its workflow, task and run."""
+    return {"workflow": task_run.run.workflow.name if task_run.run.workflow_id else "", "task": task_run.task,
+            "run": task_run.run_id}
+
+
 class TaskRunRetryView(APIBase):
     @extend_schema(tags=["runs"], summary="Retry a dead or failed task run: it gets a fresh set of attempts",
                    request=None, responses={200: s.TaskRunActionSerializer, **errors(401, 403, 404)})
@@ -236,19 +242,7 @@ class TaskRunRetryView(APIBase):
         task_run = get_task_run(pk, request.user)
         access.require_operate(request.user, task_run)
         changed = [pk] if control.retry_task_runs([pk]) else []
-        audit.record("retry", request=request, target=task_run, changed=len(changed))
-        return Response({"changed": changed, "task_run": s.TaskRunDetailSerializer(get_task_run(pk, request.user)).data})
-
-
-class TaskRunClearView(APIBase):
-    @extend_schema(tags=["runs"], summary="Clear a finished task run (and what is downstream of it): it runs again",
-                   request=s.ClearSerializer, responses={200: s.TaskRunActionSerializer, **errors(400, 401, 403, 404)})
-    def post(self, request, pk):
-        task_run = get_task_run(pk, request.user)
-        access.require_operate(request.user, task_run)
-        data = validated(s.ClearSerializer, body(request))
-        changed = control.clear_task_runs([pk], downstream=data["downstream"])
-        audit.record("clear", request=request, target=task_run, downstream=data["downstream"], changed=changed)
+        audit.record("retry", request=request, target=task_run, changed=len(changed), **names_of(task_run))
         return Response({"changed": changed, "task_run": s.TaskRunDetailSerializer(get_task_run(pk, request.user)).data})
 
 
@@ -258,9 +252,11 @@ class TaskRunMarkView(APIBase):
     def post(self, request, pk):
         task_run = get_task_run(pk, request.user)
         access.require_operate(request.user, task_run)
+        was = task_run.state
         data = validated(s.MarkSerializer, body(request))
         changed = control.mark_task_runs([pk], data["state"], by=request.user)
-        audit.record("mark", request=request, target=task_run, state=data["state"], changed=changed)
+        audit.record("mark", request=request, target=task_run, state=data["state"], changed=changed,
+                     was=was, **names_of(task_run))
         return Response({"changed": changed, "task_run": s.TaskRunDetailSerializer(get_task_run(pk, request.user)).data})
 
 

@@ -66,7 +66,11 @@ def detail_text(event: AuditEvent) -> str:
     parts = []
     for key, value in detail.items():
         if key == "changed" and isinstance(value, list) and "changed_tasks" in detail:
-            parts.append(f"changed {len(value)} task run{'s' if len(value) != 1 else ''}")
+            # The record lists the first ids; its count, when it has one, counts them all.
+            count = detail.get("count", len(value))
+            parts.append(f"changed {count} task run{'s' if count != 1 else ''}")
+        elif key == "count" and "changed_tasks" in detail:
+            continue
         else:
             parts.append(f"{key}={json.dumps(value, ensure_ascii=False)}")
     return ", ".join(parts)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
-from datetime import UTC
+from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 from django import forms
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from orchestrator import access, audit, backfill, reads
 from orchestrator.limits import MAX_ID
@@ -75,6 +77,65 @@ class DeadLetterFilterForm(forms.Form):
             raise forms.ValidationError(f"expected a cursor like {reads.DEAD_LETTER_ORDER.example!r} "
                                         "(from the page's older link)")
         return cursor
+
+
+class ClearForm(forms.Form):
+    """The clear dialog's options: what besides the picked task run runs again (a run's dialog
+    offers only ``only_failed``)."""
+
+    upstream = forms.BooleanField(required=False, label="upstream",
+                                  help_text="the tasks it depends on, directly or not")
+    downstream = forms.BooleanField(required=False, initial=True, label="downstream",
+                                    help_text="the tasks that depend on it, directly or not")
+    only_failed = forms.BooleanField(required=False, label="only failed",
+                                     help_text="only task runs that failed, died or were upstream-failed")
+    past = forms.BooleanField(required=False, label="past runs",
+                              help_text="the same tasks in this workflow's runs with an earlier logical date")
+    future = forms.BooleanField(required=False, label="future runs",
+                                help_text="the same tasks in this workflow's runs with a later logical date")
+    confirm = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
+
+    RUN_FIELDS = ("only_failed",)
+
+    def __init__(self, *args, whole_run: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        if whole_run:
+            for name in [name for name in self.fields if name not in (*self.RUN_FIELDS, "confirm")]:
+                del self.fields[name]
+
+    def options(self):
+        """The checkbox fields, in order (the hidden confirm aside)."""
+        return [self[name] for name in self.fields if name != "confirm"]
+
+
+RUN_BULK_ACTIONS = [("clear", "Clear"), ("clear-failed", "Clear failed tasks"),
+                    ("mark-succeeded", "Mark succeeded"), ("mark-failed", "Mark failed")]
+
+
+class RunBulkForm(forms.Form):
+    """The runs list's action on the runs ticked."""
+
+    action = forms.ChoiceField(choices=RUN_BULK_ACTIONS, error_messages={
+        "invalid_choice": "%(value)s is not an action on runs: use clear, clear-failed, mark-succeeded or mark-failed",
+    })
+    ids = forms.TypedMultipleChoiceField(coerce=int, choices=(), error_messages={
+        "required": "Tick at least one run.",
+    })
+    confirm = forms.CharField(required=False, max_length=64)
+
+    MOST = 100  # runs one action takes
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
+        self.fields["ids"].valid_value = lambda value: bool(re.fullmatch(r"[0-9]{1,20}", str(value))) and (
+            0 < int(value) <= MAX_ID)
+
+    def clean_ids(self):
+        ids = sorted(set(self.cleaned_data["ids"]))
+        if len(ids) > self.MOST:
+            raise forms.ValidationError(f"at most {self.MOST} runs at once, got {len(ids)}")
+        return ids
 
 
 class BulkTaskRunForm(forms.Form):
@@ -183,6 +244,21 @@ def submitted_params(declared: dict[str, dict], post) -> dict:
             values[name] = "false"
     values = {key: value for key, value in values.items() if not key.endswith(".present")}
     return values
+
+
+def logical_date_of(text: str | None) -> datetime | None:
+    """The trigger form's logical date: empty for now; a date and time read in UTC (the label
+    says so) unless it names its offset. Raises ValueError saying what is wrong."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    try:
+        value = parse_datetime(text)
+    except ValueError:
+        value = None
+    if value is None:
+        raise ValueError(f"expected a date and time like 2026-03-01T02:30 (UTC), got {text[:40]!r}")
+    return value if timezone.is_aware(value) else value.replace(tzinfo=UTC)
 
 
 class BackfillForm(forms.Form):

@@ -16,9 +16,9 @@ from orchestrator import access, approvals, audit, clock, control, reads
 from orchestrator.limits import MAX_ID
 from orchestrator.models import Attempt, Run, TaskRun
 from orchestrator.states import TaskState
-from orchestrator.web import mapped, svg, zones
+from orchestrator.web import actions, mapped, svg, zones
 from orchestrator.web.errors import query_int
-from orchestrator.web.forms import RunFilterForm
+from orchestrator.web.forms import RUN_BULK_ACTIONS, RunFilterForm
 from orchestrator.web.kit import (
     POLL,
     back,
@@ -53,7 +53,8 @@ def run_list(request):
     now = clock.now()
     for run in runs.rows:
         run.seconds = seconds(run.started_at, run.finished_at, now)
-    return page(request, "orchestrator/web/runs.html", {"form": form, "runs": runs.rows, **page_links(request, runs)})
+    return page(request, "orchestrator/web/runs.html", {"form": form, "runs": runs.rows, "bulk_actions": RUN_BULK_ACTIONS,
+                                                        **page_links(request, runs)})
 
 
 TASKS_PAGE = 100  # tasks on one page of the run page; the graph is drawn when every task fits one
@@ -162,6 +163,7 @@ def run_detail(request, run_id):
     context = run_context(run, clock.now(), after)
     context["can_operate"] = access.can_operate(request.user, run)
     context["approvals"] = approvals.waiting_for(request.user, run) if run.is_active else []
+    context.update(actions.page_extras(run))
     return page(request, "orchestrator/web/run.html", context, partial="live")
 
 

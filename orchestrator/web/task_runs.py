@@ -23,7 +23,7 @@ from orchestrator.states import (
     AttemptOutcome,
     TaskState,
 )
-from orchestrator.web import mapped
+from orchestrator.web import actions, mapped
 from orchestrator.web.errors import InvalidInput, query_int
 from orchestrator.web.kit import POLL, back, is_htmx, operator_action, page, seconds, viewer_required
 
@@ -110,6 +110,7 @@ def task_run_detail(request, task_run_id):
     offset = query_int(request, "offset", 0, 0, MAX_LOG_OFFSET)
     context = task_run_context(tr, clock.now(), attempt, offset)
     context["can_operate"] = access.can_operate(request.user, tr)
+    context.update(actions.page_extras(tr.run, tr))
     return page(request, "orchestrator/web/task_run.html", context, partial="live")
 
 

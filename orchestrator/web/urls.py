@@ -2,6 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path, register_converter
 
 from orchestrator.web import (
+    actions,
     approvals,
     audit,
     dashboard,
@@ -45,11 +46,17 @@ urlpatterns = [
     path("workflows/<stored_name:name>/backfill/", workflows.workflow_backfill, name="workflow_backfill"),
     path("workflows/<stored_name:name>/", workflows.workflow_detail, name="workflow"),
     path("runs/", runs.run_list, name="runs"),
+    path("runs/bulk/", actions.runs_bulk, name="runs_bulk"),
     path("runs/<int:run_id>/", runs.run_detail, name="run"),
+    path("runs/<int:run_id>/clear/", actions.run_clear, name="run_clear"),
+    path("runs/<int:run_id>/mark/<str:state>/", actions.run_mark, name="run_mark"),
+    path("runs/<int:run_id>/note/", actions.run_note, name="run_note"),
     path("runs/<int:run_id>/cancel/", runs.run_cancel, name="run_cancel"),
     path("runs/<int:run_id>/retry/", runs.run_retry, name="run_retry"),
     path("task-runs/<int:task_run_id>/", task_runs.task_run_detail, name="task_run"),
     path("task-runs/<int:task_run_id>/instances/", task_runs.mapped_instances, name="mapped_instances"),
+    path("task-runs/<int:task_run_id>/clear-options/", actions.task_run_clear, name="task_run_clear"),
+    path("task-runs/<int:task_run_id>/note/", actions.task_run_note, name="task_run_note"),
     path("task-runs/<int:task_run_id>/<str:action>/", task_runs.task_run_action, name="task_run_action"),
     path("attempts/<int:attempt_id>/log/", task_runs.attempt_log, name="attempt_log"),
     path("attempts/<int:attempt_id>/log/download/", task_runs.attempt_log_download, name="attempt_log_download"),

@@ -24,6 +24,7 @@ from orchestrator.web.errors import query_int
 from orchestrator.web.forms import (
     BackfillForm,
     backfill_step,
+    logical_date_of,
     param_fields,
     submitted_params,
 )
@@ -223,21 +224,34 @@ def workflow_detail(request, name):
     return page(request, "orchestrator/web/workflow.html", context, partial="live")
 
 
+def _refused(request, wf: Workflow, values: dict, date_text: str, *, errors=None, form_error="", date_error=""):
+    """The workflow page again with the trigger form as it was sent and what is wrong with it (400)."""
+    context = _page_context(request, wf, submitted=values, errors=errors, form_error=form_error)
+    context.update({"logical_date_text": date_text, "logical_date_error": date_error})
+    return page(request, "orchestrator/web/workflow.html", context, status=400)
+
+
 @operator_action
 def workflow_trigger(request, name):
     wf = get_object_or_404(access.visible(request.user, Workflow.objects.select_related("current_version")), name=name)
     access.require_operate(request.user, wf)
     values = submitted_params(wf.spec.get("params", {}), request.POST)
+    date_text = request.POST.get("logical_date", "")
     try:
-        run, _created = trigger_workflow(wf, values, trigger=Trigger.MANUAL, created_by=request.user)
+        logical_date = logical_date_of(date_text)
+        run, _created = trigger_workflow(wf, values, trigger=Trigger.MANUAL, created_by=request.user,
+                                         logical_date=logical_date)
     except ParamError as exc:
-        return page(request, "orchestrator/web/workflow.html",
-                    _page_context(request, wf, submitted=values, errors=exc.errors), status=400)
+        return _refused(request, wf, values, date_text, errors=exc.errors)
     except RunError as exc:
-        return page(request, "orchestrator/web/workflow.html",
-                    _page_context(request, wf, submitted=values, form_error=str(exc)), status=400)
+        if getattr(exc, "field", None) == "logical_date":
+            return _refused(request, wf, values, date_text, date_error=str(exc))
+        return _refused(request, wf, values, date_text, form_error=str(exc))
+    except ValueError as exc:
+        return _refused(request, wf, values, date_text, date_error=str(exc))
     # The params as the run holds them (typed and with defaults), not the form's strings.
-    audit.record("trigger", request=request, target=run, workflow=wf.name, params=run.params)
+    audit.record("trigger", request=request, target=run, workflow=wf.name, params=run.params,
+                 logical_date=run.logical_date.isoformat())
     messages.success(request, f"Triggered run #{run.pk} of {wf.name}.")
     return HttpResponseRedirect(reverse("orchestrator:web:run", args=[run.pk]))
 

@@ -14,6 +14,8 @@ CANNOT_SAY = {
     ("POST", "/api/backfills/"): {"workflow", "schedule", "cron", "timezone", "params", "start", "end"},
     # A reference of the right form (the schema's pattern) that names no registered function.
     ("POST", "/api/jobs/"): {"ref"},
+    # Run ids that must name stored runs.
+    ("POST", "/api/runs/bulk/"): {"ids"},
 }
 TAKE_A_KEY = {("POST", "/api/workflows/{name}/runs/"), ("POST", "/api/jobs/")}
 
