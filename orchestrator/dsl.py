@@ -60,8 +60,9 @@ __all__ = ["CALLBACK_EVENTS", "CATCHUP_POLICIES", "NOTIFY_EVENTS", "OVERLAP_POLI
            "TRIGGER_MODES", "TRIGGER_RULES", "DefinitionError", "Notify", "On", "Param", "Schedule", "Task", "TaskContext",
            "Workflow", "callback_ref", "collect"]
 
-# While sync imports a module, every Workflow created in that thread lands in this thread's list
-# (see collect()): an import sync gave up on, still running in its own thread, adds to no other's.
+# While a module is imported through collect(), every Workflow created in that thread lands in this
+# thread's list: sync imports each module in a child process of its own (orchestrator.discovery),
+# and an import in another thread of the same process (a worker's reload) adds to no other's.
 _collecting = threading.local()
 
 
