@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from orchestrator import retries
+from orchestrator import counts, retries
 from orchestrator.states import (
     ACTIVE_TASK_STATES,
     BUSY_TASK_STATES,
@@ -157,9 +157,10 @@ RETURNING t.run_id
 
 # Both steps in one statement (one round trip per batch of instances). They write different rows
 # (waiting instances; the mapped task's own row) and agree on one snapshot: a waiting instance
-# released here is active before and after, so the map cannot be seen as over.
+# released here is active before and after, so the map cannot be seen as over. The runs' counts
+# are folded here too (counts.fold_ctes): in the middle of a map, this is the batch's statement.
 SETTLE = f"""
-WITH released AS ({RELEASE_INSTANCES}), finished AS ({FINISH_MAPPED})
+WITH {counts.fold_ctes("%(runs)s::bigint[]")}, released AS ({RELEASE_INSTANCES}), finished AS ({FINISH_MAPPED})
 SELECT (SELECT count(*) FROM released), ARRAY(SELECT run_id FROM finished)
 """
 

@@ -13,6 +13,7 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 
+from orchestrator.counts import TaskRunCount  # noqa: F401 - the app's model, defined with its triggers
 from orchestrator.people import (  # noqa: F401 - the app's models, defined in a module of their own
     Approval,
     Notification,

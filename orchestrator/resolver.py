@@ -22,6 +22,7 @@ from django.db import connection
 from orchestrator import (
     callbacks,
     clock,
+    counts,
     datasets,
     db,
     deadlines,
@@ -300,8 +301,9 @@ WHERE t.id = ANY (%(ids)s) AND t.spec->'sensor'->>'timeout' IS NOT NULL
 # may turn NOT EXISTS into an anti-join that reads the index's entries of every run. The runs are
 # found by their ids, not by joining every running run: after a burst of new runs the planner's
 # statistics can still count a few dozen running ones, and a hash join would read them all.
+# It also folds the runs' counts (counts.fold_ctes), once per batch of a run.
 FINISH_RUNS = f"""
-WITH f AS MATERIALIZED (
+WITH {counts.fold_ctes("%(runs)s::bigint[]")}, f AS MATERIALIZED (
     SELECT r.id, (SELECT x.id FROM orchestrator_taskrun x
                   WHERE x.run_id = r.id AND x.state NOT IN ({sql_list(SUCCESSFUL_TASK_STATES)}) LIMIT 1) IS NULL AS ok
     FROM orchestrator_run r
