@@ -105,6 +105,9 @@ def test_reading_the_counts_of_a_run_of_100000_reads_what_a_run_of_1000_does(clo
         plan = explained(counts.RUN_COUNTS.replace("%(run)s", str(run.pk)))
         # A handful of rows: one per group and state (a few more before a fold), not one per task run.
         assert rows_read(plan) <= 10, (n, mapped, rows_read(plan))
+        # The grid's counts of the run's maps (web/mapped.summaries) likewise.
+        grid = explained(counts.RUNS_INSTANCE_COUNTS.replace("%(runs)s", f"ARRAY[{run.pk}]::bigint[]"))
+        assert rows_read(grid) <= 10, (n, mapped, rows_read(grid))
         # What it was: an index entry per task run.
         old = explained(COUNTED_FROM_TASK_RUNS.replace("%(run)s", str(run.pk)))
         assert rows_read(old) >= n

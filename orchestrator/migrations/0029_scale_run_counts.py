@@ -1,8 +1,11 @@
 """A run's task runs counted by state as they change (``orchestrator/counts.py``): the table of
 count changes, the statement-level triggers that write them, and the counts of the task runs that
 exist already. Creating the triggers locks the task-run table against writers until this
-migration commits, so the counts written here and the triggers' rows add up exactly."""
+migration commits, so the counts written here and the triggers' rows add up exactly. A task run's
+children by name (``TaskRun.downstream``), so the resolver reads only the children of what ended;
+NULL on the task runs made before, for which it reads every waiting task run of the run."""
 
+import django.contrib.postgres.fields
 from django.db import migrations, models
 
 
@@ -79,4 +82,9 @@ class Migration(migrations.Migration):
             },
         ),
         migrations.RunSQL(COUNT_TASK_RUNS, DROP),
+        migrations.AddField(
+            model_name='taskrun',
+            name='downstream',
+            field=django.contrib.postgres.fields.ArrayField(base_field=models.CharField(max_length=255), blank=True, null=True, size=None),
+        ),
     ]
