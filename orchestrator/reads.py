@@ -195,6 +195,14 @@ def run_tasks(run_id: int, after: int | None = None, size: int = PAGE_SIZE) -> t
     return page[:size], (page[size - 1].pk if len(page) > size else None)
 
 
+def listed_result(rows: QuerySet[TaskRun]) -> QuerySet[TaskRun]:
+    """These task runs with their result as ``listed_result``, but for a mapped task's own task run,
+    whose result (every instance's, in one list) is not read: null, its instances have theirs."""
+    return rows.defer("result").annotate(listed_result=Case(
+        When(map_index=-1, spec__has_key="map_over", then=Value(None, output_field=JSONField())),
+        default=F("result")))
+
+
 def run_task_runs(run_id: int, *, task: str | None = None, state: str | None = None,
                   after: tuple[str, int] | None = None, size: int = PAGE_SIZE) -> tuple[list[TaskRun], bool]:
     """A page of the run's task runs (instances too) by task name and map index, of one task and
@@ -202,9 +210,7 @@ def run_task_runs(run_id: int, *, task: str | None = None, state: str | None = N
     comparison bounds the index scan where the page starts, however deep the page."""
     # A mapped task's own result is the list of all its instances' results: not on a page of rows
     # (``listed_result`` is null for it; the task run's own answer has it).
-    rows = TaskRun.objects.filter(run_id=run_id).defer("result").annotate(listed_result=Case(
-        When(map_index=-1, spec__has_key="map_over", then=Value(None, output_field=JSONField())),
-        default=F("result")))
+    rows = listed_result(TaskRun.objects.filter(run_id=run_id))
     if task is not None:
         rows = rows.filter(task=task)
     if state is not None:

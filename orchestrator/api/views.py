@@ -211,7 +211,9 @@ class TaskRunDetailView(APIBase):
     @extend_schema(tags=["runs"], summary="A task run with its attempts",
                    responses={200: s.TaskRunDetailSerializer, **errors(401, 403, 404)})
     def get(self, request, pk):
-        task_run = (TaskRun.objects.select_related("run__workflow")
+        # The result as the pages list it (reads.listed_result): a mapped task's own, the list of
+        # every instance's result, is not read.
+        task_run = (reads.listed_result(TaskRun.objects.select_related("run__workflow"))
                     .prefetch_related(Prefetch("attempt_set", Attempt.objects.select_related("worker")))
                     .filter(pk=pk).first())
         if task_run is None:
