@@ -216,12 +216,10 @@ RULE_CASE = "\n        ".join(
     + [f"ELSE {_rule_case(TRIGGER_RULE_DECISIONS[DEFAULT_TRIGGER_RULE])}  -- {DEFAULT_TRIGGER_RULE}"]
 )
 
-# The children of the task runs that just ended (``%(ended)s``), by the names each lists
-# (``downstream``), found by the unique index (run, task, map_index): what a batch reads follows
-# what ended, not the run's size. A task run that does not know its children (made before they
-# were kept: NULL) has every waiting task run of its run looked at, as before. An array (ARRAY(),
-# computed once) rather than a join: the planner, reckoning the second branch could return a
-# whole run, would hash every task run of the table to join them.
+# The children of the task runs that just ended, by the names each lists (``downstream``), on the
+# unique index: a batch reads what ended, not the run. One that does not know them (NULL: made
+# before) has every waiting task run of its run looked at. An ARRAY(), not a join: reckoning the
+# second branch a whole run, the planner would hash every task run of the table.
 CHILDREN_OF_ENDED = f"""c.id = ANY (ARRAY(
         SELECT k.id FROM orchestrator_taskrun p
         CROSS JOIN LATERAL unnest(p.downstream) AS d(task)
@@ -319,12 +317,12 @@ WHERE t.id = ANY (%(ids)s) AND t.spec->'sensor'->>'timeout' IS NOT NULL
 # A running run whose task runs have all ended: succeeded when each one ended well. Whether any
 # task run of a run is unfinished is one probe of the partial index taskrun_unfinished per run,
 # which stops at the first entry: a batch pays the same in a run of ten task runs or of 100,000.
-# Whether each ended well is read from the run's counts (counts.py, a few dozen rows), not from
-# its task runs, so the run's last batch costs what the others do. Scalar subqueries with LIMIT 1, not NOT EXISTS: the planner
-# may turn NOT EXISTS into an anti-join that reads the index's entries of every run. The runs are
-# found by their ids, not by joining every running run: after a burst of new runs the planner's
-# statistics can still count a few dozen running ones, and a hash join would read them all.
-# It also folds the runs' counts (counts.fold_ctes), once per batch of a run.
+# Whether each ended well is read from the run's counts (counts.py: a few dozen rows; grouped, so
+# never an anti-join), so the last batch costs what the others do. The probe is a scalar subquery
+# with LIMIT 1, not NOT EXISTS: that may become an anti-join reading every run's index entries.
+# The runs are found by their ids, not by joining every running run: after a burst of runs the planner's
+# statistics can still count a few dozen running ones, and a hash join would read them all. It
+# also folds the runs' counts (counts.fold_ctes), once per batch of a run.
 FINISH_RUNS = f"""
 WITH {counts.fold_ctes("%(runs)s::bigint[]")}, f AS MATERIALIZED (
     SELECT r.id, NOT EXISTS (SELECT FROM orchestrator_taskruncount c WHERE c.run_id = r.id
@@ -516,9 +514,8 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
     children, the run's end) only where it ended a mapped task. A batch of instances in the
     middle of a map costs one statement (mapping.SETTLE).
 
-    ``ended``: the task runs that just ended, when the caller knows them (a worker's batch): in
-    runs that neither map nor branch, only their children are looked at (RELEASE_CHILDREN_OF),
-    not every waiting task run of the run."""
+    ``ended``: the task runs that just ended, when known (a worker's batch): in runs that neither
+    map nor branch, only their children are looked at (RELEASE_CHILDREN_OF)."""
     runs = sorted(set(run_ids))
     if not runs:
         return 0
@@ -530,9 +527,9 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
             dynamic = lock_runs(cursor, runs)
         quiet = sorted(set(quiet) & set(dynamic) & set(runs))
         if quiet:
-            freed, ended = mapping.settle(cursor, quiet, now)
+            freed, mapped_ended = mapping.settle(cursor, quiet, now)
             released += freed
-            going_on = set(quiet) - set(ended)
+            going_on = set(quiet) - set(mapped_ended)
             runs = [run_id for run_id in runs if run_id not in going_on]
             release = [run_id for run_id in release if run_id not in going_on]
         released += _release(cursor, release, sorted(set(dynamic) & set(release)), now,
@@ -579,8 +576,8 @@ def _release(cursor, release: list[int], dynamic: list[int], now: datetime, ende
 
 def _release_children_of(cursor, ended: list[int], now: datetime) -> int:
     """Decide the waiting children of the task runs ``ended`` (of runs that neither map nor
-    branch); those decided as not running (upstream_failed, skipped) have their own children
-    decided in the next pass, one level of the graph per pass. Returns how many became due."""
+    branch), then those of the children decided as not running, a level per pass; returns how
+    many became due."""
     released = 0
     while ended:
         cursor.execute(RELEASE_CHILDREN_OF, {"ended": ended, "now": now})

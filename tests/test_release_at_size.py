@@ -100,3 +100,20 @@ def test_the_batch_that_ends_a_run_reads_no_task_run_of_it(clock):
     large, small = last_batch_reads(clock, LARGE), last_batch_reads(clock, SMALL)
     assert large == (0, "succeeded")
     assert small[0] <= SMALL and small[1] == "succeeded"
+
+
+def test_a_batch_ending_a_maps_instance_and_another_runs_task_releases_that_tasks_children(clock):
+    # One worker batch, two runs: an instance of a map that goes on (its run is only settled,
+    # mapping.SETTLE) and the parent of a child in a run that neither maps nor branches.
+    mapping_run = Run.objects.create(logical_date=clock.now(), trigger="manual", state="running", dynamic=True)
+    TaskRun.objects.create(run=mapping_run, task="m", state="mapped", spec={"map_over": "items"}, downstream=[])
+    done = TaskRun.objects.create(run=mapping_run, task="m", map_index=0, state="succeeded", downstream=[])
+    TaskRun.objects.create(run=mapping_run, task="m", map_index=1, state="running", downstream=[])
+    plain = Run.objects.create(logical_date=clock.now(), trigger="manual", state="running")
+    a = TaskRun.objects.create(run=plain, task="a", state="succeeded", downstream=["b"])
+    TaskRun.objects.create(run=plain, task="b", state="waiting", upstream=["a"], downstream=[])
+    released = resolver.resolve_runs([mapping_run.pk, plain.pk], now=clock.now(), dynamic={mapping_run.pk},
+                                     quiet={mapping_run.pk}, ended=[done.pk, a.pk])
+    assert released == 1
+    assert TaskRun.objects.get(run=plain, task="b").state == "scheduled"
+    assert TaskRun.objects.get(run=mapping_run, task="m", map_index=-1).state == "mapped"

@@ -26,14 +26,16 @@ BEGIN
         -- Task runs deleted with their run (retention) are not counted back: the run's rows go.
         INSERT INTO orchestrator_taskruncount (run_id, instances_of, state, n)
         SELECT o.run_id, CASE WHEN o.map_index >= 0 THEN o.task ELSE '' END, o.state, -count(*) FROM old_rows o
-        WHERE EXISTS (SELECT 1 FROM orchestrator_run r WHERE r.id = o.run_id) GROUP BY 1, 2, 3;
+        WHERE o.run_id = ANY (ARRAY(SELECT r.id FROM orchestrator_run r
+                                    WHERE r.id = ANY (ARRAY(SELECT DISTINCT run_id FROM old_rows))))
+        GROUP BY 1, 2, 3;
     END IF;
     RETURN NULL;
 END $$;
 
 CREATE OR REPLACE FUNCTION orchestrator_forget_run_counts() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    DELETE FROM orchestrator_taskruncount c USING old_rows o WHERE c.run_id = o.id;
+    DELETE FROM orchestrator_taskruncount c WHERE c.run_id = ANY (ARRAY(SELECT id FROM old_rows));
     RETURN NULL;
 END $$;
 
