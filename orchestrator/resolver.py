@@ -217,9 +217,9 @@ RULE_CASE = "\n        ".join(
 )
 
 # The children of the task runs that just ended, by the names each lists (``downstream``), on the
-# unique index: a batch reads what ended, not the run. One that does not know them (NULL: made
-# before) has every waiting task run of its run looked at. An ARRAY(), not a join: reckoning the
-# second branch a whole run, the planner would hash every task run of the table.
+# unique index. One that does not know them (NULL: made before) has every waiting task run of its
+# run looked at (gated by EXISTS, checked once before any scan). ARRAY(), not a join: reckoning
+# that branch a whole run, the planner would hash every task run of the table.
 CHILDREN_OF_ENDED = f"""c.id = ANY (ARRAY(
         SELECT k.id FROM orchestrator_taskrun p
         CROSS JOIN LATERAL unnest(p.downstream) AS d(task)
@@ -227,8 +227,9 @@ CHILDREN_OF_ENDED = f"""c.id = ANY (ARRAY(
         WHERE p.id = ANY (%(ended)s)
         UNION
         SELECT k.id FROM orchestrator_taskrun k
-        WHERE k.run_id IN (SELECT p.run_id FROM orchestrator_taskrun p
-                           WHERE p.id = ANY (%(ended)s) AND p.downstream IS NULL)
+        WHERE EXISTS (SELECT FROM orchestrator_taskrun p WHERE p.id = ANY (%(ended)s) AND p.downstream IS NULL)
+          AND k.run_id = ANY (ARRAY(SELECT p.run_id FROM orchestrator_taskrun p
+                                    WHERE p.id = ANY (%(ended)s) AND p.downstream IS NULL))
           AND k.state = '{TaskState.WAITING}' AND k.map_index = -1))"""
 
 
@@ -575,9 +576,8 @@ def _release(cursor, release: list[int], dynamic: list[int], now: datetime, ende
 
 
 def _release_children_of(cursor, ended: list[int], now: datetime) -> int:
-    """Decide the waiting children of the task runs ``ended`` (of runs that neither map nor
-    branch), then those of the children decided as not running, a level per pass; returns how
-    many became due."""
+    """Decide the waiting children of the task runs ``ended`` (of runs that neither map nor branch),
+    then those of the children decided as not running, a level per pass; returns how many are due."""
     released = 0
     while ended:
         cursor.execute(RELEASE_CHILDREN_OF, {"ended": ended, "now": now})
