@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from orchestrator import retries
+from orchestrator import counts, retries
 from orchestrator.states import (
     ACTIVE_TASK_STATES,
     BUSY_TASK_STATES,
@@ -89,11 +89,11 @@ WITH m AS MATERIALIZED (
     DELETE FROM orchestrator_taskrun i USING m
     WHERE i.run_id = m.run_id AND i.task = m.task AND i.map_index >= m.n
 )
-INSERT INTO orchestrator_taskrun AS t (run_id, task, map_index, state, spec, upstream, queue, priority, tenant, lane,
-    attempts, max_attempts, due_at, timeout, result, item, error, created_at)
+INSERT INTO orchestrator_taskrun AS t (run_id, task, map_index, state, spec, upstream, downstream, queue, priority,
+    tenant, lane, attempts, max_attempts, due_at, timeout, result, item, error, created_at)
 SELECT m.run_id, m.task, e.i::int - 1,
        CASE WHEN e.i <= m.cap THEN '{TaskState.SCHEDULED}' ELSE '{TaskState.WAITING}' END,
-       m.spec, m.upstream, m.queue, m.priority, m.tenant, m.lane, 0, m.allowance,
+       m.spec, m.upstream, '{{}}', m.queue, m.priority, m.tenant, m.lane, 0, m.allowance,
        CASE WHEN e.i <= m.cap THEN %(now)s::timestamptz END, m.timeout, NULL, e.item, '', %(now)s
 FROM m CROSS JOIN LATERAL jsonb_array_elements(m.items) WITH ORDINALITY AS e(item, i)
 ON CONFLICT (run_id, task, map_index) DO UPDATE SET
@@ -157,9 +157,10 @@ RETURNING t.run_id
 
 # Both steps in one statement (one round trip per batch of instances). They write different rows
 # (waiting instances; the mapped task's own row) and agree on one snapshot: a waiting instance
-# released here is active before and after, so the map cannot be seen as over.
+# released here is active before and after, so the map cannot be seen as over. The runs' counts
+# are folded here too (counts.fold_ctes): in the middle of a map, this is the batch's statement.
 SETTLE = f"""
-WITH released AS ({RELEASE_INSTANCES}), finished AS ({FINISH_MAPPED})
+WITH {counts.fold_ctes("%(runs)s::bigint[]")}, released AS ({RELEASE_INSTANCES}), finished AS ({FINISH_MAPPED})
 SELECT (SELECT count(*) FROM released), ARRAY(SELECT run_id FROM finished)
 """
 

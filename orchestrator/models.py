@@ -14,6 +14,7 @@ from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 from django.db.models import Q
 
+from orchestrator.counts import TaskRunCount  # noqa: F401 - the app's model, defined with its triggers
 from orchestrator.people import (  # noqa: F401 - the app's models, defined in a module of their own
     Approval,
     Note,
@@ -274,6 +275,9 @@ class TaskRun(models.Model):
     # "timeout", "retry_delay", "retry_backoff", "retry_max_delay", "trigger_rule", "env"}.
     spec = models.JSONField(default=dict)
     upstream = ArrayField(models.CharField(max_length=255), default=list, blank=True)
+    # Its children's names, so the resolver finds a finished task run's children by the unique
+    # index, not by reading every waiting task run of the run. NULL: not known (made before).
+    downstream = ArrayField(models.CharField(max_length=255), null=True, blank=True)
     queue = models.CharField(max_length=100, default="default")
     priority = models.IntegerField(default=0)
     tenant = models.CharField(max_length=200, default="default")

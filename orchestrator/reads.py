@@ -8,7 +8,7 @@ gets one answer, through one index, wherever it is asked.
 | dead task runs, by workflow, queue, error, time of death | ``dead_letters()`` | ``taskrun_dead`` (finished_at) where state = dead, the last to die first |
 | how many are dead | ``dead_letter_count()`` | ``taskrun_dead`` |
 | queue depths: queued, due, running, per queue | ``queue_depths()`` | the queued, due and running partial indexes |
-| a run's counts: its tasks by state, each mapped task's instances by state | ``run_counts()`` | ``taskrun_run_state`` (run, state, task, map_index), read alone |
+| a run's counts: its tasks by state, each mapped task's instances by state | ``run_counts()`` | ``taskruncount_run``: the counts kept as task runs change state (``counts.py``) |
 | a run's tasks (not instances), a page at a time in creation order | ``run_tasks()`` | ``taskrun_tasks_of_run`` (run, id) where map_index = -1 |
 | a run's task runs by task and map index, of a task, of a state | ``run_task_runs()`` | ``taskrun_unique_task`` (run, task, map_index), ``taskrun_run_state`` with a state |
 
@@ -23,9 +23,10 @@ would make a queue of delayed jobs look like workers falling behind. A scheduled
 ``due_at`` is never claimed, so it is not counted either (no writer leaves one).
 
 **A run at any size** (a run of 100,000 task runs, or a map over 100,000 items): what its page and
-the API show is counted in SQL and paged, so no statement returns a row per task run. Counting
-still reads each task run's index entry once (``run_counts``: 614 pages of ``taskrun_run_state``
-for 100,000 task runs, without the table once autovacuum has marked it visible).
+the API show is counted in SQL and paged, so no statement returns a row per task run. Its counts
+are kept as its task runs change state (``counts.py``), so reading them reads a few dozen rows,
+not an index entry per task run (614 index pages for 100,000 task runs when they were counted
+from ``taskrun_run_state``).
 
 **Keyset pages** (``Keyset``): newest first by id, or by a time column and id; a page is one
 indexed query of at most ``size + 1`` rows, with no COUNT and no OFFSET, so the millionth row
@@ -42,6 +43,7 @@ from datetime import UTC, datetime, timedelta
 from django.db import connection
 from django.db.models import Case, Count, F, JSONField, Q, QuerySet, Value, When
 
+from orchestrator.counts import run_counts as count_rows
 from orchestrator.limits import PAGE_SIZE
 from orchestrator.models import Run, TaskRun, Workflow
 from orchestrator.states import TaskState
@@ -167,14 +169,6 @@ def queue_depths_of(task_runs: QuerySet[TaskRun], now: datetime) -> dict[str, De
 
 # --- a run's task runs, at any size ------------------------------------------------------------
 
-# A run's tasks (map_index -1: its ordinary tasks and its mapped tasks' own rows) by state, and
-# each mapped task's instances by state: (1 + mapped tasks) x states rows, whatever the run's size.
-RUN_COUNTS_SQL = """
-    SELECT CASE WHEN map_index >= 0 THEN task END, state, count(*)
-      FROM orchestrator_taskrun WHERE run_id = %(run)s
-     GROUP BY 1, 2
-"""
-
 @dataclass
 class RunCounts:
     tasks: dict[str, int]  # the run's tasks by state: a mapped task once, in its own row's state
@@ -186,14 +180,15 @@ class RunCounts:
 
 
 def run_counts(run_id: int) -> RunCounts:
+    """A run's tasks (map_index -1: its ordinary tasks and its mapped tasks' own rows) by state,
+    and each mapped task's instances by state, from the counts kept as they change
+    (``counts.py``): a few dozen rows read, whatever the run's size."""
     counts = RunCounts({}, {})
-    with connection.cursor() as cursor:
-        cursor.execute(RUN_COUNTS_SQL, {"run": run_id})
-        for mapped_task, state, n in cursor.fetchall():
-            if mapped_task is None:
-                counts.tasks[state] = n
-            else:
-                counts.instances.setdefault(mapped_task, {})[state] = n
+    for mapped_task, state, n in count_rows(run_id):
+        if mapped_task is None:
+            counts.tasks[state] = n
+        else:
+            counts.instances.setdefault(mapped_task, {})[state] = n
     return counts
 
 
@@ -213,6 +208,14 @@ def run_tasks(run_id: int, after: int | None = None, size: int = PAGE_SIZE) -> t
     return page[:size], (page[size - 1].pk if len(page) > size else None)
 
 
+def listed_result(rows: QuerySet[TaskRun]) -> QuerySet[TaskRun]:
+    """These task runs with their result as ``listed_result``, but for a mapped task's own task run,
+    whose result (every instance's, in one list) is not read: null, its instances have theirs."""
+    return rows.defer("result").annotate(listed_result=Case(
+        When(map_index=-1, spec__has_key="map_over", then=Value(None, output_field=JSONField())),
+        default=F("result")))
+
+
 def run_task_runs(run_id: int, *, task: str | None = None, state: str | None = None,
                   after: tuple[str, int] | None = None, size: int = PAGE_SIZE) -> tuple[list[TaskRun], bool]:
     """A page of the run's task runs (instances too) by task name and map index, of one task and
@@ -220,9 +223,7 @@ def run_task_runs(run_id: int, *, task: str | None = None, state: str | None = N
     comparison bounds the index scan where the page starts, however deep the page."""
     # A mapped task's own result is the list of all its instances' results: not on a page of rows
     # (``listed_result`` is null for it; the task run's own answer has it).
-    rows = TaskRun.objects.filter(run_id=run_id).defer("result").annotate(listed_result=Case(
-        When(map_index=-1, spec__has_key="map_over", then=Value(None, output_field=JSONField())),
-        default=F("result")))
+    rows = listed_result(TaskRun.objects.filter(run_id=run_id))
     if task is not None:
         rows = rows.filter(task=task)
     if state is not None:

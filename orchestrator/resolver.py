@@ -22,6 +22,7 @@ from django.db import connection
 from orchestrator import (
     callbacks,
     clock,
+    counts,
     datasets,
     db,
     deadlines,
@@ -215,10 +216,28 @@ RULE_CASE = "\n        ".join(
     + [f"ELSE {_rule_case(TRIGGER_RULE_DECISIONS[DEFAULT_TRIGGER_RULE])}  -- {DEFAULT_TRIGGER_RULE}"]
 )
 
-def _waiting_counts(which: str) -> str:
-    """Waiting task runs of the given runs (``which``: the mapped ones or the others) with the
-    counts their rules read: parents in all (n), succeeded (ok), failed (bad), skipped (skip). A
-    mapped parent counts once, by its own row (map_index -1); instances never wait for parents."""
+# The children of the task runs that just ended, by the names each lists (``downstream``), on the
+# unique index. One that does not know them (NULL: made before) has every waiting task run of its
+# run looked at (gated by EXISTS, checked once before any scan). ARRAY(), not a join: reckoning
+# that branch a whole run, the planner would hash every task run of the table.
+CHILDREN_OF_ENDED = f"""c.id = ANY (ARRAY(
+        SELECT k.id FROM orchestrator_taskrun p
+        CROSS JOIN LATERAL unnest(p.downstream) AS d(task)
+        JOIN orchestrator_taskrun k ON k.run_id = p.run_id AND k.task = d.task AND k.map_index = -1
+        WHERE p.id = ANY (%(ended)s)
+        UNION
+        SELECT k.id FROM orchestrator_taskrun k
+        WHERE EXISTS (SELECT FROM orchestrator_taskrun p WHERE p.id = ANY (%(ended)s) AND p.downstream IS NULL)
+          AND k.run_id = ANY (ARRAY(SELECT p.run_id FROM orchestrator_taskrun p
+                                    WHERE p.id = ANY (%(ended)s) AND p.downstream IS NULL))
+          AND k.state = '{TaskState.WAITING}' AND k.map_index = -1))"""
+
+
+def _waiting_counts(which: str, among: str | None = None) -> str:
+    """Waiting task runs (of the given runs, or ``among``: CHILDREN_OF_ENDED; ``which``: the
+    mapped ones or the others) with the counts their rules read: parents in all (n), succeeded
+    (ok), failed (bad), skipped (skip). A mapped parent counts once, by its own row (map_index -1);
+    instances never wait for parents."""
     return f"""
     SELECT c.id, COALESCE(c.spec->>'trigger_rule', '{DEFAULT_TRIGGER_RULE}') AS rule,
            cardinality(c.upstream) AS n,
@@ -227,15 +246,17 @@ def _waiting_counts(which: str) -> str:
            count(*) FILTER (WHERE p.state IN ({sql_list(PARENT_SKIPPED)})) AS skip
     FROM orchestrator_taskrun c
     JOIN orchestrator_taskrun p ON p.run_id = c.run_id AND p.task = ANY (c.upstream) AND p.map_index = -1
-    WHERE c.run_id = ANY (%(runs)s) AND c.state = '{TaskState.WAITING}' AND c.map_index = -1 AND {which}
+    WHERE {among or "c.run_id = ANY (%(runs)s)"} AND c.state = '{TaskState.WAITING}'
+      AND c.map_index = -1 AND {which}
     GROUP BY c.id"""
 
 
 # Decide every waiting child of the given runs whose rule its parents now settle, in one
 # statement (RULE_CASE): scheduled and due now, upstream_failed or skipped. Those decided as not
 # running settle their own children in turn, so the caller repeats it until nothing changes.
-RELEASE_CHILDREN = f"""
-WITH c AS ({_waiting_counts("NOT c.spec ? 'map_over'")}
+# RELEASE_CHILDREN_OF does the same for the children of the task runs that ended (CHILDREN_OF_ENDED).
+_RELEASE = f"""
+WITH c AS (__WAITING__
 ), d AS (
     SELECT id, CASE rule
         {RULE_CASE}
@@ -247,8 +268,10 @@ UPDATE orchestrator_taskrun t SET state = d.next,
     finished_at = CASE WHEN d.next <> '{TaskState.SCHEDULED}' THEN %(now)s END
 FROM d
 WHERE t.id = d.id AND d.next IS NOT NULL AND t.state = '{TaskState.WAITING}'
-RETURNING t.state
+RETURNING t.id, t.state
 """
+RELEASE_CHILDREN = _RELEASE.replace("__WAITING__", _waiting_counts("NOT c.spec ? 'map_over'"))
+RELEASE_CHILDREN_OF = _RELEASE.replace("__WAITING__", _waiting_counts("NOT c.spec ? 'map_over'", CHILDREN_OF_ENDED))
 
 # The same rules for mapped tasks (see mapping.py). Released, such a task is "mapped" (its
 # instances are then created) when the parent it maps over succeeded with a list; skipped when
@@ -294,16 +317,18 @@ WHERE t.id = ANY (%(ids)s) AND t.spec->'sensor'->>'timeout' IS NOT NULL
 
 # A running run whose task runs have all ended: succeeded when each one ended well. Whether any
 # task run of a run is unfinished is one probe of the partial index taskrun_unfinished per run,
-# which stops at the first entry: a batch pays the same in a run of ten task runs or of 100,000,
-# and only the run's last batch reads its task runs (once, to tell success from failure, stopping
-# at the first that did not end well). Scalar subqueries with LIMIT 1, not NOT EXISTS: the planner
-# may turn NOT EXISTS into an anti-join that reads the index's entries of every run. The runs are
-# found by their ids, not by joining every running run: after a burst of new runs the planner's
-# statistics can still count a few dozen running ones, and a hash join would read them all.
+# which stops at the first entry: a batch pays the same in a run of ten task runs or of 100,000.
+# Whether each ended well is read from the run's counts (counts.py: a few dozen rows; grouped, so
+# never an anti-join), so the last batch costs what the others do. The probe is a scalar subquery
+# with LIMIT 1, not NOT EXISTS: that may become an anti-join reading every run's index entries.
+# The runs are found by their ids, not by joining every running run: after a burst of runs the planner's
+# statistics can still count a few dozen running ones, and a hash join would read them all. It
+# also folds the runs' counts (counts.fold_ctes), once per batch of a run.
 FINISH_RUNS = f"""
-WITH f AS MATERIALIZED (
-    SELECT r.id, (SELECT x.id FROM orchestrator_taskrun x
-                  WHERE x.run_id = r.id AND x.state NOT IN ({sql_list(SUCCESSFUL_TASK_STATES)}) LIMIT 1) IS NULL AS ok
+WITH {counts.fold_ctes("%(runs)s::bigint[]")}, f AS MATERIALIZED (
+    SELECT r.id, NOT EXISTS (SELECT FROM orchestrator_taskruncount c WHERE c.run_id = r.id
+                             AND c.state NOT IN ({sql_list(SUCCESSFUL_TASK_STATES)})
+                             GROUP BY c.instances_of, c.state HAVING sum(c.n) <> 0) AS ok
     FROM orchestrator_run r
     WHERE r.id = ANY (%(runs)s) AND (r.state = '{RunState.RUNNING}') IS TRUE
       AND (SELECT x.id FROM orchestrator_taskrun x
@@ -445,7 +470,9 @@ def _resolve_after(accepted: list[tuple], mine: list[Ending], now: datetime, don
     # A sensor's "not yet" (sensing) wakes nobody: its next check is due an interval from now, and
     # every role already waits until the next due time it knows (the worker that recorded it knows it).
     retrying = any(state == TaskState.SCHEDULED for _, _, state in accepted)
-    released = resolve_runs(ended_runs, now=now, release=parents, dynamic=dynamic, quiet=quiet) if ended_runs else 0
+    ended = [task_run_id for task_run_id, _, state in accepted if state not in holding and task_run_id not in jobs]
+    released = resolve_runs(ended_runs, now=now, release=parents, dynamic=dynamic, quiet=quiet,
+                            ended=ended) if ended_runs else 0
     if retrying or released:
         wake_due()
 
@@ -475,7 +502,8 @@ def _sensor_timeouts(endings: Sequence[Ending], now: datetime) -> list[Ending]:
 
 
 def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release: Iterable[int] | None = None,
-                 dynamic: Iterable[int] | None = None, quiet: Iterable[int] = ()) -> int:
+                 dynamic: Iterable[int] | None = None, quiet: Iterable[int] = (),
+                 ended: Iterable[int] | None = None) -> int:
     """Decide the waiting children of these runs (of ``release`` only, when given: runs known to
     have no waiting tasks can skip that query), then end the runs that are complete. Returns how
     many children were released (made due). ``dynamic``: which of them map or branch, when the
@@ -485,7 +513,10 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
     mapped task's row stays active until every instance ended, so in such a run nothing but the
     map can move: its step (mapping.settle) runs alone, and the rest of the resolution (the
     children, the run's end) only where it ended a mapped task. A batch of instances in the
-    middle of a map costs one statement (mapping.SETTLE)."""
+    middle of a map costs one statement (mapping.SETTLE).
+
+    ``ended``: the task runs that just ended, when known (a worker's batch): in runs that neither
+    map nor branch, only their children are looked at (RELEASE_CHILDREN_OF)."""
     runs = sorted(set(run_ids))
     if not runs:
         return 0
@@ -497,12 +528,13 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
             dynamic = lock_runs(cursor, runs)
         quiet = sorted(set(quiet) & set(dynamic) & set(runs))
         if quiet:
-            freed, ended = mapping.settle(cursor, quiet, now)
+            freed, mapped_ended = mapping.settle(cursor, quiet, now)
             released += freed
-            going_on = set(quiet) - set(ended)
+            going_on = set(quiet) - set(mapped_ended)
             runs = [run_id for run_id in runs if run_id not in going_on]
             release = [run_id for run_id in release if run_id not in going_on]
-        released += _release(cursor, release, sorted(set(dynamic) & set(release)), now)
+        released += _release(cursor, release, sorted(set(dynamic) & set(release)), now,
+                             None if ended is None else sorted(set(ended)))
         finished = []
         if runs:
             cursor.execute(FINISH_RUNS, {"runs": runs, "now": now})
@@ -512,13 +544,15 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
     return released
 
 
-def _release(cursor, release: list[int], dynamic: list[int], now: datetime) -> int:
+def _release(cursor, release: list[int], dynamic: list[int], now: datetime, ended: list[int] | None = None) -> int:
     """Decide the waiting children of the runs ``release`` (``dynamic``: those of them that map
-    or branch); returns how many became due.
+    or branch); returns how many became due. ``ended``: the task runs that ended, when known.
 
     A child that ends (upstream_failed/skipped) can settle its own children, and so can a
     branch's choice or a mapped task's end: repeat until nothing more is decided. Each pass goes
     one level deeper, so the loop is bounded by the depth of the graph."""
+    if ended is not None and release and not dynamic:
+        return _release_children_of(cursor, ended, now)
     released = 0
     while release:
         settled = 0
@@ -528,7 +562,7 @@ def _release(cursor, release: list[int], dynamic: list[int], now: datetime) -> i
             released += freed
             settled += len(ended)
         cursor.execute(RELEASE_CHILDREN, {"runs": release, "now": now})
-        states = [row[0] for row in cursor.fetchall()]
+        states = [row[1] for row in cursor.fetchall()]
         released += states.count(TaskState.SCHEDULED)
         settled += sum(1 for state in states if state != TaskState.SCHEDULED)
         if dynamic:
@@ -538,6 +572,18 @@ def _release(cursor, release: list[int], dynamic: list[int], now: datetime) -> i
             settled += len(decided)
         if not settled:
             break
+    return released
+
+
+def _release_children_of(cursor, ended: list[int], now: datetime) -> int:
+    """Decide the waiting children of the task runs ``ended`` (of runs that neither map nor branch),
+    then those of the children decided as not running, a level per pass; returns how many are due."""
+    released = 0
+    while ended:
+        cursor.execute(RELEASE_CHILDREN_OF, {"ended": ended, "now": now})
+        rows = cursor.fetchall()
+        released += sum(1 for _, state in rows if state == TaskState.SCHEDULED)
+        ended = [task_run_id for task_run_id, state in rows if state != TaskState.SCHEDULED]
     return released
 
 

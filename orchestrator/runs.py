@@ -72,11 +72,15 @@ def apply_graph_options(run: Run, spec: dict, now: datetime) -> None:
 def task_runs_for(run: Run, tasks: dict[str, dict], due_at: datetime | None, hold: bool = False) -> list[TaskRun]:
     """Task run rows of a new run: roots due now (or at ``due_at``), the rest waiting for parents."""
     rows = []
+    children: dict[str, list[str]] = {name: [] for name in tasks}
+    for name, spec in tasks.items():
+        for parent in spec.get("upstream", []):
+            children.setdefault(parent, []).append(name)
     for name, spec in tasks.items():
         upstream = list(spec.get("upstream", []))
         root = not upstream
         rows.append(TaskRun(
-            run=run, task=name, spec=spec, upstream=upstream,
+            run=run, task=name, spec=spec, upstream=upstream, downstream=children[name],
             state=TaskState.SCHEDULED if root and not hold else TaskState.WAITING,
             due_at=due_at if root and not hold else None,
             queue=spec.get("queue", "default"), priority=run.priority + int(spec.get("priority", 0)),
@@ -333,7 +337,7 @@ def _columns(prefix: str, fields, objs, params: dict) -> tuple[bool, ...]:
             values = [getattr(obj, f.attname) for obj in objs]
         first = values[0] if values else None
         varies = any(value != first or type(value) is not type(first) for value in values)
-        if f.name == "upstream":  # an array column travels as JSON: an array of arrays must be rectangular
+        if f.name in ARRAY_COLUMNS:  # an array column travels as JSON: an array of arrays must be rectangular
             prep = Jsonb
         else:
             def prep(value, f=f):
@@ -341,6 +345,9 @@ def _columns(prefix: str, fields, objs, params: dict) -> tuple[bool, ...]:
         params[f"{prefix}{i}"] = [prep(value) for value in values] if varies else prep(first)
         shape.append(varies)
     return tuple(shape)
+
+
+ARRAY_COLUMNS = ("upstream", "downstream")  # a task run's parents and children by name
 
 
 def _task_fields():
@@ -353,11 +360,11 @@ def _insert_new_sql(run_shape: tuple[bool, ...], task_shape: tuple[bool, ...]) -
     run_fields, task_fields = _run_fields(), _task_fields()
 
     def typed(f, array: bool) -> str:
-        return f"{'jsonb' if f.name == 'upstream' else f.db_type(connection)}{'[]' if array else ''}"
+        return f"{'jsonb' if f.name in ARRAY_COLUMNS else f.db_type(connection)}{'[]' if array else ''}"
 
     def value(prefix: str, i: int, f, varies: bool) -> str:
         expression = f"u.{prefix}{i}" if varies else f"%({prefix}{i})s::{typed(f, False)}"
-        if f.name == "upstream":
+        if f.name in ARRAY_COLUMNS:
             return f"ARRAY(SELECT jsonb_array_elements_text({expression}))::{f.db_type(connection)}"
         return expression
 

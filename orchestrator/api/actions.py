@@ -12,7 +12,7 @@ from rest_framework import serializers
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
-from orchestrator import access, audit, clearing, notes
+from orchestrator import access, audit, clearing, notes, reads
 from orchestrator.api import serializers as s
 from orchestrator.api.base import APIBase, body, errors, get_run, validated
 from orchestrator.api.fields import Flag, Text
@@ -119,7 +119,7 @@ def do_clear(plan: clearing.ClearPlan) -> list[int]:
 
 
 def task_run_detail(pk: int) -> dict:
-    task_run = (TaskRun.objects.select_related("run__workflow")
+    task_run = (reads.listed_result(TaskRun.objects.select_related("run__workflow"))
                 .prefetch_related(Prefetch("attempt_set", Attempt.objects.select_related("worker"))).get(pk=pk))
     return s.TaskRunDetailSerializer(task_run).data
 

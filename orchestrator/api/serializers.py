@@ -13,7 +13,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from orchestrator import backfill as backfills
-from orchestrator import cron, reads
+from orchestrator import counts, cron, reads
 from orchestrator.api.fields import (
     AwareDateTimeField,
     Flag,
@@ -292,16 +292,50 @@ class AttemptSerializer(serializers.ModelSerializer):
 HIDDEN = "(hidden)"
 
 
+class MappedResultsSerializer(serializers.Serializer):
+    count = serializers.IntegerField(help_text="how many instances (and results) the mapped task has")
+    by_state = serializers.DictField(child=serializers.IntegerField(), help_text="its instances by state")
+    results_url = serializers.CharField(help_text="its instances with their results, in map-index order, "
+                                                  "a page at a time")
+
+
 class TaskRunDetailSerializer(TaskRunSerializer):
     run = serializers.IntegerField(source="run_id")
     workflow = serializers.CharField(source="run.workflow.name", allow_null=True, default=None)
     spec = serializers.SerializerMethodField(
         help_text="What the task runs; the values of a shell task's declared `env` are hidden (names only).")
     attempt_list = AttemptSerializer(source="attempt_set", many=True, read_only=True)
+    result = serializers.SerializerMethodField(
+        help_text="null for a mapped task's own task run: its results are its instances', paged at "
+                  "mapped.results_url")
+    mapped = serializers.SerializerMethodField(
+        help_text="a mapped task's own task run: its instances counted, and where their results are (null otherwise)")
+
     note = NoteField(task_run=True)
 
     class Meta(TaskRunSerializer.Meta):
-        fields = ["run", "workflow", *TaskRunSerializer.Meta.fields, "spec", "attempt_list", "note"]
+        fields = ["run", "workflow", *TaskRunSerializer.Meta.fields, "mapped", "spec", "attempt_list", "note"]
+
+    @staticmethod
+    def _is_mapped(task_run) -> bool:
+        return task_run.map_index == -1 and "map_over" in (task_run.spec or {})
+
+    @extend_schema_field(OpenApiTypes.ANY)
+    def get_result(self, task_run):
+        # A mapped task's own result is every instance's (100,000 of them, possibly): never loaded
+        # here (the view defers it), never sent in one answer.
+        if self._is_mapped(task_run):
+            return None
+        return task_run.listed_result if hasattr(task_run, "listed_result") else task_run.result
+
+    @extend_schema_field(MappedResultsSerializer(allow_null=True))
+    def get_mapped(self, task_run) -> dict | None:
+        if not self._is_mapped(task_run):
+            return None
+        by_state = counts.task_instance_counts(task_run.run_id, task_run.task)
+        url = reverse("orchestrator:api:run-task-runs", args=[task_run.run_id])
+        return {"count": sum(by_state.values()), "by_state": by_state,
+                "results_url": f"{url}?{urlencode({'task': task_run.task})}"}
 
     @extend_schema_field(OpenApiTypes.OBJECT)
     def get_spec(self, task_run) -> dict:

@@ -220,8 +220,9 @@ class TaskRunDetailView(APIBase):
 
 
 def get_task_run(pk: int, user) -> TaskRun:
-    """The task run ``pk`` with its attempts, that ``user`` may read, or a 404."""
-    task_run = (access.visible(user, TaskRun.objects.select_related("run__workflow"))
+    """The task run ``pk`` with its attempts, that ``user`` may read, or a 404. Its result as the
+    pages list it (reads.listed_result): a mapped task's own, every instance's result, is not read."""
+    task_run = (reads.listed_result(access.visible(user, TaskRun.objects.select_related("run__workflow")))
                 .prefetch_related(Prefetch("attempt_set", Attempt.objects.select_related("worker")))
                 .filter(pk=pk).first())
     if task_run is None:

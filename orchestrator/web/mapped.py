@@ -3,8 +3,9 @@ as one node, one row and one cell (its own row, map_index -1) with counts of its
 state; the instances are listed under that row, and all of them, page by page, on a page of their
 own (``mapped_instances``).
 
-A map over ten thousand items must not cost the run page ten thousand rows: counts come from
-one grouped query over the (run, task, map_index) index, and only a few instances are loaded.
+A map over ten thousand items must not cost the run page ten thousand rows: counts come from the
+counts kept as task runs change state (``counts.py``, a few rows per run), and only a few
+instances are loaded.
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db.models import Count, Max, Min
 from django.shortcuts import get_object_or_404
 
-from orchestrator import clock
+from orchestrator import clock, counts
 from orchestrator.limits import MAX_ID
 from orchestrator.models import TaskRun
 from orchestrator.states import TaskState
@@ -62,29 +62,14 @@ class Summary:
 
 
 def summaries(run_ids: list[int]) -> dict[tuple[int, str], Summary]:
-    """{(run id, task): Summary} of every mapped task with instances in these runs, in one query."""
-    found: dict[tuple[int, str], Summary] = {}
-    if not run_ids:
-        return found
-    rows = (TaskRun.objects.filter(run_id__in=run_ids, map_index__gte=0).order_by()
-            .values("run_id", "task", "state")
-            .annotate(n=Count("id"), first=Min("started_at"), last=Max("finished_at")))
-    for row in rows:
-        summary = found.setdefault((row["run_id"], row["task"]), Summary())
-        summary.counts[row["state"]] = row["n"]
-        if row["first"] and (summary.first_start is None or row["first"] < summary.first_start):
-            summary.first_start = row["first"]
-        if row["last"] and (summary.last_end is None or row["last"] > summary.last_end):
-            summary.last_end = row["last"]
-    return found
+    """{(run id, task): Summary} of every mapped task with instances in these runs, from the counts
+    kept as task runs change state (``counts.py``): a few rows per run, whatever the maps' sizes."""
+    return {key: Summary(by_state) for key, by_state in counts.runs_instance_counts(run_ids).items()}
 
 
 def task_summary(run_id: int, task: str) -> Summary:
-    """The instances of one mapped task counted by state: one grouped statement, a row per state,
-    read from taskrun_run_state alone (no table row, so no instance's result)."""
-    rows = (TaskRun.objects.filter(run_id=run_id, task=task, map_index__gte=0).order_by()
-            .values_list("state").annotate(n=Count("*")))
-    return Summary(dict(rows))
+    """The instances of one mapped task counted by state, from the counts kept (``counts.py``)."""
+    return Summary(counts.task_instance_counts(run_id, task))
 
 
 def is_mapped(tr: TaskRun) -> bool:
