@@ -123,9 +123,13 @@ def _submodules(module) -> list[str]:
 
 def _folder_queue(directory: Path, package: str) -> list[tuple[str, bool]]:
     directory = Path(directory)
-    parent = str(directory.parent)
-    if parent not in sys.path:
-        sys.path.insert(0, parent)  # the children inherit it, and so do the workers' imports here
+    parts = package.split(".")
+    # The folder that holds the package's top (tests/e2e/workflows as tests.e2e.workflows: the
+    # folder above tests), put last on the path: the children inherit it, and so do the workers'
+    # imports here, and it never hides a module of the project's own (``workflows`` above all).
+    top = directory.parents[len(parts) - 1] if directory.parts[-len(parts):] == tuple(parts) else directory.parent
+    if str(top) not in sys.path:
+        sys.path.append(str(top))
     return [(f"{package}.{path.stem}", False) for path in sorted(directory.glob("*.py"))
             if not path.name.startswith("_")]
 
