@@ -19,7 +19,7 @@ from orchestrator.models import Run, TaskRun, Workflow
 from orchestrator.params import ParamError
 from orchestrator.runs import RunError, trigger_workflow
 from orchestrator.states import RunState, Trigger
-from orchestrator.web import grid, lineage, mapped, svg
+from orchestrator.web import grid, lineage, mapped, svg, zones
 from orchestrator.web.errors import query_int
 from orchestrator.web.forms import (
     BackfillForm,
@@ -154,12 +154,12 @@ def schedules(wf: Workflow, now: datetime) -> list[tuple]:
 
 
 def workflow_context(wf: Workflow, now: datetime, *, run: int | None = None, grid_size: int = grid.RUNS,
-                     grid_before: int | None = None, submitted: dict | None = None, errors: dict | None = None,
-                     form_error: str = "") -> dict:
+                     grid_before: int | None = None, grid_filters: grid.Filters | None = None,
+                     submitted: dict | None = None, errors: dict | None = None, form_error: str = "") -> dict:
     """The workflow page: ``run`` is the run picked for the graph (the newest one shown when
     absent), ``submitted``, ``errors`` and ``form_error`` what the trigger form shows again."""
     upstream = svg.upstream_of(wf.spec)
-    cells = grid.grid_context(wf, upstream, now, grid_size, grid_before)
+    cells = grid.grid_context(wf, upstream, now, grid_size, grid_before, grid_filters)
     runs = cells["runs"]
     selected = Run.objects.filter(workflow=wf, pk=run).select_related("version").first() if run else None
     if selected is None and runs:
@@ -185,7 +185,7 @@ def _page_context(request, wf: Workflow, **form) -> dict:
     context = workflow_context(
         wf, clock.now(), grid_size=query_int(request, "runs", grid.RUNS, 1, grid.SIZES[-1]),
         grid_before=query_int(request, "before", None, 1, MAX_ID), run=query_int(request, "run", None, 1, MAX_ID),
-        **form,
+        grid_filters=grid.filters_from(request.GET, zones.for_request(request).zone), **form,
     )
     # The live part polls the workflow's GET view, also when this page answers a POST (a trigger
     # with bad params) whose own URL takes no GET.
