@@ -99,17 +99,20 @@ def workflow_list(request):
 def selected_graph(wf: Workflow, selected: Run | None, upstream: dict[str, list[str]]):
     """The graph of the picked run: its own version's tasks, each in its state and linking to its
     task run, a mapped task with its counts."""
+    spec = wf.spec
+    if selected is not None and selected.version_id and selected.version_id != wf.current_version_id:
+        spec = selected.version.spec
+        upstream = svg.upstream_of(spec)
+    shape = svg.shape_of(spec, lineage.url)
     if selected is None:
-        return svg.graph(upstream, {}, {}, {})
-    if selected.version_id and selected.version_id != wf.current_version_id:
-        upstream = svg.upstream_of(selected.version.spec)
+        return svg.graph(upstream, {}, {}, {}, shape)
     states, links = {}, {}
     for tr in TaskRun.objects.filter(run=selected, map_index=-1).only("id", "task", "state"):
         states[tr.task] = tr.state
         links[tr.task] = reverse("orchestrator:web:task_run", args=[tr.pk])
     notes = {task: (summary.short, summary.words)
              for (_run, task), summary in mapped.summaries([selected.pk] if selected.dynamic else []).items()}
-    return svg.graph(upstream, states, links, notes)
+    return svg.graph(upstream, states, links, notes, shape)
 
 
 def history(wf: Workflow, now: datetime) -> dict:
