@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from orchestrator.api import approvals, schema, views
+from orchestrator.api import approvals, datasets, schema, views
 from orchestrator.api.errors import not_found
 
 app_name = "api"
@@ -31,7 +31,7 @@ urlpatterns = [
     path("audit/", views.AuditListView.as_view(), name="audit"),
     path("approvals/", approvals.ApprovalListView.as_view(), name="approvals"),
     path("approvals/<int:pk>/answer/", approvals.ApprovalAnswerView.as_view(), name="approval-answer"),
-    path("dataset-events/", views.DatasetEventListView.as_view(), name="dataset-events"),
+    path("dataset-events/", datasets.DatasetEventsView.as_view(), name="dataset-events"),
     path("schema/", schema.SchemaView.as_view(), name="schema"),
     path("docs/", schema.DocsView.as_view(), name="docs"),
     # Any path at all, a line break in it too ("." stops at one, and "(?s)" cannot be reversed):

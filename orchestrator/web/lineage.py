@@ -1,22 +1,32 @@
 """Datasets on the pages: which workflows and tasks produce each dataset (``produces=[...]``),
 which workflows it triggers (``triggers=[On(...)]``), and its recent events with the runs they
 started. What is declared is read from the current versions of the workflows present; what
-happened from the events, so a dataset keeps its history after its producer is removed."""
+happened from the events, so a dataset keeps its history after its producer is removed.
+
+A dataset's page draws its lineage (producers → dataset → consumers) and lets an operator record
+an event by hand (data that arrived outside the orchestrator): the form asks for confirmation,
+saying which workflows the event will start, and the event is written to the audit log. The API
+does the same with ``POST api/dataset-events/``."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
+from django.contrib import messages
 from django.db.models import Count, Max, Prefetch
-from django.http import Http404
+from django.http import Http404, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.http import urlencode
 
+from orchestrator import audit, clock, datasets, limits
 from orchestrator.models import ConsumerRun, Dataset, DatasetEvent, Workflow
+from orchestrator.web import svg
 from orchestrator.web.errors import InvalidInput
-from orchestrator.web.kit import page, viewer_required
+from orchestrator.web.kit import operator_action, page, viewer_required
 
 EVENTS_SHOWN = 50
+MAX_METADATA = 65_536  # characters of metadata in an event recorded by hand
 
 
 @dataclass
@@ -89,18 +99,80 @@ def dataset_named(request):
     return dataset_detail(request, name)
 
 
-@viewer_required
-def dataset_detail(request, name):
+def known(name: str) -> tuple[Dataset | None, Declared]:
+    """The dataset's row (None before its first event) and what the workflows declare of it; a
+    404 for a name neither knows."""
     everything = declared()
     dataset = Dataset.objects.filter(name=name).first() if "\x00" not in name else None
     if dataset is None and name not in everything:
         raise Http404(f"No dataset named {name!r}.")
+    return dataset, everything.get(name, Declared(name))
+
+
+def lineage_graph(name: str, found: Declared) -> str:
+    """Producers (workflow.task) → the dataset → the workflows its events start."""
+    producers = [(f"{wf}.{task}", reverse("orchestrator:web:workflow", args=[wf])) for wf, task in found.producers]
+    consumers = [(wf, reverse("orchestrator:web:workflow", args=[wf])) for wf, _mode, _all in found.consumers]
+    return svg.lineage(name, producers, consumers)
+
+
+def dataset_context(name: str, dataset: Dataset | None, found: Declared, **form) -> dict:
     events = []
     if dataset is not None:
         events = list(DatasetEvent.objects.filter(dataset=dataset).order_by("-id").prefetch_related(
             Prefetch("consumers", queryset=ConsumerRun.objects.select_related("workflow", "run").order_by("id")))
             [:EVENTS_SHOWN])
-    return page(request, "orchestrator/web/dataset.html", {
-        "name": name, "dataset": dataset, "declared": everything.get(name, Declared(name)), "events": events,
+    return {
+        "name": name, "dataset": dataset, "declared": found, "events": events,
         "event_count": dataset.events.count() if dataset else 0, "shown": EVENTS_SHOWN,
-    })
+        "lineage": lineage_graph(name, found), "metadata_text": "", "metadata_error": "", **form,
+    }
+
+
+@viewer_required
+def dataset_detail(request, name):
+    dataset, found = known(name)
+    return page(request, "orchestrator/web/dataset.html", dataset_context(name, dataset, found))
+
+
+def parse_metadata(text: str) -> dict:
+    """The metadata of an event recorded by hand: a JSON object (empty text: none)."""
+    if not text.strip():
+        return {}
+    if len(text) > MAX_METADATA:
+        raise ValueError(f"metadata is {len(text):,} characters; at most {MAX_METADATA:,}")
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"metadata is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"metadata must be a JSON object ({{...}}), got a {type(value).__name__}")
+    problem = limits.json_problem(value)
+    if problem:
+        raise ValueError(f"metadata: {problem}")
+    return value
+
+
+@operator_action
+def dataset_event(request):
+    """Record an event of dataset ``name`` by hand: the form, then a confirmation that says which
+    workflows it starts, then the event (audited) and back to the dataset's page."""
+    name = request.POST.get("name", "")
+    if not name:
+        raise InvalidInput("name", "which dataset? Give its name in the form's name field")
+    dataset, found = known(name)
+    text = request.POST.get("metadata", "")
+    try:
+        metadata = parse_metadata(text)
+    except ValueError as exc:
+        return page(request, "orchestrator/web/dataset.html", dataset_context(
+            name, dataset, found, metadata_text=text, metadata_error=str(exc)), status=400)
+    if request.POST.get("confirm") != "yes":
+        return page(request, "orchestrator/web/dataset_event_confirm.html",
+                    {"name": name, "declared": found, "metadata": metadata, "metadata_text": text})
+    event = datasets.record_by_hand(name, metadata, now=clock.now())
+    audit.record("dataset_event", request=request, target=event, target_type="dataset_event", dataset=name,
+                 metadata=metadata)
+    starts = ", ".join(wf for wf, _mode, _all in found.consumers) or "no workflow"
+    messages.success(request, f"Recorded event #{event.pk} of {name}; consumers: {starts}.")
+    return HttpResponseRedirect(url(name))

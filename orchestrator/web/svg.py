@@ -228,6 +228,52 @@ def mapped_node(name: str, x: int, y: int, node_state: str, short: str, long: st
                        str(node_state).replace("_", " "), long, node)
 
 
+def lineage(dataset: str, producers: list[tuple[str, str]], consumers: list[tuple[str, str]]) -> SafeString:
+    """A dataset's lineage left to right: the tasks that produce it ("workflow.task", linking to
+    the workflow), the dataset, and the workflows its events start. Each item is (label, link)."""
+    rows = max(len(producers), len(consumers), 1)
+    height = PAD * 2 + rows * NODE_H + (rows - 1) * GAP_Y
+    columns = [producers, [(dataset, "")], consumers] if consumers else [producers, [(dataset, "")]]
+    if not producers:
+        columns = columns[1:]
+    width = PAD * 2 + len(columns) * NODE_W + (len(columns) - 1) * GAP_X
+    where: list[list[tuple[int, int]]] = []
+    for col, items in enumerate(columns):
+        offset = (rows - len(items)) * (NODE_H + GAP_Y) / 2
+        where.append([(PAD + col * (NODE_W + GAP_X), int(PAD + offset + row * (NODE_H + GAP_Y)))
+                      for row in range(len(items))])
+    parts = [format_html(
+        '<div class="dag-scroll" tabindex="0" role="region" aria-label="lineage of dataset {}">'
+        '<svg class="dag lineage" viewBox="0 0 {} {}" width="{}" height="{}" role="group"'
+        ' aria-label="{} producer(s), dataset {}, {} consumer(s)">',
+        dataset, width, height, width, height, len(producers), dataset, len(consumers))]
+    middle = 1 if producers else 0
+    (dx, dy), = where[middle]
+    if producers:
+        parts += [_edge(x + NODE_W, y, dx, dy) for x, y in where[0]]
+    if consumers:
+        parts += [_edge(dx + NODE_W, dy, x, y) for x, y in where[middle + 1]]
+    for col, items in enumerate(columns):
+        role = "dataset" if col == middle else "producer" if col < middle else "consumer"
+        for (label, link), (x, y) in zip(items, where[col], strict=True):
+            node = format_html(
+                '<g class="node {}"><title>{}: {}</title><rect x="{}" y="{}" width="{}" height="{}" rx="{}"/>'
+                '<text x="{}" y="{}">{}</text></g>',
+                "dataset" if role == "dataset" else "st-none lineage-" + role, role, label, x, y, NODE_W, NODE_H,
+                NODE_H // 2 if role == "dataset" else 5, x + 12, y + NODE_H // 2 + 4, _label(label, 21))
+            parts.append(format_html('<a href="{}" aria-label="{}: {}">{}</a>', link, role, label, node)
+                         if link else node)
+    parts.append(mark_safe("</svg></div>"))
+    return mark_safe("".join(str(part) for part in parts))
+
+
+def _edge(x1: int, y1: int, x2: int, y2: int) -> SafeString:
+    y1, y2 = y1 + NODE_H // 2, y2 + NODE_H // 2
+    mid = (x1 + x2) / 2
+    return format_html('<path class="edge" d="M{} {} C{} {} {} {} {} {}"/><path class="arrow" d="M{} {} l-6 -4 v8 z"/>',
+                       x1, y1, _n(mid), y1, _n(mid), y2, x2 - 4, y2, x2, y2)
+
+
 @dataclass
 class Bar:
     run_id: int
