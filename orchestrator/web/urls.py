@@ -4,6 +4,7 @@ from django.urls import path, register_converter
 from orchestrator.web import (
     approvals,
     audit,
+    calendar,
     code,
     dashboard,
     dead_letter,
@@ -45,6 +46,7 @@ urlpatterns = [
     path("workflows/<stored_name:name>/pause/", workflows.workflow_pause, name="workflow_pause"),
     path("workflows/<stored_name:name>/resume/", workflows.workflow_resume, name="workflow_resume"),
     path("workflows/<stored_name:name>/backfill/", workflows.workflow_backfill, name="workflow_backfill"),
+    path("workflows/<stored_name:name>/calendar/", calendar.workflow_calendar, name="workflow_calendar"),
     path("workflows/<stored_name:name>/code/", code.workflow_code, name="workflow_code"),
     path("workflows/<stored_name:name>/", workflows.workflow_detail, name="workflow"),
     path("runs/", runs.run_list, name="runs"),
