@@ -49,7 +49,7 @@ def test_days_are_counted_in_sql_coloured_by_their_worst_state_and_link_to_their
     assert not any('"orchestrator_run"."id"' in q["sql"] for q in queries.captured_queries)
 
     assert 'class="day st-succeeded" href="/runs/?workflow=nightly_etl&since=2026-03-01&until=2026-03-01"' in page
-    assert 'title="2026-03-01: 30 runs (30 succeeded)"' in page
+    assert 'title="2026-03-01: 30 runs (30 succeeded)" aria-label="1 March 2026: 30 runs (30 succeeded)"' in page
     assert 'class="day st-failed"' in page and "2026-03-02: 6 runs (1 failed, 5 succeeded)" in page
     assert "36 runs on 2 days: 1 failed, 35 succeeded" in page
     assert "2025-12-31" not in page

@@ -32,9 +32,9 @@ def test_the_page_draws_producers_the_dataset_and_consumers(client, synced):
     client.force_login(user("victor", access.VIEWERS))
     page = text(client.get(lineage.url(NAME)))
     assert f"lineage of dataset {NAME}" in page
-    assert 'aria-label="producer: regional_sales.publish"' in page
-    assert 'aria-label="consumer: sales_dashboard"' in page
-    assert f"<title>dataset: {NAME}</title>" in page
+    assert 'aria-label="regional_sales.publish: producer"' in page
+    assert 'aria-label="sales_dashboard: consumer"' in page
+    assert f"<title>{NAME}: dataset</title>" in page
     # A viewer gets no form.
     assert 'id="record-event"' not in page
 

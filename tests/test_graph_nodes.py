@@ -41,19 +41,20 @@ def test_each_node_says_what_its_task_is_and_datasets_are_nodes_linking_to_their
 
     found = labels(drawing)
     assert "task graph, 5 tasks" in found  # dataset nodes are not counted as tasks
-    assert "wait (sensor): sensing" in found
-    assert "pick (branch): no run" in found and "big (mapped): no run" in found
-    assert "small (approval): no run" in found and "publish: no run" in found
-    assert "dataset raw <orders>, starts this workflow" in found
-    assert "dataset s3://b/../x, produced" in found and "dataset daily, produced" in found
-    # The badge is drawn; every name is escaped; a dataset links by query (dot segments kept).
-    assert '<text class="kind" ' in drawing and ">sensor</text>" in drawing
+    # Each accessible name starts with the node's visible text (its name, then its badge).
+    assert "wait sensor: sensing" in found
+    assert "pick branch: no run" in found and "big mapped: no run" in found
+    assert "small approval: no run" in found and "publish: no run" in found
+    assert "raw <orders>: dataset, starts this workflow" in found
+    assert "s3://b/../x: dataset, produced" in found and "daily: dataset, produced" in found
+    # The badge is drawn in the name's text; every name is escaped; a dataset links by query.
+    assert '<tspan class="kind" ' in drawing and ">sensor</tspan></text>" in drawing
     assert "raw <orders>" not in drawing and "raw &lt;orders&gt;" in drawing
     assert f'href="{html.escape(lineage.url("s3://b/../x"))}"' in drawing
     # The consumed dataset is drawn left of the first task, the produced ones right of publish.
     x = {name: int(re.search(rf'<title>{re.escape(title)}[^<]*</title><rect x="(\d+)"', drawing).group(1))
-         for name, title in [("in", "dataset raw &lt;orders&gt;"), ("wait", "wait (sensor)"),
-                             ("publish", "publish:"), ("out", "dataset daily")]}
+         for name, title in [("in", "raw &lt;orders&gt;: dataset"), ("wait", "wait sensor:"),
+                             ("publish", "publish:"), ("out", "daily: dataset")]}
     assert x["in"] < x["wait"] < x["publish"] < x["out"]
 
 
@@ -69,12 +70,19 @@ def test_the_workflow_and_run_pages_draw_kinds_and_datasets(client):
     client.force_login(user("victor", access.VIEWERS))
     sales = Workflow.objects.get(name="regional_sales")
     page = html.unescape(client.get(reverse("orchestrator:web:workflow", args=[sales.name])).content.decode())
-    assert "export_ready (sensor): no run" in page and "summarize (mapped): no run" in page
-    assert "dataset regional_sales_daily, produced" in page
+    assert "export_ready sensor: no run" in page and "summarize mapped: no run" in page
+    assert "regional_sales_daily: dataset, produced" in page
     dashboard = Workflow.objects.get(name="sales_dashboard")
     page = html.unescape(client.get(reverse("orchestrator:web:workflow", args=[dashboard.name])).content.decode())
-    assert "dataset regional_sales_daily, starts this workflow" in page
+    assert "regional_sales_daily: dataset, starts this workflow" in page
 
     run, _ = create_run(sales, trigger="manual")
     page = html.unescape(client.get(reverse("orchestrator:web:run", args=[run.pk])).content.decode())
-    assert "export_ready (sensor): " in page and "dataset regional_sales_daily, produced" in page
+    assert "export_ready sensor: " in page and "regional_sales_daily: dataset, produced" in page
+
+
+def test_a_long_dataset_name_is_drawn_whole_squeezed_into_its_node():
+    name = "s3://a-rather-long-bucket-name/with/a/deep/path/daily.parquet"
+    shape = svg.shape_of({"tasks": {"t": {"upstream": [], "produces": [name]}}}, lineage.url)
+    drawing = html.unescape(str(svg.graph({"t": []}, {}, {}, None, shape)))
+    assert f'lengthAdjust="spacingAndGlyphs">{name}</text>' in drawing

@@ -54,6 +54,11 @@ class Day:
         return next((s for s in WORST_FIRST if self.counts.get(s)), "none")
 
     @property
+    def said(self) -> str:
+        """Its accessible name: the visible day number first, then what the title says."""
+        return f"{self.day.day} {self.day:%B %Y}: " + self.words.partition(": ")[2]
+
+    @property
     def words(self) -> str:
         if not self.counts:
             return f"{self.day.isoformat()}: no runs"

@@ -31,11 +31,17 @@ MOST_BYTES = 1_000_000  # a module larger than this is shown up to here
 
 @dataclass
 class Source:
+    module: str
     path: Path
     text: str
     size: int  # bytes of the whole file
     sha256: str
     modified: datetime
+
+    @property
+    def shown_path(self) -> str:
+        """The file's path under its import root (the server's folders are not shown)."""
+        return "/".join(self.module.split(".")) + ("/__init__.py" if self.path.name == "__init__.py" else ".py")
 
     @property
     def lines(self) -> list[tuple[int, str]]:
@@ -66,7 +72,7 @@ def read_source(module: str) -> Source | None:
     if path is None:
         return None
     data = path.read_bytes()
-    return Source(path=path, text=data[:MOST_BYTES].decode("utf-8", errors="replace"), size=len(data),
+    return Source(module=module, path=path, text=data[:MOST_BYTES].decode("utf-8", errors="replace"), size=len(data),
                   sha256=hashlib.sha256(data).hexdigest(),
                   modified=datetime.fromtimestamp(path.stat().st_mtime, tz=UTC))
 

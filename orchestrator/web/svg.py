@@ -175,12 +175,13 @@ def task_node(name: str, x: int, y: int, node_state: str, kind: str | None, link
     """A task: its state's colour, its name, and a badge saying what it is (sensor, branch,
     approval, mapped) when it is more than a plain task."""
     label = str(node_state).replace("_", " ") if node_state != "none" else "no run"
-    said = f"{name} ({kind})" if kind else name
-    badge = format_html('<text class="kind" x="{}" y="{}" text-anchor="end">{}</text>', x + NODE_W - 7,
-                        y + NODE_H // 2 + 4, kind) if kind else ""
+    # The badge is a tspan of the name's text element, so that the two read as words and the
+    # accessible name ("name kind: state") holds the visible text.
+    said = f"{name} {kind}" if kind else name
+    badge = format_html(' <tspan class="kind" x="{}" text-anchor="end">{}</tspan>', x + NODE_W - 7, kind) if kind else ""
     node = format_html(
         '<g class="node st-{}{}"><title>{}: {}</title><rect x="{}" y="{}" width="{}" height="{}" rx="5"/>'
-        '<circle cx="{}" cy="{}" r="4"/><text x="{}" y="{}">{}</text>{}</g>',
+        '<circle cx="{}" cy="{}" r="4"/><text x="{}" y="{}">{}{}</text></g>',
         node_state, " has-kind" if kind else "", said, label, x, y, NODE_W, NODE_H, x + 12, y + NODE_H // 2,
         x + 22, y + NODE_H // 2 + 4, _label(name, 13 if kind else 22), badge,
     )
@@ -195,11 +196,11 @@ def dataset_node(key: str, x: int, y: int, shape: Shape) -> SafeString:
     linking to the dataset's page."""
     consumed = key.startswith(CONSUMED)
     name = key.removeprefix(CONSUMED if consumed else PRODUCED)
-    said = f"dataset {name}, {'starts this workflow' if consumed else 'produced'}"
+    said = f"{name}: dataset, {'starts this workflow' if consumed else 'produced'}"
     node = format_html(
         '<g class="node dataset"><title>{}</title><rect x="{}" y="{}" width="{}" height="{}" rx="{}"/>'
-        '<text x="{}" y="{}">{}</text></g>',
-        said, x, y, NODE_W, NODE_H, NODE_H // 2, x + 14, y + NODE_H // 2 + 4, _label(name, 20),
+        '<text x="{}" y="{}"{}>{}</text></g>',
+        said, x, y, NODE_W, NODE_H, NODE_H // 2, x + 14, y + NODE_H // 2 + 4, _fit(name, NODE_W - 28), name,
     )
     link = shape.dataset_links.get(name)
     return format_html('<a href="{}" aria-label="{}">{}</a>', link, said, node) if link else node
@@ -226,6 +227,14 @@ def mapped_node(name: str, x: int, y: int, node_state: str, short: str, long: st
     # two read as words), as a spoken label must.
     return format_html('<a id="{}" href="{}" aria-label="{} {} ended: {}, {}">{}</a>', node_id, link, name, short,
                        str(node_state).replace("_", " "), long, node)
+
+
+def _fit(text: str, width: int) -> SafeString:
+    """Attributes that squeeze ``text`` into ``width`` px when it is longer: the whole text stays
+    drawn (and is what a screen reader's name holds), never cut with an ellipsis."""
+    if len(text) * 7.3 <= width:  # 12 px monospace
+        return mark_safe("")
+    return format_html(' textLength="{}" lengthAdjust="spacingAndGlyphs"', width)
 
 
 def lineage(dataset: str, producers: list[tuple[str, str]], consumers: list[tuple[str, str]]) -> SafeString:
@@ -258,10 +267,10 @@ def lineage(dataset: str, producers: list[tuple[str, str]], consumers: list[tupl
         for (label, link), (x, y) in zip(items, where[col], strict=True):
             node = format_html(
                 '<g class="node {}"><title>{}: {}</title><rect x="{}" y="{}" width="{}" height="{}" rx="{}"/>'
-                '<text x="{}" y="{}">{}</text></g>',
-                "dataset" if role == "dataset" else "st-none lineage-" + role, role, label, x, y, NODE_W, NODE_H,
-                NODE_H // 2 if role == "dataset" else 5, x + 12, y + NODE_H // 2 + 4, _label(label, 21))
-            parts.append(format_html('<a href="{}" aria-label="{}: {}">{}</a>', link, role, label, node)
+                '<text x="{}" y="{}"{}>{}</text></g>',
+                "dataset" if role == "dataset" else "st-none lineage-" + role, label, role, x, y, NODE_W, NODE_H,
+                NODE_H // 2 if role == "dataset" else 5, x + 12, y + NODE_H // 2 + 4, _fit(label, NODE_W - 24), label)
+            parts.append(format_html('<a href="{}" aria-label="{}: {}">{}</a>', link, label, role, node)
                          if link else node)
     parts.append(mark_safe("</svg></div>"))
     return mark_safe("".join(str(part) for part in parts))
