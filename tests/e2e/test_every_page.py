@@ -285,7 +285,10 @@ def test_every_page_passes_axe_fits_its_window_and_loads_every_request_in_both_t
         page.click("#trigger button[type=submit]")
 
     visit(page, base, "workflow-refused-trigger", None, report, action=refused_trigger)
+    # The refused field has the focus and is described by its error.
     assert page.evaluate("document.activeElement.id") == "p-orders"
+    assert page.get_attribute("#p-orders", "aria-invalid") == "true"
+    assert "e-orders" in page.get_attribute("#p-orders", "aria-describedby")
 
     def confirm_retry():
         page.goto(base + "/dead-letter/")
@@ -305,6 +308,16 @@ def test_every_page_passes_axe_fits_its_window_and_loads_every_request_in_both_t
     for name, path in admin_pages().items():
         if not ONLY or re.search(ONLY, name):
             visit(page, base, name, path, report)
+
+    # At 390 px the header's links stay on the dark header band, readable.
+    page.set_viewport_size({"width": 390, "height": 900})
+    page.emulate_media(color_scheme="light")
+    page.goto(base + "/runs/")
+    header = page.locator("header.top").bounding_box()
+    for link in page.locator("header nav a").all():
+        box = link.bounding_box()
+        assert header["y"] <= box["y"] and box["y"] + box["height"] <= header["y"] + header["height"], box
+        assert box["x"] >= 0 and box["x"] + box["width"] <= 390, box
 
     (ARTIFACTS / "every-page-axe.json").write_text(json.dumps(report, indent=1))
     too_wide = {key: r["scroll_width"] for key, r in report.items() if r["scroll_width"] > r["width"]}
