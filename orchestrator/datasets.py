@@ -30,7 +30,7 @@ from datetime import datetime
 from django.db import connection, transaction
 
 from orchestrator.channels import wake_schedulers
-from orchestrator.models import Workflow
+from orchestrator.models import Dataset, DatasetEvent, Workflow
 from orchestrator.params import ParamError, clean_params
 from orchestrator.runs import create_run
 from orchestrator.states import RunState, TaskState, Trigger
@@ -150,6 +150,18 @@ def record_events(succeeded: Sequence[int], metadata: dict[int, str] | None = No
         if created:
             wake_schedulers()
     return created
+
+
+def record_by_hand(name: str, metadata: dict, *, now: datetime) -> DatasetEvent:
+    """An event of dataset ``name`` recorded by an operator (the web page or the API; the caller
+    writes the audit record): no producing task run, the logical date ``now``. Its consumers are
+    started by the scheduler as for any event; it is woken at commit."""
+    with transaction.atomic():
+        dataset, _ = Dataset.objects.get_or_create(name=name)
+        event = DatasetEvent.objects.create(dataset=dataset, workflow="", task="", logical_date=now,
+                                            metadata=metadata, created_at=now, handled=False)
+        wake_schedulers()
+    return event
 
 
 # --- consuming -----------------------------------------------------------------------------------

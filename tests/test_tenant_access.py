@@ -166,6 +166,8 @@ CASES = [
     Case("web:workflow_backfill", ACT, "post", args=wf,
          data=lambda w: {"start": "2026-02-01T00:00", "end": "2026-02-01T23:00", "schedule": "",
                          "reprocess": "none"}, label="(a dry run first)"),
+    Case("web:workflow_calendar", READ, args=wf),
+    Case("web:workflow_code", READ, args=wf),
     Case("web:runs", LIST),
     Case("web:run", READ, args=run),
     Case("web:run_cancel", ACT, "post", args=run, data=lambda w: {}),
@@ -181,6 +183,7 @@ CASES = [
     Case("web:runs_bulk", ACT, "post", data=lambda w: {"action": "mark-succeeded", "ids": [w.run.pk]},
          label="(its dry run)"),
     Case("web:task_run_clear", READ, args=dead, label="(the dialog)"),
+    Case("web:task_run_result", READ, args=dead),
     Case("web:task_run_note", ACT, "post", args=dead, data=lambda w: {"text": "a note"}),
     Case("web:dead_letter", LIST),
     Case("web:dead_letter", ACT, "post", data=lambda w: {"action": "retry", "ids": [w.dead.pk], "confirmed": "on"},
@@ -193,6 +196,8 @@ CASES = [
     Case("web:datasets", LIST),
     Case("web:dataset_named", READ, query=lambda w: {"name": w.dataset}),
     Case("web:dataset", READ, args=lambda w: [w.dataset]),
+    Case("web:dataset_event", ACT, "post", data=lambda w: {"name": w.dataset, "confirm": "yes"},
+         label="(starts every tenant's consumers: global operators)"),
     Case("web:clock", OPEN, "post", data=lambda w: {"clock": "utc"}, label="(own preference)"),
     # --- the operational endpoints
     Case("healthz", OPEN),
@@ -239,6 +244,8 @@ CASES = [
     Case("api:approval-answer", ACT, "post", args=lambda w: [w.approval.pk], data=lambda w: {"answer": "yes"}),
     Case("api:dataset-events", LIST),
     Case("api:dataset-events", READ, query=lambda w: {"dataset": w.dataset}, label="?dataset="),
+    Case("api:dataset-events", ACT, "post", data=lambda w: {"dataset": w.dataset},
+         label="record (global operators)"),
     Case("api:metrics", LIST),
     Case("api:grants", LIST),
     Case("api:grants", ACT, "post", data=lambda w: {"group": "Viewers", "role": "viewer",
@@ -287,7 +294,7 @@ def snapshot() -> tuple:
                                                                                               "attempts")),
             sorted(Workflow.objects.values_list("id", "paused")), sorted(Approval.objects.values_list("id", "state")),
             Backfill.objects.count(), sorted(TenantGrant.objects.values_list("id", "role", "tenant")),
-            sorted(Note.objects.values_list("id", "text")))
+            sorted(Note.objects.values_list("id", "text")), DatasetEvent.objects.count())
 
 
 def ask(client: Client, case: Case, world: World, pattern: str, markers: tuple[str, ...]) -> str:
@@ -396,7 +403,8 @@ def test_the_matrix_refuses_tenant_b_to_tenant_a_and_matches_the_readme(tmp_path
         for identity in ("Viewer of A", "global Viewer", "anonymous"):
             assert cells[(case.route, case.label, identity)]["B"] != "done", (case.route, identity)
     # And tenant A's own objects are theirs: read by its viewer, changed by its operator.
-    for route in ("web:run", "web:task_run", "web:attempt_log", "web:dataset", "api:run", "api:task-run",
+    for route in ("web:run", "web:task_run", "web:attempt_log", "web:dataset", "web:task_run_result",
+                  "web:workflow_code", "web:workflow_calendar", "api:run", "api:task-run",
                   "api:attempt-log", "api:job", "api:backfill"):
         assert cells[(route, "", "Viewer of A")] == {"A": "shown", "B": "404"}, route
     for route in ("web:runs", "web:dashboard", "web:dead_letter", "web:workflows", "web:datasets", "api:runs",

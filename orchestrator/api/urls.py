@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from orchestrator.api import actions, approvals, grants, metrics, schema, secrets, views
+from orchestrator.api import actions, approvals, datasets, grants, metrics, schema, secrets, views
 from orchestrator.api.errors import not_found
 
 app_name = "api"
@@ -36,7 +36,7 @@ urlpatterns = [
     path("audit/", views.AuditListView.as_view(), name="audit"),
     path("approvals/", approvals.ApprovalListView.as_view(), name="approvals"),
     path("approvals/<int:pk>/answer/", approvals.ApprovalAnswerView.as_view(), name="approval-answer"),
-    path("dataset-events/", views.DatasetEventListView.as_view(), name="dataset-events"),
+    path("dataset-events/", datasets.DatasetEventsView.as_view(), name="dataset-events"),
     path("secrets/", secrets.SecretListView.as_view(), name="secrets"),
     path("secrets/<str:kind>/<str:name>/", secrets.SecretDetailView.as_view(), name="secret"),
     path("metrics/", metrics.MetricsView.as_view(), name="metrics"),

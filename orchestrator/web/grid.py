@@ -4,18 +4,26 @@ glance), and in it a bar as tall as the task run took against the longest one sh
 
 A page of the grid reads one page of runs on the (workflow, logical_date, id) index and their
 task runs (mapped instances counted, not loaded), so it costs the same however long the history.
+
+Filters (``?state=``, ``?trigger=``, ``?since=``/``?until=`` dates in the viewer's clock) narrow
+the runs shown and stay in every link of the grid (sizes, older, newest, a picked run). A date
+range bounds the index range walked; a state or trigger filter is checked on the rows the walk
+meets.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, tzinfo
 
 from django.db.models import Q
 from django.utils.http import urlencode
 
 from orchestrator.models import Run, TaskRun, Workflow
+from orchestrator.states import RunState, Trigger
 from orchestrator.web import mapped, svg
-from orchestrator.web.kit import seconds
+from orchestrator.web.errors import InvalidInput
+from orchestrator.web.kit import day_bounds, seconds
 
 RUNS = 25
 SIZES = (25, 50, 100, 200)
@@ -35,11 +43,72 @@ def bar(took: float | None, longest: float) -> tuple[int, int]:
     return BAR - height, height
 
 
-def page_of_runs(wf: Workflow, size: int, before: int | None) -> tuple[list[Run], bool, bool]:
+@dataclass(frozen=True)
+class Filters:
+    """What the grid shows: runs in ``state``, started by ``trigger``, with a logical date from
+    day ``since`` to day ``until`` (both included) in ``zone``."""
+
+    state: str = ""
+    trigger: str = ""
+    since: date | None = None
+    until: date | None = None
+    zone: tzinfo | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.state or self.trigger or self.since or self.until)
+
+    def query(self) -> dict[str, str]:
+        """The filters as query parameters, for the grid's links."""
+        found = {"state": self.state, "trigger": self.trigger,
+                 "since": self.since.isoformat() if self.since else "",
+                 "until": self.until.isoformat() if self.until else ""}
+        return {key: value for key, value in found.items() if value}
+
+    def apply(self, runs):
+        if self.state:
+            runs = runs.filter(state=self.state)
+        if self.trigger:
+            runs = runs.filter(trigger=self.trigger)
+        lo, hi = day_bounds(self.since, self.until, self.zone or UTC)
+        if lo:
+            runs = runs.filter(logical_date__gte=lo)
+        if hi:
+            runs = runs.filter(logical_date__lt=hi)
+        return runs
+
+
+def _choice(params, name: str, choices) -> str:
+    value = params.get(name, "")
+    if value and value not in choices.values:
+        raise InvalidInput(name, f"{name} must be one of {', '.join(choices.values)}, got {value[:80]!r}")
+    return value
+
+
+def _day(params, name: str) -> date | None:
+    value = params.get(name, "")
+    if not value:
+        return None
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise InvalidInput(name, f"{name} must be a date as YYYY-MM-DD, got {value[:80]!r}") from None
+
+
+def filters_from(params, zone: tzinfo | None = None) -> Filters:
+    """The grid's filters from a query (``request.GET``); a bad value is a 400 naming it."""
+    found = Filters(state=_choice(params, "state", RunState), trigger=_choice(params, "trigger", Trigger),
+                    since=_day(params, "since"), until=_day(params, "until"), zone=zone)
+    if found.since and found.until and found.since > found.until:
+        raise InvalidInput("since", f"since ({found.since}) is after until ({found.until})")
+    return found
+
+
+def page_of_runs(wf: Workflow, size: int, before: int | None,
+                 filters: Filters | None = None) -> tuple[list[Run], bool, bool]:
     """Up to ``size`` runs of ``wf`` by logical date, oldest first, ending just before run
     ``before`` (or at the newest); whether older runs exist; whether the page was pivoted on an
     existing run."""
-    runs = Run.objects.filter(workflow=wf)
+    runs = (filters or Filters()).apply(Run.objects.filter(workflow=wf))
     pivot = Run.objects.filter(workflow=wf, pk=before).values_list("logical_date", "id").first() if before else None
     if pivot:
         runs = runs.filter(Q(logical_date__lt=pivot[0]) | Q(logical_date=pivot[0], pk__lt=pivot[1]))
@@ -69,14 +138,22 @@ def cells(runs: list[Run], now: datetime) -> dict[tuple[int, str], TaskRun]:
 
 
 def grid_context(wf: Workflow, upstream: dict[str, list[str]], now: datetime, size: int = RUNS,
-                 before: int | None = None) -> dict:
-    """The grid of ``wf``: ``size`` runs (``?runs=``), those before run ``before`` (``?before=``)."""
-    runs, has_older, paged = page_of_runs(wf, size, before)
+                 before: int | None = None, filters: Filters | None = None) -> dict:
+    """The grid of ``wf``: ``size`` runs (``?runs=``), those before run ``before`` (``?before=``),
+    those that pass ``filters``."""
+    filters = filters or Filters()
+    runs, has_older, paged = page_of_runs(wf, size, before, filters)
     found = cells(runs, now)
     order = svg.task_order(upstream)
     extra = sorted({task for (_run, task) in found} - set(order))
-    query = {"runs": size} if size != RUNS else {}
+    kept = filters.query()
+    query = {**kept, **({"runs": size} if size != RUNS else {})}
     return {
+        "grid_filters": filters,
+        "grid_states": RunState.values,
+        "grid_triggers": Trigger.values,
+        "grid_sizes_qs": [(n, urlencode({**kept, **({"runs": n} if n != RUNS else {})})) for n in SIZES],
+        "grid_filtered": bool(filters),
         "runs": runs,
         "grid_rows": [(task, [(run, found.get((run.pk, task))) for run in runs]) for task in order + extra],
         "grid_bar": BAR,

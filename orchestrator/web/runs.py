@@ -16,7 +16,7 @@ from orchestrator import access, approvals, audit, clock, control, reads
 from orchestrator.limits import MAX_ID
 from orchestrator.models import Attempt, Run, TaskRun
 from orchestrator.states import TaskState
-from orchestrator.web import actions, mapped, svg, zones
+from orchestrator.web import actions, lineage, mapped, svg, zones
 from orchestrator.web.errors import query_int
 from orchestrator.web.forms import RUN_BULK_ACTIONS, RunFilterForm
 from orchestrator.web.kit import (
@@ -135,7 +135,8 @@ def run_context(run: Run, now: datetime, after: int | None = None) -> dict:
     graph = None
     if upstream is not None:
         graph = svg.graph(upstream, {tr.task: tr.state for tr in task_runs}, {tr.task: tr.url for tr in task_runs},
-                          {task: (summary.short, summary.words) for task, summary in summaries.items()})
+                          {task: (summary.short, summary.words) for task, summary in summaries.items()},
+                          svg.shape_of({"tasks": {tr.task: tr.spec for tr in task_runs}}, lineage.url))
     return {
         "run": run,
         "task_runs": task_runs,

@@ -8,7 +8,8 @@ stylesheet.
 from __future__ import annotations
 
 import graphlib
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
@@ -59,14 +60,68 @@ def _label(name: str, limit: int = 22) -> str:
     return name if len(name) <= limit else name[: limit - 1] + "…"
 
 
+# What a node is, as its badge says it (the spec's options, first that applies).
+KINDS = (("sensor", "sensor"), ("branch", "branch"), ("approval", "approval"), ("map_over", "mapped"))
+# Dataset nodes are drawn among the tasks under names no task can have (a control character).
+CONSUMED, PRODUCED = "\x1fin:", "\x1fout:"
+
+
+@dataclass
+class Shape:
+    """What the graph shows besides tasks and edges: each task's kind (a badge on its node), the
+    datasets whose events start the workflow (nodes before its first tasks) and those its tasks
+    produce (nodes after each producer), each linking to its dataset page."""
+
+    kinds: dict[str, str] = field(default_factory=dict)
+    consumes: list[str] = field(default_factory=list)
+    produces: dict[str, list[str]] = field(default_factory=dict)
+    dataset_links: dict[str, str] = field(default_factory=dict)
+
+
+def shape_of(spec: dict, dataset_url: Callable[[str], str]) -> Shape:
+    """The Shape of a graph version's spec; ``dataset_url`` gives a dataset page's address."""
+    tasks = spec.get("tasks", {})
+    kinds = {}
+    for name, task in tasks.items():
+        kind = next((label for key, label in KINDS if task.get(key)), None)
+        if kind:
+            kinds[name] = kind
+    consumes = sorted({d for trigger in spec.get("triggers", []) for d in trigger.get("datasets", [])})
+    produces = {name: list(task["produces"]) for name, task in tasks.items() if task.get("produces")}
+    named = set(consumes) | {d for names in produces.values() for d in names}
+    return Shape(kinds, consumes, produces, {d: dataset_url(d) for d in named})
+
+
+def with_datasets(upstream: dict[str, list[str]], shape: Shape) -> dict[str, list[str]]:
+    """``upstream`` with the shape's dataset nodes: a consumed dataset is a parent of the first
+    tasks, a produced one a child of its producer."""
+    if not shape.consumes and not shape.produces:
+        return upstream
+    drawn = {name: list(parents) for name, parents in upstream.items()}
+    roots = [name for name, parents in upstream.items() if not parents]
+    for dataset in shape.consumes:
+        drawn[CONSUMED + dataset] = []
+        for root in roots:
+            drawn[root].append(CONSUMED + dataset)
+    for task, datasets in shape.produces.items():
+        for dataset in datasets:
+            if task in drawn:
+                drawn.setdefault(PRODUCED + dataset, []).append(task)
+    return drawn
+
+
 def graph(upstream: dict[str, list[str]], states: dict[str, str], links: dict[str, str],
-          notes: dict[str, tuple[str, str]] | None = None) -> SafeString:
+          notes: dict[str, tuple[str, str]] | None = None, shape: Shape | None = None) -> SafeString:
     """The DAG left to right, one column per generation; each node coloured by its state and
     linked to its task run when there is one (the link named "task: state"), in a view that
     pans and zooms (static/orchestrator/graph.js). ``notes`` adds (short, long) text to a node: a
-    mapped task's instance counts (see ``mapped_node``)."""
+    mapped task's instance counts (see ``mapped_node``); ``shape`` the tasks' kinds and the
+    datasets consumed and produced."""
     if not upstream:
         return mark_safe('<p class="muted">This workflow has no tasks.</p>')
+    shape = shape or Shape()
+    task_count = len(upstream)
+    upstream = with_datasets(upstream, shape)
     columns = layers(upstream)
     tallest = max(len(column) for column in columns)
     width = PAD * 2 + len(columns) * NODE_W + (len(columns) - 1) * GAP_X
@@ -89,7 +144,7 @@ def graph(upstream: dict[str, list[str]], states: dict[str, str], links: dict[st
         '<div class="dag-scroll" tabindex="0" role="region" aria-label="task graph: scroll to pan">'
         '<svg class="dag" viewBox="0 0 {} {}" width="{}" height="{}" role="group"'
         ' aria-label="task graph, {} tasks">',
-        width, height, width, height, len(where),
+        width, height, width, height, task_count,
     )]
     for child, parents in upstream.items():
         for parent in parents:
@@ -103,25 +158,52 @@ def graph(upstream: dict[str, list[str]], states: dict[str, str], links: dict[st
             ))
             parts.append(format_html('<path class="arrow" d="M{} {} l-6 -4 v8 z"/>', x2, y2))
     for index, (name, (x, y)) in enumerate(where.items()):
-        if notes and name in notes:
+        if name.startswith((CONSUMED, PRODUCED)):
+            parts.append(dataset_node(name, x, y, shape))
+        elif notes and name in notes:
             parts.append(mapped_node(name, x, y, states.get(name, "none"), *notes[name], links.get(name),
                                      node_id=f"node-{index}"))
-            continue
-        node_state = states.get(name, "none")
-        label = str(node_state).replace("_", " ") if node_state != "none" else "no run"
-        node = format_html(
-            '<g class="node st-{}"><title>{}: {}</title><rect x="{}" y="{}" width="{}" height="{}" rx="5"/>'
-            '<circle cx="{}" cy="{}" r="4"/><text x="{}" y="{}">{}</text></g>',
-            node_state, name, label, x, y, NODE_W, NODE_H, x + 12, y + NODE_H // 2, x + 22, y + NODE_H // 2 + 4,
-            _label(name),
-        )
-        if name in links:
-            # An id per node: htmx gives the focus back to it after a live update redraws the graph.
-            node = format_html('<a id="node-{}" href="{}" aria-label="{}: {}">{}</a>', index, links[name], name, label,
-                               node)
-        parts.append(node)
+        else:
+            parts.append(task_node(name, x, y, states.get(name, "none"), shape.kinds.get(name), links.get(name),
+                                   node_id=f"node-{index}"))
     parts.append(mark_safe("</svg></div></div>"))
     return mark_safe("".join(str(part) for part in parts))
+
+
+def task_node(name: str, x: int, y: int, node_state: str, kind: str | None, link: str | None,
+              node_id: str) -> SafeString:
+    """A task: its state's colour, its name, and a badge saying what it is (sensor, branch,
+    approval, mapped) when it is more than a plain task."""
+    label = str(node_state).replace("_", " ") if node_state != "none" else "no run"
+    # The badge is a tspan of the name's text element, so that the two read as words and the
+    # accessible name ("name kind: state") holds the visible text.
+    said = f"{name} {kind}" if kind else name
+    badge = format_html(' <tspan class="kind" x="{}" text-anchor="end">{}</tspan>', x + NODE_W - 7, kind) if kind else ""
+    node = format_html(
+        '<g class="node st-{}{}"><title>{}: {}</title><rect x="{}" y="{}" width="{}" height="{}" rx="5"/>'
+        '<circle cx="{}" cy="{}" r="4"/><text x="{}" y="{}">{}{}</text></g>',
+        node_state, " has-kind" if kind else "", said, label, x, y, NODE_W, NODE_H, x + 12, y + NODE_H // 2,
+        x + 22, y + NODE_H // 2 + 4, _label(name, 13 if kind else 22), badge,
+    )
+    if not link:
+        return node
+    # An id per node: htmx gives the focus back to it after a live update redraws the graph.
+    return format_html('<a id="{}" href="{}" aria-label="{}: {}">{}</a>', node_id, link, said, label, node)
+
+
+def dataset_node(key: str, x: int, y: int, shape: Shape) -> SafeString:
+    """A dataset the workflow consumes (before its first tasks) or produces (after its producer),
+    linking to the dataset's page."""
+    consumed = key.startswith(CONSUMED)
+    name = key.removeprefix(CONSUMED if consumed else PRODUCED)
+    said = f"{name}: dataset, {'starts this workflow' if consumed else 'produced'}"
+    node = format_html(
+        '<g class="node dataset"><title>{}</title><rect x="{}" y="{}" width="{}" height="{}" rx="{}"/>'
+        '<text x="{}" y="{}"{}>{}</text></g>',
+        said, x, y, NODE_W, NODE_H, NODE_H // 2, x + 14, y + NODE_H // 2 + 4, _fit(name, NODE_W - 28), name,
+    )
+    link = shape.dataset_links.get(name)
+    return format_html('<a href="{}" aria-label="{}">{}</a>', link, said, node) if link else node
 
 
 def mapped_node(name: str, x: int, y: int, node_state: str, short: str, long: str, link: str | None,
@@ -145,6 +227,60 @@ def mapped_node(name: str, x: int, y: int, node_state: str, short: str, long: st
     # two read as words), as a spoken label must.
     return format_html('<a id="{}" href="{}" aria-label="{} {} ended: {}, {}">{}</a>', node_id, link, name, short,
                        str(node_state).replace("_", " "), long, node)
+
+
+def _fit(text: str, width: int) -> SafeString:
+    """Attributes that squeeze ``text`` into ``width`` px when it is longer: the whole text stays
+    drawn (and is what a screen reader's name holds), never cut with an ellipsis."""
+    if len(text) * 7.3 <= width:  # 12 px monospace
+        return mark_safe("")
+    return format_html(' textLength="{}" lengthAdjust="spacingAndGlyphs"', width)
+
+
+def lineage(dataset: str, producers: list[tuple[str, str]], consumers: list[tuple[str, str]]) -> SafeString:
+    """A dataset's lineage left to right: the tasks that produce it ("workflow.task", linking to
+    the workflow), the dataset, and the workflows its events start. Each item is (label, link)."""
+    rows = max(len(producers), len(consumers), 1)
+    height = PAD * 2 + rows * NODE_H + (rows - 1) * GAP_Y
+    columns = [producers, [(dataset, "")], consumers] if consumers else [producers, [(dataset, "")]]
+    if not producers:
+        columns = columns[1:]
+    width = PAD * 2 + len(columns) * NODE_W + (len(columns) - 1) * GAP_X
+    where: list[list[tuple[int, int]]] = []
+    for col, items in enumerate(columns):
+        offset = (rows - len(items)) * (NODE_H + GAP_Y) / 2
+        where.append([(PAD + col * (NODE_W + GAP_X), int(PAD + offset + row * (NODE_H + GAP_Y)))
+                      for row in range(len(items))])
+    parts = [format_html(
+        '<div class="dag-scroll" tabindex="0" role="region" aria-label="lineage of dataset {}">'
+        '<svg class="dag lineage" viewBox="0 0 {} {}" width="{}" height="{}" role="group"'
+        ' aria-label="{} producer(s), dataset {}, {} consumer(s)">',
+        dataset, width, height, width, height, len(producers), dataset, len(consumers))]
+    middle = 1 if producers else 0
+    (dx, dy), = where[middle]
+    if producers:
+        parts += [_edge(x + NODE_W, y, dx, dy) for x, y in where[0]]
+    if consumers:
+        parts += [_edge(dx + NODE_W, dy, x, y) for x, y in where[middle + 1]]
+    for col, items in enumerate(columns):
+        role = "dataset" if col == middle else "producer" if col < middle else "consumer"
+        for (label, link), (x, y) in zip(items, where[col], strict=True):
+            node = format_html(
+                '<g class="node {}"><title>{}: {}</title><rect x="{}" y="{}" width="{}" height="{}" rx="{}"/>'
+                '<text x="{}" y="{}"{}>{}</text></g>',
+                "dataset" if role == "dataset" else "st-none lineage-" + role, label, role, x, y, NODE_W, NODE_H,
+                NODE_H // 2 if role == "dataset" else 5, x + 12, y + NODE_H // 2 + 4, _fit(label, NODE_W - 24), label)
+            parts.append(format_html('<a href="{}" aria-label="{}: {}">{}</a>', link, label, role, node)
+                         if link else node)
+    parts.append(mark_safe("</svg></div>"))
+    return mark_safe("".join(str(part) for part in parts))
+
+
+def _edge(x1: int, y1: int, x2: int, y2: int) -> SafeString:
+    y1, y2 = y1 + NODE_H // 2, y2 + NODE_H // 2
+    mid = (x1 + x2) / 2
+    return format_html('<path class="edge" d="M{} {} C{} {} {} {} {} {}"/><path class="arrow" d="M{} {} l-6 -4 v8 z"/>',
+                       x1, y1, _n(mid), y1, _n(mid), y2, x2 - 4, y2, x2, y2)
 
 
 @dataclass

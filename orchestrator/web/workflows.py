@@ -19,7 +19,7 @@ from orchestrator.models import Run, TaskRun, Workflow
 from orchestrator.params import ParamError
 from orchestrator.runs import RunError, trigger_workflow
 from orchestrator.states import RunState, Trigger
-from orchestrator.web import grid, lineage, mapped, svg
+from orchestrator.web import grid, lineage, mapped, svg, zones
 from orchestrator.web.errors import query_int
 from orchestrator.web.forms import (
     BackfillForm,
@@ -102,17 +102,20 @@ def workflow_list(request):
 def selected_graph(wf: Workflow, selected: Run | None, upstream: dict[str, list[str]]):
     """The graph of the picked run: its own version's tasks, each in its state and linking to its
     task run, a mapped task with its counts."""
+    spec = wf.spec
+    if selected is not None and selected.version_id and selected.version_id != wf.current_version_id:
+        spec = selected.version.spec
+        upstream = svg.upstream_of(spec)
+    shape = svg.shape_of(spec, lineage.url)
     if selected is None:
-        return svg.graph(upstream, {}, {}, {})
-    if selected.version_id and selected.version_id != wf.current_version_id:
-        upstream = svg.upstream_of(selected.version.spec)
+        return svg.graph(upstream, {}, {}, {}, shape)
     states, links = {}, {}
     for tr in TaskRun.objects.filter(run=selected, map_index=-1).only("id", "task", "state"):
         states[tr.task] = tr.state
         links[tr.task] = reverse("orchestrator:web:task_run", args=[tr.pk])
     notes = {task: (summary.short, summary.words)
              for (_run, task), summary in mapped.summaries([selected.pk] if selected.dynamic else []).items()}
-    return svg.graph(upstream, states, links, notes)
+    return svg.graph(upstream, states, links, notes, shape)
 
 
 def history(wf: Workflow, now: datetime) -> dict:
@@ -157,12 +160,13 @@ def schedules(wf: Workflow, now: datetime) -> list[tuple]:
 
 
 def workflow_context(wf: Workflow, now: datetime, *, run: int | None = None, grid_size: int = grid.RUNS,
-                     grid_before: int | None = None, submitted: dict | None = None, errors: dict | None = None,
-                     form_error: str = "", readable=None) -> dict:
+                     grid_before: int | None = None, grid_filters: grid.Filters | None = None,
+                     submitted: dict | None = None, errors: dict | None = None, form_error: str = "",
+                     readable=None) -> dict:
     """The workflow page: ``run`` is the run picked for the graph (the newest one shown when
     absent), ``submitted``, ``errors`` and ``form_error`` what the trigger form shows again."""
     upstream = svg.upstream_of(wf.spec)
-    cells = grid.grid_context(wf, upstream, now, grid_size, grid_before)
+    cells = grid.grid_context(wf, upstream, now, grid_size, grid_before, grid_filters)
     runs = cells["runs"]
     selected = Run.objects.filter(workflow=wf, pk=run).select_related("version").first() if run else None
     if selected is None and runs:
@@ -188,7 +192,8 @@ def _page_context(request, wf: Workflow, **form) -> dict:
     context = workflow_context(
         wf, clock.now(), grid_size=query_int(request, "runs", grid.RUNS, 1, grid.SIZES[-1]),
         grid_before=query_int(request, "before", None, 1, MAX_ID), run=query_int(request, "run", None, 1, MAX_ID),
-        readable=access.visible(request.user, Workflow.objects.all()), **form,
+        readable=access.visible(request.user, Workflow.objects.all()),
+        grid_filters=grid.filters_from(request.GET, zones.for_request(request).zone), **form,
     )
     # The live part polls the workflow's GET view, also when this page answers a POST (a trigger
     # with bad params) whose own URL takes no GET.

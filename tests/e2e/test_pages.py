@@ -1,19 +1,17 @@
 # ruff: noqa: F811 - pytest fixtures imported from tests.e2e.test_browser
-"""Every page in a real Chromium at 1400 px and at 390 px (a phone), in the light and the dark
-theme: no page is wider than the window, axe-core finds no serious or critical accessibility
-violation, and a screenshot of each is saved under test-artifacts/pages/. Then the clock switch:
-one choice, kept for the user, changes every time on every page and what the date filters take."""
+"""The clock switch in a real Chromium: one choice, kept for the user, changes every time on every
+page and what the date filters take. Also what the browser tests share for axe-core (the sweep of
+every page in every mode is tests/e2e/test_every_page.py)."""
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.auth.models import User
 
-from orchestrator import access, audit
-from orchestrator.models import Run, TaskRun, UserPreference, Workflow
+from orchestrator import access
+from orchestrator.models import Run, UserPreference, Workflow
 from tests.conftest import ROOT
 from tests.e2e.test_browser import (  # noqa: F401 - fixtures
     ARTIFACTS,
@@ -59,67 +57,6 @@ def visit_in_every_mode(page, url: str, name: str, report: dict, action=None):
         key = f"{name} {width} {theme}"
         report[key] = {"scroll_width": scroll_width, "violations": problems}
         page.screenshot(path=str(SHOTS / f"{name}-{width}-{theme}.png"), full_page=True)
-
-
-@pytest.mark.slow
-def test_every_page_fits_a_phone_and_passes_axe_in_both_themes(server, browser):
-    assert AXE.exists(), "axe-core is not installed: run ./dev test (it runs npm ci in tests/e2e)"
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page, base = browser, server.url
-    # Times shown in the browser's zone whatever the clock this test runs at.
-    wf = Workflow.objects.get(name="sales_report")
-    seed_history(wf, days=12)
-    dead = TaskRun.objects.filter(state="dead").order_by("-id").first()
-    run = Run.objects.filter(workflow=wf, state="succeeded").order_by("-id").first()
-    task_run = TaskRun.objects.filter(run=run, task="publish").get()
-    report: dict = {}
-
-    # The login page, before anyone is logged in.
-    visit_in_every_mode(page, base + "/login/", "login", report)
-    log_in(page, base, *operator())
-    audit.record("pause", target=wf)  # the audit log has a row to show
-    pages = {
-        "dashboard": "/", "workflows": "/workflows/", "workflow": "/workflows/sales_report/", "runs": "/runs/",
-        "run": f"/runs/{run.pk}/", "task-run": f"/task-runs/{task_run.pk}/", "dead-letter": "/dead-letter/",
-        "audit": "/audit/",
-    }
-    for name, path in pages.items():
-        visit_in_every_mode(page, base + path, name, report)
-
-    def refused_trigger():
-        page.goto(base + "/workflows/sales_report/")
-        page.fill("input[name='param.orders']", "lots")
-        page.click("#trigger button[type=submit]")
-
-    visit_in_every_mode(page, None, "workflow-refused-trigger", report, action=refused_trigger)
-    # The refused field has the focus and is described by its error.
-    assert page.evaluate("document.activeElement.id") == "p-orders"
-    assert page.get_attribute("#p-orders", "aria-invalid") == "true"
-    assert "e-orders" in page.get_attribute("#p-orders", "aria-describedby")
-
-    def confirm_retry():
-        page.goto(base + "/dead-letter/")
-        page.check(f"input[name=ids][value='{dead.pk}']")
-        page.click("#bulk-retry")
-
-    visit_in_every_mode(page, None, "dead-letter-confirm", report, action=confirm_retry)
-
-    (ARTIFACTS / "axe-report.json").write_text(json.dumps(report, indent=1))
-    too_wide = {key: r["scroll_width"] for key, r in report.items() if r["scroll_width"] > int(key.split()[1])}
-    assert not too_wide, too_wide
-    serious = {key: [v for v in r["violations"] if v["impact"] in ("serious", "critical")]
-               for key, r in report.items()}
-    assert not any(serious.values()), {key: found for key, found in serious.items() if found}
-
-    # At 390 px the header's links stay on the dark header band, readable.
-    page.set_viewport_size({"width": 390, "height": 900})
-    page.emulate_media(color_scheme="light")
-    page.goto(base + "/runs/")
-    header = page.locator("header.top").bounding_box()
-    for link in page.locator("header nav a").all():
-        box = link.bounding_box()
-        assert header["y"] <= box["y"] and box["y"] + box["height"] <= header["y"] + header["height"], box
-        assert box["x"] >= 0 and box["x"] + box["width"] <= 390, box
 
 
 @pytest.mark.slow
