@@ -436,6 +436,12 @@ def test_the_dead_letter_queue_filters_and_retries_only_after_confirmation(as_op
     assert TaskRun.objects.get(pk=refused.pk).state == TaskState.FAILED
     empty = as_operator.post(reverse("orchestrator:web:dead_letter"), {"action": "retry"}, follow=True)
     assert b"Select at least one task run." in empty.content
+    # An id that is no id (a superscript digit, past a bigint) is refused as one, nothing changed.
+    for odd in ("\u00b2", "99999999999999999999", "0"):
+        refused_id = as_operator.post(reverse("orchestrator:web:dead_letter"),
+                                      {"action": "retry", "ids": [odd], "confirmed": "on"}, follow=True)
+        assert refused_id.status_code < 500 and b"Select at least one task run." not in refused_id.content, odd
+    assert TaskRun.objects.get(pk=refused.pk).state == TaskState.FAILED
 
 
 @pytest.mark.time_sensitive

@@ -147,8 +147,10 @@ class BulkTaskRunForm(forms.Form):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # Any integer is a candidate; the view keeps only those still in the dead-letter queue.
-        self.fields["ids"].valid_value = lambda value: str(value).isdigit()
+        # Any id is a candidate (ASCII digits: str.isdigit() also accepts "²", which int() refuses;
+        # within a bigint); the view keeps only those still in the dead-letter queue.
+        self.fields["ids"].valid_value = lambda value: bool(re.fullmatch(r"[0-9]{1,20}", str(value))) and (
+            0 < int(value) <= MAX_ID)
 
 
 @dataclass

@@ -46,7 +46,7 @@ DOCS = ROOT / "docs"
 # Every web URL name the sweep opens (its address is built from the seeded rows below).
 PAGES = {
     "dashboard", "login", "workflows", "workflow", "workflow_calendar", "workflow_code", "runs", "run",
-    "task_run", "task_run_result", "mapped_instances", "attempt_log", "dead_letter", "approvals",
+    "run_clear", "task_run", "task_run_clear", "task_run_result", "mapped_instances", "attempt_log", "dead_letter", "approvals",
     "approval_link", "audit", "datasets", "dataset_named", "dataset",
 }
 # The web URL names that are no page of their own, and why.
@@ -63,6 +63,10 @@ NOT_PAGES = {
     "approval_answer": "POST, redirects to the approvals page",
     "dataset_event": "POST; its confirmation is visited as dataset-event-confirm",
     "clock": "POST, redirects back",
+    "run_mark": "POST, redirects to the run page",
+    "run_note": "POST, redirects to the run page",
+    "task_run_note": "POST, redirects to the task-run page",
+    "runs_bulk": "POST; its dry run is visited as runs-bulk-preview",
 }
 # While working on some pages: SWEEP_ONLY=<regex of page names> opens only those (the test then
 # proves nothing about the others).
@@ -170,9 +174,11 @@ def seed(server) -> dict:
         "workflow_calendar": "/workflows/sales_report/calendar/",
         "workflow_code": f"/workflows/orders_daily/code/?run={mapped_run.pk}",
         "runs": "/runs/", "run": f"/runs/{run.pk}/", "run-mapped": f"/runs/{mapped_run.pk}/",
+        "run_clear": f"/runs/{run.pk}/clear/",  # the clear dialog as a page of its own (no JavaScript)
         "task_run": f"/task-runs/{task_run.pk}/", "task-run-dead": f"/task-runs/{dead.pk}/",
         "task-run-sensor": f"/task-runs/{rows['export_ready'].pk}/",
         "task_run_result": f"/task-runs/{task_run.pk}/result/",
+        "task_run_clear": f"/task-runs/{dead.pk}/clear-options/",
         "task-run-result-mapped": f"/task-runs/{rows['count_shop'].pk}/result/",
         "task-run-mapped": f"/task-runs/{rows['count_shop'].pk}/",
         "mapped_instances": f"/task-runs/{rows['count_shop'].pk}/instances/",
@@ -296,6 +302,15 @@ def test_every_page_passes_axe_fits_its_window_and_loads_every_request_in_both_t
         page.click("#bulk-retry")
 
     visit(page, base, "dead-letter-confirm", None, report, action=confirm_retry)
+
+    def bulk_preview():
+        page.goto(base + "/runs/")
+        page.locator("input[name=ids]").first.check()
+        page.select_option("#bulk-action", "clear-failed")
+        page.click("#bulk-preview-button")
+        page.wait_for_url("**/runs/bulk/")
+
+    visit(page, base, "runs-bulk-preview", None, report, action=bulk_preview)
 
     def confirm_event():
         page.goto(base + pages["dataset_named"])
