@@ -26,6 +26,14 @@ from orchestrator.database_url import format_database_url
 
 ROOT = Path(__file__).resolve().parent.parent
 
+
+def pytest_configure(config):
+    # Hashing a password the production way costs about 0.4 s of CPU per user; tests hash with one
+    # iteration, in hashes every process of a test verifies (tests/support/hashers.py).
+    from django.conf import settings
+
+    settings.PASSWORD_HASHERS = ["tests.support.hashers.OneIterationPBKDF2", *settings.PASSWORD_HASHERS]
+
 # Where the process clock of the time-sensitive tests stands. CI runs those tests again with
 # ORCHESTRATOR_TEST_NOW set to instants that break code reading the real clock or doing local
 # time arithmetic wrongly (late evening UTC, the DST changes, New Year): see .ci/run.
