@@ -2,7 +2,8 @@
 each identity about tenant A's objects and about tenant B's. The routes are read from the URL
 resolver: a route this matrix does not know fails the test, so none can be added unchecked. The
 table the matrix makes is the README's ("Access by tenant"): a test fails when they differ
-(``ORCHESTRATOR_WRITE_MATRIX=1 ./dev test tests/test_tenant_access.py`` writes it).
+(``ORCHESTRATOR_WRITE_MATRIX=1 ./dev test tests/test_tenant_access.py -n 0`` writes it).
+Each identity's column is a test of its own, so the suite's processes share the work.
 
 Every request runs in a savepoint that is rolled back, so each cell starts from the same rows;
 an action's cell says whether it changed anything (runs, task runs, approvals, pauses, grants).
@@ -353,35 +354,58 @@ def people() -> dict[str, User | None]:
             "anonymous": None}
 
 
-def matrix(tmp_path, settings) -> tuple[dict, dict]:
+def matrix(tmp_path, settings, identity: str) -> dict:
+    """One identity's column: what it got for every case on tenant A's objects and on B's."""
     settings.ORCHESTRATOR_METRICS_TOKEN = METRICS_TOKEN
     who = people()
     sync(tmp_path)
     worlds = {key: build(tenant, name, who["Viewer of A"] if key == "A" else who["global Viewer"])
               for key, (tenant, name) in TENANTS.items()}
     known = routes()
+    user = who[identity]
     cells = {}
     for case in CASES:
-        for identity, user in who.items():
-            client = Client()
-            if user is not None:
-                client.force_login(user)
-            cells[(case.route, case.label, identity)] = {
-                key: ask(client, case, worlds[key], known[case.route], TENANTS[key]) for key in TENANTS}
-    return cells, known
+        client = Client()
+        if user is not None:
+            client.force_login(user)
+        cells[(case.route, case.label)] = {key: ask(client, case, worlds[key], known[case.route], TENANTS[key])
+                                           for key in TENANTS}
+    return cells
 
 
-def table(cells: dict, known: dict) -> str:
+def row_name(case: Case, known: dict) -> str:
+    return f"{case.method.upper()} `{known[case.route]}`" + (f" {case.label}" if case.label else "")
+
+
+def cell_text(cell: dict) -> str:
+    return cell["A"] if cell["A"] == cell["B"] else f"{cell['A']} / {cell['B']}"
+
+
+def readme_table() -> dict[str, list[str]]:
+    """The README's access table: each row's route and its cells, in IDENTITIES' order."""
+    text = README.read_text().split(START)[1].split(END)[0].strip()
+    rows = {}
+    for line in text.splitlines()[2:]:
+        parts = [part.strip() for part in line.strip().strip("|").split(" | ")]
+        rows[parts[0]] = parts[1:]
+    return rows
+
+
+def write_column(identity: str, cells: dict, known: dict) -> None:
+    """Write one identity's column into the README's table, in CASES' order (a row the table does
+    not have yet gets "?" in the other columns until their tests write them)."""
+    old = readme_table()
+    column = IDENTITIES.index(identity)
     lines = ["| route | " + " | ".join(IDENTITIES) + " |", "|---|" + "---|" * len(IDENTITIES)]
     for case in CASES:
-        method = case.method.upper()
-        where = f"{method} `{known[case.route]}`" + (f" {case.label}" if case.label else "")
-        row = []
-        for identity in IDENTITIES:
-            a, b = cells[(case.route, case.label, identity)]["A"], cells[(case.route, case.label, identity)]["B"]
-            row.append(a if a == b else f"{a} / {b}")
-        lines.append(f"| {where} | " + " | ".join(row) + " |")
-    return "\n".join(lines)
+        name = row_name(case, known)
+        row = old.get(name, ["?"] * len(IDENTITIES))
+        row[column] = cell_text(cells[(case.route, case.label)])
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
+    text = README.read_text()
+    head, rest = text.split(START)
+    _, tail = rest.split(END)
+    README.write_text(f"{head}{START}\n" + "\n".join(lines) + f"\n{END}{tail}")
 
 
 def test_every_route_is_in_the_matrix_and_every_case_names_a_route():
@@ -389,43 +413,57 @@ def test_every_route_is_in_the_matrix_and_every_case_names_a_route():
     covered = {case.route for case in CASES}
     assert sorted(set(known) - covered) == [], "routes the authorization matrix does not know: add a Case"
     assert sorted(covered - set(known)) == [], "cases of routes that no longer exist"
+    if not os.environ.get("ORCHESTRATOR_WRITE_MATRIX"):
+        assert list(readme_table()) == [row_name(case, known) for case in CASES], (
+            "the README's access table has other rows than the matrix; write it with "
+            "ORCHESTRATOR_WRITE_MATRIX=1 ./dev test tests/test_tenant_access.py -n 0")
 
 
-def test_the_matrix_refuses_tenant_b_to_tenant_a_and_matches_the_readme(tmp_path, settings):
-    cells, known = matrix(tmp_path, settings)
+# Which cells each identity must have, beyond the README's table: B's objects are absent from every
+# list, refused (404 when unseen) or unchanged by every action for A's people, and A's own objects
+# are read by A's viewer and changed by A's operator.
+SHOWN_TO_A = ("web:run", "web:task_run", "web:attempt_log", "web:dataset", "web:task_run_result",
+              "web:workflow_code", "web:workflow_calendar", "api:run", "api:task-run", "api:attempt-log",
+              "api:job", "api:backfill")
+LISTED_TO_A = ("web:runs", "web:dashboard", "web:dead_letter", "web:workflows", "web:datasets", "api:runs",
+               "api:dlq", "api:dataset-events", "api:jobs", "api:metrics", "api:workflows")
+DONE_BY_A = ("web:run_cancel", "web:workflow_pause", "web:task_run_action", "web:run_mark", "web:run_note",
+             "web:task_run_note", "api:run-cancel", "api:task-run-mark", "api:dlq-retry", "api:workflow-pause",
+             "api:approval-answer", "api:run-clear", "api:run-mark", "api:runs-bulk", "api:task-run-clear")
+
+
+@pytest.mark.parametrize("identity", IDENTITIES)
+def test_the_matrix_refuses_tenant_b_to_tenant_a_and_matches_the_readme(tmp_path, settings, identity):
+    cells = matrix(tmp_path, settings, identity)
     for case in CASES:
-        if case.kind == OPEN:
-            continue
-        for identity in ("Viewer of A", "Operator of A"):
-            on_b = cells[(case.route, case.label, identity)]["B"]
-            # B's objects: absent from every list, refused (404 when unseen) or unchanged by every action.
-            assert on_b not in ("shown", "done"), (case.route, case.label, identity, on_b)
-        for identity in ("Viewer of A", "global Viewer", "anonymous"):
-            assert cells[(case.route, case.label, identity)]["B"] != "done", (case.route, identity)
-    # And tenant A's own objects are theirs: read by its viewer, changed by its operator.
-    for route in ("web:run", "web:task_run", "web:attempt_log", "web:dataset", "web:task_run_result",
-                  "web:workflow_code", "web:workflow_calendar", "api:run", "api:task-run",
-                  "api:attempt-log", "api:job", "api:backfill"):
-        assert cells[(route, "", "Viewer of A")] == {"A": "shown", "B": "404"}, route
-    for route in ("web:runs", "web:dashboard", "web:dead_letter", "web:workflows", "web:datasets", "api:runs",
-                  "api:dlq", "api:dataset-events", "api:jobs", "api:metrics", "api:workflows"):
-        assert cells[(route, "", "Viewer of A")] == {"A": "shown", "B": "hidden"}, route
-    for route in ("web:run_cancel", "web:workflow_pause", "web:task_run_action", "web:run_mark", "web:run_note",
-                  "web:task_run_note", "api:run-cancel", "api:task-run-mark", "api:dlq-retry", "api:workflow-pause",
-                  "api:approval-answer", "api:run-clear", "api:run-mark", "api:runs-bulk", "api:task-run-clear"):
-        assert cells[(route, "", "Operator of A")]["A"] == "done", route
-        assert cells[(route, "", "Viewer of A")]["A"] in ("403", "404"), route
-    assert cells[("api:audit", "", "Operator of A")] == {"A": "shown", "B": "hidden"}
-    for route in ("web:run_cancel", "api:run-cancel", "api:dlq-retry"):
-        assert cells[(route, "", "global Operator")] == {"A": "done", "B": "done"}, route
+        cell = cells[(case.route, case.label)]
+        if case.kind != OPEN and identity in ("Viewer of A", "Operator of A"):
+            assert cell["B"] not in ("shown", "done"), (case.route, case.label, cell)
+        if case.kind != OPEN and identity in ("Viewer of A", "global Viewer", "anonymous"):
+            assert cell["B"] != "done", (case.route, case.label, cell)
+    if identity == "Viewer of A":
+        for route in SHOWN_TO_A:
+            assert cells[(route, "")] == {"A": "shown", "B": "404"}, route
+        for route in LISTED_TO_A:
+            assert cells[(route, "")] == {"A": "shown", "B": "hidden"}, route
+        for route in DONE_BY_A:
+            assert cells[(route, "")]["A"] in ("403", "404"), route
+    if identity == "Operator of A":
+        for route in DONE_BY_A:
+            assert cells[(route, "")]["A"] == "done", route
+        assert cells[("api:audit", "")] == {"A": "shown", "B": "hidden"}
+    if identity == "global Operator":
+        for route in ("web:run_cancel", "api:run-cancel", "api:dlq-retry"):
+            assert cells[(route, "")] == {"A": "done", "B": "done"}, route
 
-    generated = table(cells, known)
-    text = README.read_text()
+    known = routes()
     if os.environ.get("ORCHESTRATOR_WRITE_MATRIX"):
-        head, rest = text.split(START)
-        _, tail = rest.split(END)
-        README.write_text(f"{head}{START}\n{generated}\n{END}{tail}")
-        text = README.read_text()
-    shown = text.split(START)[1].split(END)[0].strip()
-    assert shown == generated, ("the README's access table differs from the matrix; write it with "
-                                "ORCHESTRATOR_WRITE_MATRIX=1 ./dev test tests/test_tenant_access.py")
+        write_column(identity, cells, known)
+    shown = readme_table()
+    column = IDENTITIES.index(identity)
+    differ = [(row_name(case, known), shown.get(row_name(case, known), ["(no row)"] * len(IDENTITIES))[column],
+               cell_text(cells[(case.route, case.label)])) for case in CASES
+              if shown.get(row_name(case, known), [None] * len(IDENTITIES))[column]
+              != cell_text(cells[(case.route, case.label)])]
+    assert differ == [], ("the README's access table differs from the matrix (row, README, matrix); write it with "
+                          "ORCHESTRATOR_WRITE_MATRIX=1 ./dev test tests/test_tenant_access.py -n 0")
