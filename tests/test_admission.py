@@ -115,10 +115,22 @@ SITUATIONS = {
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("situation", SITUATIONS)
+@pytest.mark.parametrize("make", [path for path in PATHS if path is not by_api],
+                         ids=[path.__name__ for path in PATHS if path is not by_api])
+def test_every_creator_of_runs_admits_a_run_by_one_rule(make, situation, clock, api):
+    admitted_by_one_rule(make, situation, clock, api)
+
+
+# The API's view reads the process clock: pinned, and at each instant of CI's clock pass.
+@pytest.mark.django_db
 @pytest.mark.time_sensitive
 @pytest.mark.parametrize("situation", SITUATIONS)
-@pytest.mark.parametrize("make", PATHS, ids=[path.__name__ for path in PATHS])
-def test_every_creator_of_runs_admits_a_run_by_one_rule(make, situation, clock, api):
+def test_a_run_made_through_the_api_is_admitted_by_the_same_rule(situation, clock, api):
+    admitted_by_one_rule(by_api, situation, clock, api)
+
+
+def admitted_by_one_rule(make, situation, clock, api):
     running, waiting, held, expected = SITUATIONS[situation]
     workflow = make_workflow(max_active_runs=2)
     earlier = clock.now() - timedelta(days=3)
@@ -147,7 +159,6 @@ def test_every_creator_of_runs_admits_a_run_by_one_rule(make, situation, clock, 
 
 
 @pytest.mark.django_db
-@pytest.mark.time_sensitive
 def test_backfills_count_and_wait_behind_live_runs_which_start_in_the_order_they_came(clock):
     workflow = make_workflow(max_active_runs=2)
     first = datetime(2026, 2, 1, tzinfo=UTC)
@@ -170,7 +181,6 @@ def test_backfills_count_and_wait_behind_live_runs_which_start_in_the_order_they
 
 
 @pytest.mark.django_db
-@pytest.mark.time_sensitive
 def test_a_reprocessing_backfill_is_admitted_like_a_new_run(clock):
     workflow = make_workflow(max_active_runs=1)
     day = datetime(2026, 2, 1, tzinfo=UTC)
@@ -186,7 +196,6 @@ def test_a_reprocessing_backfill_is_admitted_like_a_new_run(clock):
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.time_sensitive
 def test_two_triggers_at_once_cannot_both_take_the_last_place(clock):
     workflow = make_workflow(max_active_runs=1)
     decided, go_on = threading.Event(), threading.Event()
@@ -239,7 +248,6 @@ def rows_of_runs_read(action) -> int:
 
 
 @pytest.mark.django_db
-@pytest.mark.time_sensitive
 def test_admission_reads_the_same_rows_whatever_the_backlog_of_waiting_runs(clock):
     workflow = make_workflow(max_active_runs=2)
     for _ in range(2):
