@@ -248,10 +248,14 @@ def test_claims_per_job_stay_flat_from_one_idle_worker_to_thirty_two(processes, 
                  message="first claims")
         before = _succeeded(server)
         mark = server.mark()
+        began = time.monotonic()
         _arrive(processes, server, JOBS, RATE)
         wait_for(lambda before=before: _succeeded(server) == before + JOBS, timeout=60,
                  message=f"{JOBS} jobs to succeed with {workers} workers")
-        per_job[workers] = server.claims_since(mark) / JOBS
+        # The fleet also polls, about once per second between all its workers: on a loaded machine
+        # the 80 jobs take longer than their 4 s, and those polls are not claims made per job.
+        polls = time.monotonic() - began + 2
+        per_job[workers] = max(0.0, server.claims_since(mark) - polls) / JOBS
         assert processes.stop(fleet, timeout=60) == 0, processes.output(fleet)
     # One claim per job, whatever the number of idle workers (before, each of them claimed at every
     # notification: 32 workers made about 32 claims per job).

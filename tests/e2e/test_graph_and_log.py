@@ -37,7 +37,12 @@ def window_shot(page, name: str):
 
 
 def scale(page) -> float:
-    return float(page.get_attribute(".dag-view", "data-scale"))
+    # The run is active, so the live update replaces the graph every few seconds; the new view has
+    # its kept zoom once graph.js has set it up (read in one step, so no swap falls in between).
+    found = page.wait_for_function(
+        "() => { const view = document.querySelector('.dag-view'); return view && view.getAttribute('data-scale'); }",
+        timeout=10_000)
+    return float(found.json_value())
 
 
 @pytest.mark.slow

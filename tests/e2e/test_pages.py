@@ -30,13 +30,21 @@ SHOTS = ARTIFACTS / "pages"
 MODES = [(1400, "light"), (1400, "dark"), (390, "light"), (390, "dark")]
 
 
-def axe_problems(page) -> list[dict]:
-    """axe-core's violations of the page as it is now, all impacts (the caller keeps the serious)."""
+# The rules whose verdict depends on colours: all a theme (CSS colours only) can change.
+COLOUR_RULES = ["color-contrast", "link-in-text-block"]
+
+
+def axe_problems(page, rules: list[str] | None = None) -> list[dict]:
+    """axe-core's violations of the page as it is now, all impacts (the caller keeps the serious);
+    with ``rules``, those rules only."""
     if not page.evaluate("typeof window.axe !== 'undefined'"):
         # Evaluated through the browser's debugging protocol, which the page's CSP does not govern
         # (a <script> tag with the file's text would be an inline script, which it refuses).
         page.evaluate(AXE.read_text() + "\n;undefined")
-    result = page.evaluate("axe.run(document, {resultTypes: ['violations']})")
+    options = {"resultTypes": ["violations"]}
+    if rules:
+        options["runOnly"] = {"type": "rule", "values": rules}
+    result = page.evaluate("options => axe.run(document, options)", options)
     return [{"id": v["id"], "impact": v["impact"], "help": v["help"],
              "nodes": [n["target"] for n in v["nodes"]][:5]} for v in result["violations"]]
 
