@@ -276,10 +276,10 @@ def group_box(name: str, x: int, y: int, width: int, height: int, size: int, too
     said = f"group {name}, {size} task{'s' if size != 1 else ''}{': ' + tooltip if tooltip else ''}"
     return format_html(
         '<g class="group-box"><rect class="box" x="{}" y="{}" width="{}" height="{}" rx="8"/>'
-        '<a href="?{}#graph" aria-expanded="true" aria-label="{}: fold"><title>{}</title>'
+        '<a href="?{}#graph" aria-expanded="true" aria-label="{}; fold"><title>{}</title>'
         '<rect class="fold-hit" x="{}" y="{}" width="{}" height="18" rx="4"/>'
         '<text x="{}" y="{}">▾ {}</text></a></g>',
-        x, y, width, height, toggle, name, said, x + 4, y + 3, min(width - 8, NODE_W), x + 10, y + 16,
+        x, y, width, height, toggle, said, said, x + 4, y + 3, min(width - 8, NODE_W), x + 10, y + 16,
         _label(name, 20),
     )
 
