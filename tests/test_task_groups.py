@@ -306,3 +306,5 @@ def test_the_workflow_and_run_pages_draw_the_fold_their_address_asks(client, fol
     assert "group-box" in run_page and "pull_a" in run_page
     folded = client.get(reverse("orchestrator:web:run", args=[run.pk])).content.decode()
     assert 'class="node group st-failed"' in folded
+    refused = client.get(reverse("orchestrator:web:run", args=[run.pk]) + "?unfold=no%20such%3Cgroup")
+    assert refused.status_code == 400 and b"unfold takes group names" in refused.content
