@@ -1,5 +1,5 @@
-"""The parts a workflow definition is made of: tasks, params, schedules and data triggers, the
-names of their options' values, and the error that names what is wrong in a definition.
+"""The parts a workflow definition is made of: tasks, task groups, params, schedules and data
+triggers, the names of their options' values, and the error that names what is wrong in a definition.
 ``orchestrator.dsl`` puts them together in ``Workflow``, the API that workflow modules import;
 ``orchestrator.validation`` checks them.
 
@@ -131,6 +131,7 @@ class Task:
         self.connections = connections
         self.map_over: Task | None = None
         self.max_parallel: int | None = None
+        self.group: TaskGroup | None = None  # set by the workflow: the innermost ``with wf.group()``
         if fn is not None:
             self.__doc__ = fn.__doc__
             self.__wrapped__ = fn
@@ -143,18 +144,18 @@ class Task:
         return f"<Task {self.workflow.name}.{self.name}>"
 
     def __rshift__(self, other):
-        for child in _as_tasks(other):
+        for child in _as_tasks(other, ROOTS):
             self.workflow._edge(self, child)
         return other
 
     def __rrshift__(self, other):
         # [a, b] >> c
-        for parent in _as_tasks(other):
+        for parent in _as_tasks(other, LEAVES):
             self.workflow._edge(parent, self)
         return self
 
     def __lshift__(self, other):
-        for parent in _as_tasks(other):
+        for parent in _as_tasks(other, LEAVES):
             self.workflow._edge(parent, self)
         return other
 
@@ -226,6 +227,9 @@ class Task:
             spec["map_over"] = self.map_over.name
             if self.max_parallel is not None:
                 spec["max_parallel"] = self.max_parallel
+        if self.group is not None:
+            # The path of groups, outermost first: a task run's own spec says where it is drawn.
+            spec["group"] = self.group.path
         if mapped_by:
             # The worker checks this task's result can be mapped (a list, within the item limit).
             spec["mapped_by"] = sorted(mapped_by)
@@ -256,6 +260,90 @@ class Task:
                 if self.fn is None and self.approval is None:
                     spec[f"{option[:-1]}_env"] = declared
         return spec
+
+
+ROOTS, LEAVES = "roots", "leaves"
+
+
+class TaskGroup:
+    """Tasks shown together: ``with wf.group("extract", tooltip="..."):`` around their definitions
+    (groups nest). A folded group is one row of the grid and one node of the graph.
+
+    A group does not prefix its tasks' names (Airflow's ``extract.load``): task names stay the
+    workflow's own, unique across it, so moving a task into a group, out of it or to another one
+    never renames it and its history, links and API name stay. A group's name shares that space:
+    no group is named as a task or as another group, so a name says which one it is.
+
+    ``a >> group`` makes the group's first tasks (those with no parent inside it) run after a;
+    ``group >> b`` makes b run after its last tasks (no child inside it); ``group_a >> group_b``
+    both. The tasks are those defined in it so far."""
+
+    def __init__(self, workflow, name: str, *, tooltip: str = "", parent: TaskGroup | None = None):
+        self.workflow = workflow
+        self.name = name
+        self.tooltip = tooltip
+        self.parent = parent
+        self.tasks: list[Task] = []  # its own, not its subgroups'
+        self.children: list[TaskGroup] = []
+        if parent is not None:
+            parent.children.append(self)
+
+    def __repr__(self):
+        return f"<TaskGroup {self.workflow.name}.{self.name}>"
+
+    def __enter__(self) -> TaskGroup:
+        self.workflow._open_groups.append(self)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.workflow._open_groups.remove(self)
+
+    @property
+    def path(self) -> list[str]:
+        """The names of this group and the groups around it, outermost first."""
+        return [*(self.parent.path if self.parent is not None else []), self.name]
+
+    def members(self) -> list[Task]:
+        """Its tasks and its subgroups' tasks, in the order they were defined."""
+        found = list(self.tasks)
+        for child in self.children:
+            found += child.members()
+        return found
+
+    def ends(self, which: str) -> list[Task]:
+        """Its first tasks (ROOTS: no parent inside the group) or last ones (LEAVES: no child in it)."""
+        members = self.members()
+        inside = {task.name for task in members}
+        upstream = self.workflow.upstream_of()
+        if which == ROOTS:
+            return [task for task in members if not upstream.get(task.name, set()) & inside]
+        linked = {parent for name in inside for parent in upstream.get(name, ())}
+        return [task for task in members if task.name not in linked]
+
+    def __rshift__(self, other):
+        for parent in _as_tasks(self, LEAVES):
+            for child in _as_tasks(other, ROOTS):
+                self.workflow._edge(parent, child)
+        return other
+
+    def __rrshift__(self, other):
+        for parent in _as_tasks(other, LEAVES):
+            for child in _as_tasks(self, ROOTS):
+                self.workflow._edge(parent, child)
+        return self
+
+    def __lshift__(self, other):
+        # group << a: a runs before the group
+        self.__rrshift__(other)
+        return other
+
+    def __rlshift__(self, other):
+        # [a, b] << group: the group runs before them
+        self.__rshift__(other)
+        return self
+
+    def to_spec(self) -> dict:
+        return {"parent": self.parent.name if self.parent is not None else None, "tooltip": self.tooltip}
 
 
 class On:
@@ -325,11 +413,18 @@ def callback_refs(callbacks: dict) -> dict[str, list[str]]:
             for event, value in sorted(callbacks.items()) if callables(value)}
 
 
-def _as_tasks(value) -> list[Task]:
+def _as_tasks(value, which: str = ROOTS) -> list[Task]:
+    """The tasks a side of ``>>`` stands for: a group stands for its first tasks (``which`` ROOTS,
+    where it is the child) or its last ones (LEAVES, where it is the parent)."""
     if isinstance(value, Task):
         return [value]
-    if isinstance(value, list | tuple | set):
-        items = list(value)
-        if all(isinstance(item, Task) for item in items):
-            return items
-    raise TypeError(f"a dependency must be a task or a list of tasks, got {value!r}")
+    if isinstance(value, TaskGroup):
+        found = value.ends(which)
+        if not found:
+            module = getattr(value.workflow, "module", "")
+            value.workflow._error(f"groups.{value.name}", value.name, "has no task yet where it is used in >> or <<: "
+                                  f"define its tasks first (in module {module})")
+        return found
+    if isinstance(value, list | tuple | set) and all(isinstance(item, Task | TaskGroup) for item in value):
+        return [task for item in value for task in _as_tasks(item, which)]
+    raise TypeError(f"a dependency must be a task, a group or a list of them, got {value!r}")

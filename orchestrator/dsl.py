@@ -17,7 +17,9 @@ Beyond a fixed graph: ``task.map(over=parent)`` fans out over a parent's list re
 ``@wf.branch`` chooses which children to follow, ``@wf.sensor(every=60, timeout=3600)`` waits
 without holding a worker, ``produces=[...]`` and ``triggers=[On(...)]`` start workflows from
 other workflows' data, ``on_failure``/``on_success``/``on_retry`` call functions as jobs, and
-``wf.test()`` runs a whole workflow in the calling process.
+``wf.test()`` runs a whole workflow in the calling process. ``with wf.group("extract"):`` puts
+the tasks defined inside in a group, folded to one row of the grid and one node of the graph
+(``orchestrator.definition.TaskGroup`` says why their names stay unprefixed).
 
 Nothing here touches the database: a module only describes its workflows, and
 ``manage.py sync_workflows`` validates and stores them. Mistakes (a bad option value, an
@@ -49,6 +51,7 @@ from orchestrator.definition import (
     Param,
     Schedule,
     Task,
+    TaskGroup,
     callback_ref,
     callback_refs,
     register_callbacks,
@@ -58,7 +61,7 @@ from orchestrator.taskcontext import TaskContext
 # The parts of a definition are importable from here too: workflow modules need only this module.
 __all__ = ["CALLBACK_EVENTS", "CATCHUP_POLICIES", "NOTIFY_EVENTS", "OVERLAP_POLICIES", "PARAM_TYPES", "PARAM_TYPE_NAMES",
            "TRIGGER_MODES", "TRIGGER_RULES", "DefinitionError", "Notify", "On", "Param", "Schedule", "Task", "TaskContext",
-           "Workflow", "callback_ref", "collect"]
+           "TaskGroup", "Workflow", "callback_ref", "collect"]
 
 # While a module is imported through collect(), every Workflow created in that thread lands in this
 # thread's list: sync imports each module in a child process of its own (orchestrator.discovery),
@@ -103,6 +106,8 @@ class Workflow:
         self.tasks: dict[str, Task] = {}
         self.edges: list[tuple[str, str]] = []
         self.errors: list[DefinitionError] = []
+        self.groups: list[TaskGroup] = []  # in the order they were opened, nested ones too
+        self._open_groups: list[TaskGroup] = []  # the ``with wf.group()`` blocks being defined
         if module is None:
             frame = inspect.currentframe().f_back
             module = frame.f_globals.get("__name__", "") if frame else ""
@@ -122,6 +127,9 @@ class Workflow:
             self._error(f"tasks.{task.name}", task.name, "duplicate task name: two tasks are called this")
         else:
             self.tasks[task.name] = task
+            if self._open_groups:
+                task.group = self._open_groups[-1]
+                task.group.tasks.append(task)
             if task.fn is not None:
                 # A workflow's Python tasks are registered functions: a worker runs them by reference.
                 registry.register(task, task.ref)
@@ -134,6 +142,13 @@ class Workflow:
                             f"unknown task: it belongs to workflow {node.workflow.name!r}")
                 return
         self.edges.append((parent.name, child.name))
+
+    def group(self, name: str, *, tooltip: str = "") -> TaskGroup:
+        """``with wf.group("extract", tooltip="..."):``: the tasks defined inside belong to the
+        group (to the innermost one, when groups nest). ``tooltip`` is shown on its row and node."""
+        group = TaskGroup(self, name, tooltip=tooltip, parent=self._open_groups[-1] if self._open_groups else None)
+        self.groups.append(group)
+        return group
 
     def task(self, fn: Callable | None = None, /, *, name: str | None = None, **options):
         """Decorator: ``@wf.task`` or ``@wf.task(retries=3, timeout=60, queue="batch")``."""
@@ -237,6 +252,8 @@ class Workflow:
             spec["run_timeout"] = self.run_timeout
         if self.notify:
             spec["notify"] = [rule.to_spec() for rule in self.notify]
+        if self.groups:
+            spec["groups"] = {group.name: group.to_spec() for group in self.groups}
         return spec
 
     def test(self, params: dict | None = None, logical_date: datetime | None = None, **options):

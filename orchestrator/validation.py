@@ -56,6 +56,7 @@ def validate(wf) -> list[DefinitionError]:
     for name, task in wf.tasks.items():
         produced.update(_check_task(wf, name, task, children[name], error))
     _check_cycle(wf, error)
+    _check_groups(wf, error)
     _check_params(wf, error)
     seen_names: set[str] = set()
     for index, schedule in enumerate(wf.schedules):
@@ -249,6 +250,29 @@ def _check_task_placement(wf, where: str, task, error) -> None:
     for parent in task.upstream_names:
         if parent not in wf.tasks:
             error(f"{where}.upstream", parent, "depends on an unknown task")
+
+
+def _check_groups(wf, error) -> None:
+    """Task groups: each named as no task and no other group is (the grid's rows and the graph's
+    nodes are named by both), holding at least one task. The module is named: a group's mistake
+    is found where it was written."""
+    seen: set[str] = set()
+    module = f" (in module {wf.module})" if wf.module else ""
+    for group in getattr(wf, "groups", ()):
+        name = group.name
+        where = f"groups.{name}"
+        if not isinstance(name, str) or not limits.NAME_RE.match(name):
+            error(where, name, f"a group name must {limits.NAME_RULE}{module}")
+        elif name in wf.tasks:
+            error(where, name, f"a task has this name too: name the group otherwise{module}")
+        elif name in seen:
+            error(where, name, f"two groups have this name{module}")
+        else:
+            seen.add(name)
+        if problem := limits.text_problem(group.tooltip, 2000):
+            error(f"{where}.tooltip", group.tooltip, problem)
+        if not group.members():
+            error(where, name, f"the group has no task: define at least one inside its with block{module}")
 
 
 def _check_sensor(where: str, name: str, task, error) -> None:

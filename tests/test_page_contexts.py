@@ -58,7 +58,7 @@ def test_the_grid_pages_back_by_logical_date_and_scales_bars_to_the_page_shown(e
     assert [run.pk for run in newest["runs"]] == [runs[1].pk, runs[0].pk]
     assert newest["grid_older"] == f"runs=2&before={runs[1].pk}" and not newest["grid_paged"]
     # The longest task run on this page (20 s) is the full height; the 10 s one half of it.
-    heights = {run.pk: {cell.bar_h for _task, row in newest["grid_rows"] for r, cell in row if r.pk == run.pk}
+    heights = {run.pk: {cell.bar_h for row in newest["grid_rows"] for r, cell in row.cells if r.pk == run.pk}
                for run in newest["runs"]}
     assert heights == {runs[1].pk: {24}, runs[0].pk: {12}}
 
@@ -68,7 +68,7 @@ def test_the_grid_pages_back_by_logical_date_and_scales_bars_to_the_page_shown(e
     oldest = grid.grid_context(etl, upstream, T0, size=2, before=runs[3].pk)
     assert [run.pk for run in oldest["runs"]] == [runs[4].pk] and oldest["grid_older"] is None
     # Every task of the graph is a row, in the graph's order.
-    assert [task for task, _cells in newest["grid_rows"]] == svg.task_order(upstream)
+    assert [row.name for row in newest["grid_rows"]] == svg.task_order(upstream)
 
 
 # --- the run page's timeline -------------------------------------------------------------------

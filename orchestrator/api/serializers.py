@@ -83,6 +83,8 @@ class TaskNodeSerializer(serializers.Serializer):
     max_attempts = serializers.IntegerField()
     timeout = serializers.FloatField(allow_null=True)
     trigger_rule = serializers.CharField()
+    group = serializers.CharField(allow_null=True, help_text="the innermost task group it is in, or null")
+    group_path = serializers.ListField(child=serializers.CharField(), help_text="its task groups, outermost first")
 
 
 class GraphSerializer(serializers.Serializer):
@@ -91,6 +93,7 @@ class GraphSerializer(serializers.Serializer):
         child=serializers.ListField(child=serializers.CharField(), min_length=2, max_length=2),
         help_text="[parent, child] pairs",
     )
+    groups = serializers.DictField(child=serializers.DictField(), help_text="task groups: {name: {parent, tooltip}}")
 
 
 class WorkflowSerializer(serializers.ModelSerializer):
@@ -122,14 +125,15 @@ class WorkflowDetailSerializer(WorkflowSerializer):
             node = {"name": name, "kind": spec.get("kind", "python"), "upstream": spec.get("upstream", []),
                     "queue": spec.get("queue", "default"), "priority": spec.get("priority", 0),
                     "max_attempts": spec.get("max_attempts", 1), "timeout": spec.get("timeout"),
-                    "trigger_rule": spec.get("trigger_rule", "all_success")}
+                    "trigger_rule": spec.get("trigger_rule", "all_success"),
+                    "group": (spec.get("group") or [None])[-1], "group_path": spec.get("group", [])}
             if "ref" in spec:
                 node["ref"] = spec["ref"]
             if "command" in spec:
                 node["command"] = spec["command"]
             tasks.append(node)
             edges.extend([parent, name] for parent in spec.get("upstream", []))
-        return {"tasks": tasks, "edges": edges}
+        return {"tasks": tasks, "edges": edges, "groups": workflow.spec.get("groups", {})}
 
 
 # --- runs ---------------------------------------------------------------------------------------

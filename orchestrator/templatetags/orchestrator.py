@@ -190,3 +190,10 @@ def prose_summary(text, length: int = 110) -> str:
     plain = _CODE.sub(lambda m: m.group(1) if m.group(1) is not None else m.group(2), plain)
     plain = _EM.sub(r"\1", _STRONG.sub(r"\1", plain)).removesuffix("::")
     return plain if len(plain) <= length else plain[: length - 1].rstrip() + "…"
+
+
+@register.filter
+def unfolded(graph, fold):
+    """A graph drawing (``svg.graph``) with the groups ``fold`` unfolds (a grid's fold); a
+    drawing without groups as it is."""
+    return graph.drawn(fold) if hasattr(graph, "drawn") else graph

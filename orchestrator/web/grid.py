@@ -9,6 +9,9 @@ Filters (``?state=``, ``?trigger=``, ``?since=``/``?until=`` dates in the viewer
 the runs shown and stay in every link of the grid (sizes, older, newest, a picked run). A date
 range bounds the index range walked; a state or trigger filter is checked on the rows the walk
 meets.
+
+Task groups (``orchestrator.web.folding``) are folded to one row each until ``?unfold=<group>``
+unfolds them; the fold is kept in the grid's links as the filters are, and costs no read.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from django.utils.http import urlencode
 
 from orchestrator.models import Run, TaskRun, Workflow
 from orchestrator.states import RunState, Trigger
-from orchestrator.web import mapped, svg
+from orchestrator.web import folding, mapped, svg
 from orchestrator.web.errors import InvalidInput
 from orchestrator.web.kit import day_bounds, seconds
 
@@ -53,6 +56,7 @@ class Filters:
     since: date | None = None
     until: date | None = None
     zone: tzinfo | None = None
+    fold: folding.Fold = folding.Fold()  # the groups shown unfolded: not a filter, kept as one
 
     def __bool__(self) -> bool:
         return bool(self.state or self.trigger or self.since or self.until)
@@ -61,7 +65,8 @@ class Filters:
         """The filters as query parameters, for the grid's links."""
         found = {"state": self.state, "trigger": self.trigger,
                  "since": self.since.isoformat() if self.since else "",
-                 "until": self.until.isoformat() if self.until else ""}
+                 "until": self.until.isoformat() if self.until else "",
+                 "unfold": sorted(self.fold.unfolded)}
         return {key: value for key, value in found.items() if value}
 
     def apply(self, runs):
@@ -95,9 +100,10 @@ def _day(params, name: str) -> date | None:
 
 
 def filters_from(params, zone: tzinfo | None = None) -> Filters:
-    """The grid's filters from a query (``request.GET``); a bad value is a 400 naming it."""
+    """The grid's filters (and fold) from a query (``request.GET``); a bad value is a 400 naming it."""
     found = Filters(state=_choice(params, "state", RunState), trigger=_choice(params, "trigger", Trigger),
-                    since=_day(params, "since"), until=_day(params, "until"), zone=zone)
+                    since=_day(params, "since"), until=_day(params, "until"), zone=zone,
+                    fold=folding.fold_from(params))
     if found.since and found.until and found.since > found.until:
         raise InvalidInput("since", f"since ({found.since}) is after until ({found.until})")
     return found
@@ -141,26 +147,29 @@ def grid_context(wf: Workflow, upstream: dict[str, list[str]], now: datetime, si
                  before: int | None = None, filters: Filters | None = None) -> dict:
     """The grid of ``wf``: ``size`` runs (``?runs=``), those before run ``before`` (``?before=``),
     those that pass ``filters``."""
-    filters = filters or Filters()
+    filters = filters if filters is not None else Filters()  # one that only unfolds groups is false
     runs, has_older, paged = page_of_runs(wf, size, before, filters)
     found = cells(runs, now)
     order = svg.task_order(upstream)
     extra = sorted({task for (_run, task) in found} - set(order))
     kept = filters.query()
     query = {**kept, **({"runs": size} if size != RUNS else {})}
+    groups = folding.Groups.of_spec(wf.spec)
     return {
+        "grid_fold": filters.fold,
+        "grid_groups": bool(groups),
         "grid_filters": filters,
         "grid_states": RunState.values,
         "grid_triggers": Trigger.values,
-        "grid_sizes_qs": [(n, urlencode({**kept, **({"runs": n} if n != RUNS else {})})) for n in SIZES],
+        "grid_sizes_qs": [(n, urlencode({**kept, **({"runs": n} if n != RUNS else {})}, doseq=True)) for n in SIZES],
         "grid_filtered": bool(filters),
         "runs": runs,
-        "grid_rows": [(task, [(run, found.get((run.pk, task))) for run in runs]) for task in order + extra],
+        "grid_rows": folding.grid_rows(order + extra, groups, filters.fold, runs, found),
         "grid_bar": BAR,
         "grid_size": size,
         "grid_sizes": SIZES,
         "grid_paged": paged,
-        "grid_query": urlencode({**query, **({"before": before} if paged else {})}),
-        "grid_older": urlencode({**query, "before": runs[0].pk}) if has_older and runs else None,
-        "grid_newest": urlencode(query),
+        "grid_query": urlencode({**query, **({"before": before} if paged else {})}, doseq=True),
+        "grid_older": urlencode({**query, "before": runs[0].pk}, doseq=True) if has_older and runs else None,
+        "grid_newest": urlencode(query, doseq=True),
     }

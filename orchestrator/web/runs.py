@@ -16,7 +16,7 @@ from orchestrator import access, approvals, audit, clock, control, reads
 from orchestrator.limits import MAX_ID
 from orchestrator.models import Attempt, Run, TaskRun
 from orchestrator.states import TaskState
-from orchestrator.web import actions, lineage, mapped, svg, zones
+from orchestrator.web import actions, folding, lineage, mapped, svg, zones
 from orchestrator.web.errors import query_int
 from orchestrator.web.forms import RUN_BULK_ACTIONS, RunFilterForm
 from orchestrator.web.kit import (
@@ -119,8 +119,9 @@ def place_instances(task_runs: list[TaskRun], summaries: dict[str, mapped.Summar
             tr.span_bar = axis.bar(tr.mapped.first_start, tr.seconds or 0.0)
 
 
-def run_context(run: Run, now: datetime, after: int | None = None) -> dict:
-    """The run page from the task after task run ``after``: a bounded number of statements, each
+def run_context(run: Run, now: datetime, after: int | None = None, fold: folding.Fold | None = None) -> dict:
+    """The run page from the task after task run ``after``, its graph's groups unfolded by
+    ``fold``: a bounded number of statements, each
     returning a bounded number of rows, whatever the size of the run (tests/test_pages_at_size.py)."""
     task_runs, next_after, upstream = tasks_in_order(run, after)
     counts = reads.run_counts(run.pk)
@@ -136,7 +137,7 @@ def run_context(run: Run, now: datetime, after: int | None = None) -> dict:
     if upstream is not None:
         graph = svg.graph(upstream, {tr.task: tr.state for tr in task_runs}, {tr.task: tr.url for tr in task_runs},
                           {task: (summary.short, summary.words) for task, summary in summaries.items()},
-                          svg.shape_of({"tasks": {tr.task: tr.spec for tr in task_runs}}, lineage.url))
+                          svg.shape_of({"tasks": {tr.task: tr.spec for tr in task_runs}}, lineage.url), fold)
     return {
         "run": run,
         "task_runs": task_runs,
@@ -161,7 +162,7 @@ def run_detail(request, run_id):
     run = get_object_or_404(access.visible(request.user, Run.objects.select_related(
         "workflow", "version", "created_by", "schedule").defer("version__spec")), pk=run_id)
     after = query_int(request, "after", None, 1, MAX_ID)
-    context = run_context(run, clock.now(), after)
+    context = run_context(run, clock.now(), after, folding.fold_from(request.GET))
     context["can_operate"] = access.can_operate(request.user, run)
     context["approvals"] = approvals.waiting_for(request.user, run) if run.is_active else []
     context.update(actions.page_extras(run))

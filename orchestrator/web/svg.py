@@ -1,5 +1,9 @@
 """Drawings of the web pages as inline SVG: the task graph and the run-history chart.
 
+A task group (``orchestrator.web.folding``) folded is one node of the graph, its edges merged,
+coloured by its tasks' worst state with their counts; unfolded, its tasks are laid out inside a
+box that is one node of the level around it (so no other task falls inside it).
+
 Every name and label goes through ``format_html``/``escape``; only numbers computed here are
 written as they are. Colours come from CSS classes (``st-<state>``) so the palette lives in one
 stylesheet.
@@ -14,9 +18,13 @@ from dataclasses import dataclass, field
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
+from orchestrator.web import folding
+from orchestrator.web.folding import Fold, Groups
+
 NODE_W, NODE_H = 168, 30
 GAP_X, GAP_Y = 56, 14
 PAD = 8
+BOX_PAD, BOX_TOP = 10, 26  # px around an unfolded group's tasks; above them, its name
 
 
 def layers(upstream: dict[str, list[str]]) -> list[list[str]]:
@@ -64,6 +72,7 @@ def _label(name: str, limit: int = 22) -> str:
 KINDS = (("sensor", "sensor"), ("branch", "branch"), ("approval", "approval"), ("map_over", "mapped"))
 # Dataset nodes are drawn among the tasks under names no task can have (a control character).
 CONSUMED, PRODUCED = "\x1fin:", "\x1fout:"
+GROUP = "\x1fgroup:"  # a folded group's node
 
 
 @dataclass
@@ -76,6 +85,7 @@ class Shape:
     consumes: list[str] = field(default_factory=list)
     produces: dict[str, list[str]] = field(default_factory=dict)
     dataset_links: dict[str, str] = field(default_factory=dict)
+    groups: Groups = field(default_factory=Groups)
 
 
 def shape_of(spec: dict, dataset_url: Callable[[str], str]) -> Shape:
@@ -89,7 +99,7 @@ def shape_of(spec: dict, dataset_url: Callable[[str], str]) -> Shape:
     consumes = sorted({d for trigger in spec.get("triggers", []) for d in trigger.get("datasets", [])})
     produces = {name: list(task["produces"]) for name, task in tasks.items() if task.get("produces")}
     named = set(consumes) | {d for names in produces.values() for d in names}
-    return Shape(kinds, consumes, produces, {d: dataset_url(d) for d in named})
+    return Shape(kinds, consumes, produces, {d: dataset_url(d) for d in named}, Groups.of_spec(spec))
 
 
 def with_datasets(upstream: dict[str, list[str]], shape: Shape) -> dict[str, list[str]]:
@@ -111,26 +121,46 @@ def with_datasets(upstream: dict[str, list[str]], shape: Shape) -> dict[str, lis
 
 
 def graph(upstream: dict[str, list[str]], states: dict[str, str], links: dict[str, str],
-          notes: dict[str, tuple[str, str]] | None = None, shape: Shape | None = None) -> SafeString:
+          notes: dict[str, tuple[str, str]] | None = None, shape: Shape | None = None,
+          fold: Fold | None = None) -> SafeString | Drawing:
     """The DAG left to right, one column per generation; each node coloured by its state and
     linked to its task run when there is one (the link named "task: state"), in a view that
     pans and zooms (static/orchestrator/graph.js). ``notes`` adds (short, long) text to a node: a
-    mapped task's instance counts (see ``mapped_node``); ``shape`` the tasks' kinds and the
-    datasets consumed and produced."""
+    mapped task's instance counts (see ``mapped_node``); ``shape`` the tasks' kinds, groups and
+    the datasets consumed and produced. A graph with task groups is a ``Drawing``, drawn when
+    shown with the groups ``fold`` (or the page's, see ``Drawing.drawn``) unfolds."""
+    if shape is not None and shape.groups:
+        return Drawing(upstream, states, links, notes, shape, fold)
+    return _draw(upstream, states, links, notes, shape, Fold())
+
+
+class Drawing:
+    """A graph with task groups: which are unfolded is the page's choice (its ``?unfold=``), so it
+    is drawn when the page shows it (``{{ graph|unfolded:grid_fold }}``), once."""
+
+    def __init__(self, upstream, states, links, notes, shape, fold):
+        self.parts = (upstream, states, links, notes, shape)
+        self.fold = fold or Fold()
+
+    def drawn(self, fold: Fold | None = None) -> SafeString:
+        return _draw(*self.parts, fold or self.fold)
+
+    def __html__(self) -> str:
+        return self.drawn()
+
+    def __str__(self) -> str:
+        return str(self.drawn())
+
+
+def _draw(upstream, states, links, notes, shape, fold: Fold) -> SafeString:
     if not upstream:
         return mark_safe('<p class="muted">This workflow has no tasks.</p>')
     shape = shape or Shape()
     task_count = len(upstream)
+    groups = shape.groups
+    tasks = list(upstream)
     upstream = with_datasets(upstream, shape)
-    columns = layers(upstream)
-    tallest = max(len(column) for column in columns)
-    width = PAD * 2 + len(columns) * NODE_W + (len(columns) - 1) * GAP_X
-    height = PAD * 2 + tallest * NODE_H + (tallest - 1) * GAP_Y
-    where: dict[str, tuple[int, int]] = {}
-    for col, column in enumerate(columns):
-        offset = (tallest - len(column)) * (NODE_H + GAP_Y) / 2
-        for row, name in enumerate(column):
-            where[name] = (PAD + col * (NODE_W + GAP_X), int(PAD + offset + row * (NODE_H + GAP_Y)))
+    where, boxes, width, height = place(upstream, groups, fold.unfolded)
     # Not role="img": it holds links, each named for a screen reader. graph.js pans and zooms the
     # scroll box; without script it still scrolls, by keyboard too (a graph without links, of a
     # workflow not run yet, still has a focusable box).
@@ -146,19 +176,35 @@ def graph(upstream: dict[str, list[str]], states: dict[str, str], links: dict[st
         ' aria-label="task graph, {} tasks">',
         width, height, width, height, task_count,
     )]
+    for name, x, y, w, h in boxes:
+        parts.append(group_box(name, x, y, w, h, len(groups.members(name, tasks)), groups.tooltip.get(name, ""),
+                               fold.toggle(name)))
+
+    def shown(name: str) -> str:
+        group = groups.shown_as(name, fold.unfolded) if groups else None
+        return GROUP + group if group else name
+
+    drawn = set()
     for child, parents in upstream.items():
         for parent in parents:
-            if parent not in where:
+            edge = (shown(parent), shown(child))
+            if edge[0] == edge[1] or edge in drawn or edge[0] not in where or edge[1] not in where:
                 continue
-            x1, y1 = where[parent][0] + NODE_W, where[parent][1] + NODE_H // 2
-            x2, y2 = where[child][0], where[child][1] + NODE_H // 2
+            drawn.add(edge)
+            x1, y1 = where[edge[0]][0] + NODE_W, where[edge[0]][1] + NODE_H // 2
+            x2, y2 = where[edge[1]][0], where[edge[1]][1] + NODE_H // 2
             mid = (x1 + x2) / 2
             parts.append(format_html(
                 '<path class="edge" d="M{} {} C{} {} {} {} {} {}"/>', x1, y1, _n(mid), y1, _n(mid), y2, x2 - 4, y2
             ))
             parts.append(format_html('<path class="arrow" d="M{} {} l-6 -4 v8 z"/>', x2, y2))
     for index, (name, (x, y)) in enumerate(where.items()):
-        if name.startswith((CONSUMED, PRODUCED)):
+        if name.startswith(GROUP):
+            group = name.removeprefix(GROUP)
+            members = groups.members(group, tasks)
+            parts.append(group_node(group, x, y, [states[t] for t in members if t in states], len(members),
+                                    groups.tooltip.get(group, ""), fold.toggle(group), node_id=f"node-{index}"))
+        elif name.startswith((CONSUMED, PRODUCED)):
             parts.append(dataset_node(name, x, y, shape))
         elif notes and name in notes:
             parts.append(mapped_node(name, x, y, states.get(name, "none"), *notes[name], links.get(name),
@@ -168,6 +214,105 @@ def graph(upstream: dict[str, list[str]], states: dict[str, str], links: dict[st
                                    node_id=f"node-{index}"))
     parts.append(mark_safe("</svg></div></div>"))
     return mark_safe("".join(str(part) for part in parts))
+
+
+def place(upstream: dict[str, list[str]], groups: Groups, unfolded: frozenset[str]):
+    """Where each node is drawn: ({node: (x, y)}, [(group, x, y, width, height) of each unfolded
+    group's box], width, height). A folded group is one node (``GROUP`` + its name); an unfolded
+    one a box laid out as one node of the level around it, its own nodes laid out inside."""
+    def item(name: str, level: tuple[str, ...]) -> str | None:
+        path = groups.path.get(name, ())
+        if path[:len(level)] != level:
+            return None
+        return name if len(path) == len(level) else GROUP + path[len(level)]
+
+    def block(level: tuple[str, ...]):
+        items: dict[str, set[str]] = {}
+        for child, parents in upstream.items():
+            mine = item(child, level)
+            if mine is None:
+                continue
+            items.setdefault(mine, set())
+            for parent in parents:
+                theirs = item(parent, level) if parent in upstream else None
+                if theirs is not None and theirs != mine:
+                    items[mine].add(theirs)
+        columns = layers({key: sorted(parents) for key, parents in items.items()})
+        inner, size = {}, {}
+        for key in items:
+            group = key.removeprefix(GROUP) if key.startswith(GROUP) else None
+            if group is not None and group in unfolded:
+                inner[key] = block((*level, group))
+                size[key] = (inner[key][2] + 2 * BOX_PAD, inner[key][3] + BOX_TOP + BOX_PAD)
+            else:
+                size[key] = (NODE_W, NODE_H)
+        widths = [max(size[key][0] for key in column) for column in columns]
+        heights = [sum(size[key][1] for key in column) + (len(column) - 1) * GAP_Y for column in columns]
+        where, boxes, x = {}, [], 0
+        for col, column in enumerate(columns):
+            y = (max(heights) - heights[col]) / 2
+            for key in column:
+                if key in inner:
+                    at_x, at_y = x, int(y)
+                    boxes.append((key.removeprefix(GROUP), at_x, at_y, *size[key]))
+                    where.update({name: (at_x + BOX_PAD + ix, at_y + BOX_TOP + iy)
+                                  for name, (ix, iy) in inner[key][0].items()})
+                    boxes += [(name, at_x + BOX_PAD + bx, at_y + BOX_TOP + by, bw, bh)
+                              for name, bx, by, bw, bh in inner[key][1]]
+                else:
+                    where[key] = (x, int(y))
+                y += size[key][1] + GAP_Y
+            x += widths[col] + GAP_X
+        return where, boxes, sum(widths) + (len(columns) - 1) * GAP_X, max(heights)
+
+    where, boxes, width, height = block(())
+    return ({name: (PAD + x, PAD + y) for name, (x, y) in where.items()},
+            [(name, PAD + x, PAD + y, w, h) for name, x, y, w, h in boxes], width + 2 * PAD, height + 2 * PAD)
+
+
+def group_box(name: str, x: int, y: int, width: int, height: int, size: int, tooltip: str,
+              toggle: str) -> SafeString:
+    """An unfolded group: a box around its tasks, its name a link that folds it."""
+    said = f"group {name}, {size} task{'s' if size != 1 else ''}{': ' + tooltip if tooltip else ''}"
+    return format_html(
+        '<g class="group-box"><rect class="box" x="{}" y="{}" width="{}" height="{}" rx="8"/>'
+        '<a href="?{}#graph" aria-expanded="true" aria-label="{}; fold"><title>{}</title>'
+        '<rect class="fold-hit" x="{}" y="{}" width="{}" height="18" rx="4"/>'
+        '<text x="{}" y="{}">▾ {}</text></a></g>',
+        x, y, width, height, toggle, said, said, x + 4, y + 3, min(width - 8, NODE_W), x + 10, y + 16,
+        _label(name, 20),
+    )
+
+
+def group_node(name: str, x: int, y: int, task_states: list[str], size: int, tooltip: str, toggle: str,
+               node_id: str) -> SafeString:
+    """A folded group: one node drawn as a stack, coloured by its tasks' worst state in the run
+    shown, with how many of its tasks ended (of how many) and a strip of its tasks' states; a
+    link that unfolds it."""
+    counts = folding.counts_of(task_states)
+    node_state = folding.worst(task_states) or "none"
+    ended = sum(n for state, n in counts if state in folding.ENDED)
+    short = f"{ended}/{size}" if counts else f"{size}"
+    words = folding.said(counts) if counts else "no run"
+    said = f"{name} {short}: group of {size} task{'s' if size != 1 else ''}, {words}"
+    strip, left = [], x + 6
+    for state, n in counts:
+        wide = (NODE_W - 12) * n / max(size, 1)
+        strip.append(format_html('<rect class="seg st-{}" x="{}" y="{}" width="{}" height="3"/>',
+                                 state, _n(left), y + NODE_H - 6, _n(wide)))
+        left += wide
+    node = format_html(
+        '<g class="node group st-{}"><title>{}{}</title>'
+        '<rect class="stack" x="{}" y="{}" width="{}" height="{}" rx="5"/>'
+        '<rect x="{}" y="{}" width="{}" height="{}" rx="5"/>'
+        '<circle cx="{}" cy="{}" r="4"/><text x="{}" y="{}">{} <tspan class="count" x="{}" text-anchor="end">{}</tspan>'
+        '</text>{}</g>',
+        node_state, said, f". {tooltip}" if tooltip else "", x + 3, y - 3, NODE_W, NODE_H, x, y, NODE_W, NODE_H,
+        x + 12, y + NODE_H // 2 - 1, x + 22, y + NODE_H // 2 + 3, _label(name, 14), x + NODE_W - 8, short,
+        mark_safe("".join(str(part) for part in strip)),
+    )
+    return format_html('<a id="{}" href="?{}#graph" aria-expanded="false" aria-label="{}; unfold">{}</a>',
+                       node_id, toggle, said, node)
 
 
 def task_node(name: str, x: int, y: int, node_state: str, kind: str | None, link: str | None,
