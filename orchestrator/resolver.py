@@ -1,7 +1,7 @@
 """What happens when an attempt ends: the retry rule, the trigger rules that release (or give up
-on) the children, and the end of the run. Set-based SQL, called inside the caller's transaction
-(a worker's completion batch, the reaper, the control functions), so an outcome, its children
-and its run change together or not at all.
+on) the children (their statements in ``release.py``), and the end of the run. Set-based SQL,
+called inside the caller's transaction (a worker's completion batch, the reaper, the control
+functions), so an outcome, its children and its run change together or not at all.
 
 The retry rule (``retries.py``): an attempt that did not succeed schedules the next one after a
 backoff, until ``max_attempts`` attempts were made; then the task run is ``dead``: the dead-letter
@@ -33,15 +33,11 @@ from orchestrator import (
     tracing,
 )
 from orchestrator.channels import wake_due
+from orchestrator.release import decide_children
 from orchestrator.states import (
     ACTIVE_TASK_STATES,
-    DEFAULT_TRIGGER_RULE,
     FINISHED_TASK_STATES,
-    PARENT_BAD,
-    PARENT_OK,
-    PARENT_SKIPPED,
     SUCCESSFUL_TASK_STATES,
-    TRIGGER_RULE_DECISIONS,
     AttemptOutcome,
     RunState,
     TaskState,
@@ -81,6 +77,15 @@ LOCK_RUNS = _LOCK_RUNS.format("%s")
 # The runs of some task runs, to lock them (LOCK_RUNS) before touching the task runs.
 RUNS_OF = "SELECT DISTINCT run_id FROM orchestrator_taskrun WHERE id = ANY (%s)"
 
+# The answer of END_TASK_RUNS and END_CHECKS, in kinds of rows that ``_answers`` puts together:
+# each accepted task run (an id); each run of them that maps or branches (no id, ``dynamic``);
+# and, END_TASK_RUNS' own, each run that ended with its job (no id, ``run_state``).
+_ANSWER = """
+SELECT t.id, t.run_id, t.state, t.produces, t.calls, NULL::bool AS dynamic, NULL::text AS run_state,
+    NULL::bigint AS workflow_id, t.instance FROM t
+UNION ALL
+SELECT NULL, l.id, NULL, NULL, NULL, true, NULL, NULL, NULL FROM l WHERE l.dynamic"""
+
 # End many attempts at once, in one statement (a worker's batch is one round trip and as few
 # statements as it can be). First the runs are locked (``l``, LOCK_RUNS' rule): the task run update
 # names ``l`` in a condition no row depends on, which PostgreSQL evaluates once before the update
@@ -93,18 +98,23 @@ RUNS_OF = "SELECT DISTINCT run_id FROM orchestrator_taskrun WHERE id = ANY (%s)"
 # claimed by worker.batch.CLAIM_CHECKS without an attempt) is accepted while the sensor still
 # waits with the check count it was claimed at, so a check claimed twice (after its lease) is
 # recorded once: END_CHECKS.
-# The run of a one-task job (``job_runs``) ends here with its task run: it releases nothing, and
-# the check that no other task run of it is unfinished keeps the rule of FINISH_RUNS. Each row
-# says whether its run maps or branches (for mapping.py), how a job run ended (run_state) and
-# whether it is a mapped instance.
+# The run of a one-task job (``d.job``) ends here with its task run: it releases nothing, and
+# the check that no other task run of it is unfinished keeps the rule of FINISH_RUNS.
+# The answer joins nothing: a row per accepted task run (with what its ending said, carried by
+# its RETURNING, so the attempts' update reads no other CTE), then a row per run that maps or
+# branches and a row per job run ended, which ``_answers`` puts together. A join of those
+# CTEs was a nested loop (the planner expects one row of each: a DML CTE's estimate), a cost
+# that grew with the square of the endings in one statement (500 job endings: 250,000 rows of
+# the ended runs read again).
 END_TASK_RUNS = db.prepared(f"""
 WITH l AS MATERIALIZED (
     {_LOCK_RUNS.format("%(runs)s::bigint[]")}
 ), d AS (
     SELECT *, outcome = '{AttemptOutcome.RESCHEDULED}' AS not_yet, outcome = '{AttemptOutcome.ASKED}' AS asked
     FROM unnest(%(ids)s::bigint[], %(numbers)s::int[], %(outcomes)s::text[], %(results)s::text[],
-                %(errors)s::text[], %(tracebacks)s::text[], %(log_paths)s::text[], %(exception_classes)s::text[])
-        AS d(id, number, outcome, result, error, traceback, log_path, exception_class)
+                %(errors)s::text[], %(tracebacks)s::text[], %(log_paths)s::text[], %(exception_classes)s::text[],
+                %(jobs)s::bool[])
+        AS d(id, number, outcome, result, error, traceback, log_path, exception_class, job)
 ), t AS (
 UPDATE orchestrator_taskrun t SET
     state = CASE WHEN d.outcome = '{AttemptOutcome.SUCCEEDED}' THEN '{TaskState.SUCCEEDED}'
@@ -130,19 +140,20 @@ WHERE (SELECT count(*) FROM l) >= 0
   AND t.id = d.id AND (t.state = '{TaskState.RUNNING}' AND t.attempts = d.number
   AND (%(worker)s::bigint IS NULL OR t.worker_id = %(worker)s::bigint)) IS TRUE
 RETURNING t.id, t.run_id, t.state, t.spec ? 'produces' AS produces, t.spec ? 'callbacks' AS calls,
-    t.map_index >= 0 AS instance
+    t.map_index >= 0 AS instance, d.number, d.outcome, d.not_yet, d.error, d.traceback, d.exception_class,
+    d.log_path, d.job
 ), a AS (
     -- The attempt rows of the task runs whose end was accepted above, in the same round trip. A
     -- sensor's try stays open while its checks say "not yet" (rescheduled, no end time).
-    UPDATE orchestrator_attempt a SET outcome = d.outcome, error = d.error,
-        finished_at = CASE WHEN d.not_yet THEN NULL ELSE %(now)s END,
-        traceback = d.traceback, exception_class = d.exception_class,
-        log_path = CASE WHEN d.log_path <> '' THEN d.log_path ELSE a.log_path END
-    FROM t JOIN d ON d.id = t.id
-    WHERE a.task_run_id = d.id AND a.number = d.number AND (a.outcome = '{AttemptOutcome.RUNNING}') IS TRUE
+    UPDATE orchestrator_attempt a SET outcome = t.outcome, error = t.error,
+        finished_at = CASE WHEN t.not_yet THEN NULL ELSE %(now)s END,
+        traceback = t.traceback, exception_class = t.exception_class,
+        log_path = CASE WHEN t.log_path <> '' THEN t.log_path ELSE a.log_path END
+    FROM t
+    WHERE a.task_run_id = t.id AND a.number = t.number AND (a.outcome = '{AttemptOutcome.RUNNING}') IS TRUE
 ), e AS (
     SELECT id, run_id, state IN ({sql_list(SUCCESSFUL_TASK_STATES)}) AS ok FROM t
-    WHERE run_id = ANY (%(job_runs)s::bigint[]) AND state IN ({sql_list(FINISHED_TASK_STATES)})
+    WHERE job AND state IN ({sql_list(FINISHED_TASK_STATES)})
 ), j AS (
     UPDATE orchestrator_run r
     SET state = CASE WHEN e.ok THEN '{RunState.SUCCEEDED}' ELSE '{RunState.FAILED}' END, finished_at = %(now)s
@@ -152,8 +163,9 @@ RETURNING t.id, t.run_id, t.state, t.spec ? 'produces' AS produces, t.spec ? 'ca
                       AND x.state NOT IN ({sql_list(FINISHED_TASK_STATES)}))
     RETURNING r.id, r.state, r.workflow_id
 )
-SELECT t.id, t.run_id, t.state, t.produces, t.calls, l.dynamic, j.state AS run_state, j.workflow_id, t.instance
-FROM t JOIN l ON l.id = t.run_id LEFT JOIN j ON j.id = t.run_id
+{_ANSWER}
+UNION ALL
+SELECT NULL, j.id, NULL, NULL, NULL, NULL, j.state, j.workflow_id, NULL FROM j
 """)
 
 # End the checks of waiting sensors (claimed by worker.batch.CLAIM_CHECKS: no attempt, no change
@@ -197,114 +209,8 @@ RETURNING t.id, t.run_id, t.state, t.spec ? 'produces' AS produces, t.spec ? 'ca
     WHERE a.task_run_id = d.id AND a.number = d.number AND NOT d.not_yet
       AND (a.outcome = '{AttemptOutcome.RESCHEDULED}') IS TRUE
 )
-SELECT t.id, t.run_id, t.state, t.produces, t.calls, l.dynamic, NULL::text AS run_state, NULL::bigint AS workflow_id,
-    t.instance
-FROM t JOIN l ON l.id = t.run_id
+{_ANSWER}
 """)
-
-# Decide waiting children of the given runs whose trigger rule is settled by their parents'
-# states (the rules are the table states.TRIGGER_RULE_DECISIONS, one CASE branch per rule):
-# 'scheduled' releases them now, 'upstream_failed'/'skipped' ends them. NULL: not yet.
-def _rule_case(decisions) -> str:
-    return "CASE " + " ".join(f"WHEN {condition} THEN '{state}'" for condition, state in decisions) + " END"
-
-
-# The default rule is the ELSE branch: a spec without a (known) rule gets it.
-RULE_CASE = "\n        ".join(
-    [f"WHEN '{rule}' THEN {_rule_case(decisions)}" for rule, decisions in TRIGGER_RULE_DECISIONS.items()
-     if rule != DEFAULT_TRIGGER_RULE]
-    + [f"ELSE {_rule_case(TRIGGER_RULE_DECISIONS[DEFAULT_TRIGGER_RULE])}  -- {DEFAULT_TRIGGER_RULE}"]
-)
-
-# The children of the task runs that just ended, by the names each lists (``downstream``), on the
-# unique index. One that does not know them (NULL: made before) has every waiting task run of its
-# run looked at (gated by EXISTS, checked once before any scan). ARRAY(), not a join: reckoning
-# that branch a whole run, the planner would hash every task run of the table.
-CHILDREN_OF_ENDED = f"""c.id = ANY (ARRAY(
-        SELECT k.id FROM orchestrator_taskrun p
-        CROSS JOIN LATERAL unnest(p.downstream) AS d(task)
-        JOIN orchestrator_taskrun k ON k.run_id = p.run_id AND k.task = d.task AND k.map_index = -1
-        WHERE p.id = ANY (%(ended)s)
-        UNION
-        SELECT k.id FROM orchestrator_taskrun k
-        WHERE EXISTS (SELECT FROM orchestrator_taskrun p WHERE p.id = ANY (%(ended)s) AND p.downstream IS NULL)
-          AND k.run_id = ANY (ARRAY(SELECT p.run_id FROM orchestrator_taskrun p
-                                    WHERE p.id = ANY (%(ended)s) AND p.downstream IS NULL))
-          AND k.state = '{TaskState.WAITING}' AND k.map_index = -1))"""
-
-
-def _waiting_counts(which: str, among: str | None = None) -> str:
-    """Waiting task runs (of the given runs, or ``among``: CHILDREN_OF_ENDED; ``which``: the
-    mapped ones or the others) with the counts their rules read: parents in all (n), succeeded
-    (ok), failed (bad), skipped (skip). A mapped parent counts once, by its own row (map_index -1);
-    instances never wait for parents."""
-    return f"""
-    SELECT c.id, COALESCE(c.spec->>'trigger_rule', '{DEFAULT_TRIGGER_RULE}') AS rule,
-           cardinality(c.upstream) AS n,
-           count(*) FILTER (WHERE p.state IN ({sql_list(PARENT_OK)})) AS ok,
-           count(*) FILTER (WHERE p.state IN ({sql_list(PARENT_BAD)})) AS bad,
-           count(*) FILTER (WHERE p.state IN ({sql_list(PARENT_SKIPPED)})) AS skip
-    FROM orchestrator_taskrun c
-    JOIN orchestrator_taskrun p ON p.run_id = c.run_id AND p.task = ANY (c.upstream) AND p.map_index = -1
-    WHERE {among or "c.run_id = ANY (%(runs)s)"} AND c.state = '{TaskState.WAITING}'
-      AND c.map_index = -1 AND {which}
-    GROUP BY c.id"""
-
-
-# Decide every waiting child of the given runs whose rule its parents now settle, in one
-# statement (RULE_CASE): scheduled and due now, upstream_failed or skipped. Those decided as not
-# running settle their own children in turn, so the caller repeats it until nothing changes.
-# RELEASE_CHILDREN_OF does the same for the children of the task runs that ended (CHILDREN_OF_ENDED).
-_RELEASE = f"""
-WITH c AS (__WAITING__
-), d AS (
-    SELECT id, CASE rule
-        {RULE_CASE}
-    END AS next
-    FROM c
-)
-UPDATE orchestrator_taskrun t SET state = d.next,
-    due_at = CASE WHEN d.next = '{TaskState.SCHEDULED}' THEN %(now)s END,
-    finished_at = CASE WHEN d.next <> '{TaskState.SCHEDULED}' THEN %(now)s END
-FROM d
-WHERE t.id = d.id AND d.next IS NOT NULL AND t.state = '{TaskState.WAITING}'
-RETURNING t.id, t.state
-"""
-RELEASE_CHILDREN = _RELEASE.replace("__WAITING__", _waiting_counts("NOT c.spec ? 'map_over'"))
-RELEASE_CHILDREN_OF = _RELEASE.replace("__WAITING__", _waiting_counts("NOT c.spec ? 'map_over'", CHILDREN_OF_ENDED))
-
-# The same rules for mapped tasks (see mapping.py). Released, such a task is "mapped" (its
-# instances are then created) when the parent it maps over succeeded with a list; skipped when
-# that parent was skipped; upstream_failed otherwise, saying why.
-RELEASE_MAPPED = f"""
-WITH c AS ({_waiting_counts("c.spec ? 'map_over'")}
-), d AS (
-    SELECT id, CASE rule
-        {RULE_CASE}
-    END AS next
-    FROM c
-), e AS (
-    SELECT d.id,
-           CASE WHEN d.next <> '{TaskState.SCHEDULED}' THEN d.next
-                WHEN p.state = '{TaskState.SUCCEEDED}' AND jsonb_typeof(p.result) = 'array' THEN '{TaskState.MAPPED}'
-                WHEN p.state = '{TaskState.SKIPPED}' THEN '{TaskState.SKIPPED}'
-                ELSE '{TaskState.UPSTREAM_FAILED}' END AS next,
-           CASE WHEN d.next <> '{TaskState.SCHEDULED}' OR p.state = '{TaskState.SKIPPED}'
-                  OR (p.state = '{TaskState.SUCCEEDED}' AND jsonb_typeof(p.result) = 'array') THEN ''
-                WHEN p.state = '{TaskState.SUCCEEDED}' THEN 'cannot map over ' || p.task || ': its result is not a list'
-                ELSE 'cannot map over ' || p.task || ': it did not succeed' END AS error
-    FROM d
-    JOIN orchestrator_taskrun t ON t.id = d.id
-    JOIN orchestrator_taskrun p ON p.run_id = t.run_id AND p.task = t.spec->>'map_over' AND p.map_index = -1
-    WHERE d.next IS NOT NULL
-)
-UPDATE orchestrator_taskrun t SET state = e.next, error = e.error,
-    started_at = CASE WHEN e.next = '{TaskState.MAPPED}' THEN %(now)s END,
-    finished_at = CASE WHEN e.next <> '{TaskState.MAPPED}' THEN %(now)s END
-FROM e
-WHERE t.id = e.id AND t.state = '{TaskState.WAITING}'
-RETURNING t.id, t.state
-"""
 
 # The start of a sensor's current try (its attempt, which spans every check of the try): its
 # timeout counts from there. One row by the attempt's unique key per check.
@@ -351,7 +257,6 @@ class SentEndings:
     endings: list[Ending]
     now: datetime
     end: object = None
-    job_runs: frozenset = frozenset()  # the runs of one-task jobs, ended with their task run
     checks: object = None  # the cursor of END_CHECKS, when waiting sensors' checks are among the endings
 
 
@@ -381,12 +286,12 @@ def send_endings(endings: Sequence[Ending], *, worker_id: int | None = None,
     endings = _sensor_timeouts(endings, now)
     attempts = [e for e in endings if e.check is None]
     checks = [e for e in endings if e.check is not None]
-    sent = SentEndings(endings=endings, now=now, end=db.cursor(),
-                       job_runs=frozenset(e.run_id for e in attempts if e.job and e.run_id is not None))
+    sent = SentEndings(endings=endings, now=now, end=db.cursor())
     # Both statements lock every run of the batch (in id order, first thing), so their writer
     # takes its run locks in one order, as every writer does.
     common = {"runs": sorted(runs), "worker": worker_id, "now": now}
-    db.execute(sent.end, END_TASK_RUNS, {**common, "job_runs": sorted(sent.job_runs), **_columns(attempts)})
+    db.execute(sent.end, END_TASK_RUNS, {**common, "jobs": [e.job and e.run_id is not None for e in attempts],
+                                         **_columns(attempts)})
     if checks:
         sent.checks = db.cursor()
         db.execute(sent.checks, END_CHECKS, {**common, "checks": [e.check for e in checks], **_columns(checks)})
@@ -425,13 +330,17 @@ def receive_endings(sent: SentEndings) -> list[tuple[int, int, str]]:
 
 
 def _answers(sent: SentEndings) -> list[tuple]:
-    """The rows END_TASK_RUNS and the sensor checks' statement answered."""
+    """The rows END_TASK_RUNS and the sensor checks' statement answered, one per accepted task run:
+    (id, run_id, state, produces, calls, dynamic, run_state, workflow_id, instance), its run's
+    rows (_ANSWER) put in."""
     with sent.end:
         rows = sent.end.fetchall()
     if sent.checks is not None:
         with sent.checks:
             rows += sent.checks.fetchall()
-    return rows
+    dynamic = {row[1] for row in rows if row[0] is None and row[5]}
+    ended = {row[1]: row[6:8] for row in rows if row[0] is None and row[6] is not None}
+    return [(*row[:5], row[1] in dynamic, *ended.get(row[1], (None, None)), row[8]) for row in rows if row[0] is not None]
 
 
 def _announce(rows: list[tuple], mine: list[Ending], now: datetime) -> None:
@@ -516,7 +425,7 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
     middle of a map costs one statement (mapping.SETTLE).
 
     ``ended``: the task runs that just ended, when known (a worker's batch): in runs that neither
-    map nor branch, only their children are looked at (RELEASE_CHILDREN_OF)."""
+    map nor branch, only their children are looked at (release.RELEASE_CHILDREN_OF)."""
     runs = sorted(set(run_ids))
     if not runs:
         return 0
@@ -533,7 +442,7 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
             going_on = set(quiet) - set(mapped_ended)
             runs = [run_id for run_id in runs if run_id not in going_on]
             release = [run_id for run_id in release if run_id not in going_on]
-        released += _release(cursor, release, sorted(set(dynamic) & set(release)), now,
+        released += decide_children(cursor, release, sorted(set(dynamic) & set(release)), now,
                              None if ended is None else sorted(set(ended)))
         finished = []
         if runs:
@@ -541,49 +450,6 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
             finished = cursor.fetchall()
     if finished:
         _runs_finished(finished, now)
-    return released
-
-
-def _release(cursor, release: list[int], dynamic: list[int], now: datetime, ended: list[int] | None = None) -> int:
-    """Decide the waiting children of the runs ``release`` (``dynamic``: those of them that map
-    or branch); returns how many became due. ``ended``: the task runs that ended, when known.
-
-    A child that ends (upstream_failed/skipped) can settle its own children, and so can a
-    branch's choice or a mapped task's end: repeat until nothing more is decided. Each pass goes
-    one level deeper, so the loop is bounded by the depth of the graph."""
-    if ended is not None and release and not dynamic:
-        return _release_children_of(cursor, ended, now)
-    released = 0
-    while release:
-        settled = 0
-        if dynamic:
-            settled += mapping.skip_unchosen(cursor, dynamic, now)
-            freed, ended = mapping.settle(cursor, dynamic, now)
-            released += freed
-            settled += len(ended)
-        cursor.execute(RELEASE_CHILDREN, {"runs": release, "now": now})
-        states = [row[1] for row in cursor.fetchall()]
-        released += states.count(TaskState.SCHEDULED)
-        settled += sum(1 for state in states if state != TaskState.SCHEDULED)
-        if dynamic:
-            cursor.execute(RELEASE_MAPPED, {"runs": dynamic, "now": now})
-            decided = cursor.fetchall()
-            released += mapping.expand(cursor, [i for i, state in decided if state == TaskState.MAPPED], now)
-            settled += len(decided)
-        if not settled:
-            break
-    return released
-
-
-def _release_children_of(cursor, ended: list[int], now: datetime) -> int:
-    """Decide the waiting children of the task runs ``ended`` (of runs that neither map nor branch),
-    then those of the children decided as not running, a level per pass; returns how many are due."""
-    released = 0
-    while ended:
-        cursor.execute(RELEASE_CHILDREN_OF, {"ended": ended, "now": now})
-        rows = cursor.fetchall()
-        released += sum(1 for _, state in rows if state == TaskState.SCHEDULED)
-        ended = [task_run_id for task_run_id, state in rows if state != TaskState.SCHEDULED]
     return released
 
 

@@ -290,7 +290,7 @@ PARENT_SKIPPED = (TaskState.SKIPPED,)
 # Each rule decides a waiting child from its parents' counts: n parents, ``ok`` (succeeded),
 # ``bad`` (failed, dead, upstream_failed, cancelled), ``skip`` (skipped). The first condition that
 # holds gives the child's next state; when none holds, the child keeps waiting. The resolver turns
-# this table into one SQL CASE (``resolver.RELEASE_CHILDREN``).
+# this table into one SQL CASE (``release.RELEASE_CHILDREN``).
 TRIGGER_RULE_DECISIONS: dict[str, tuple[tuple[str, str], ...]] = {
     TriggerRule.ALL_SUCCESS: (
         ("bad > 0", TaskState.UPSTREAM_FAILED), ("skip > 0", TaskState.SKIPPED), ("ok = n", TaskState.SCHEDULED),

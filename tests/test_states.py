@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from django.db import connection, transaction
 
-from orchestrator import dsl, resolver, runs, states
+from orchestrator import dsl, release, runs, states
 from orchestrator.models import Attempt, Run, Schedule, TaskRun, Worker
 from tests.support import state_check
 
@@ -101,8 +101,8 @@ def test_the_models_the_dsl_and_the_resolver_take_their_names_from_the_state_mod
     assert set(states.TRIGGER_RULE_DECISIONS) == set(states.TriggerRule.values)
     for rule in states.TriggerRule.values:
         if rule != states.DEFAULT_TRIGGER_RULE:
-            assert f"WHEN '{rule}' THEN" in resolver.RELEASE_CHILDREN
-    assert f"-- {states.DEFAULT_TRIGGER_RULE}" in resolver.RELEASE_CHILDREN
+            assert f"WHEN '{rule}' THEN" in release.RELEASE_CHILDREN
+    assert f"-- {states.DEFAULT_TRIGGER_RULE}" in release.RELEASE_CHILDREN
 
 
 @pytest.mark.django_db
