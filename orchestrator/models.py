@@ -28,6 +28,7 @@ from orchestrator.people import (  # noqa: F401 - the app's models, defined in a
     NotificationRule,
     UserPreference,
 )
+from orchestrator.run_days import RunDay  # noqa: F401 - the app's model, defined with its triggers
 from orchestrator.secret_models import Secret  # noqa: F401 - the secrets store's table, in a module of its own
 from orchestrator.states import (  # noqa: F401 - the state names, importable from here too
     ACTIVE_RUN_STATES,
