@@ -504,6 +504,7 @@ def test_the_page_benchmark_fills_a_history_and_times_every_page():
     assert TaskRun.objects.filter(run__in=history, state=TaskState.DEAD).count() == 1
     assert results["runs list, first page"]["median_ms"] > 0
     assert "workflow grid (25 runs x tasks)" in out.getvalue()
+    assert results["calendar, first view"]["min_ms"] > 0 and "calendar, kept (" in out.getvalue()
     assert all(key in results for key in ("plan first page", "plan keyset page", "plan grid runs"))
 
 

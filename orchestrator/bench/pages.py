@@ -21,6 +21,7 @@ from django.test.utils import override_settings
 
 from orchestrator import clock
 from orchestrator.models import Run, TaskRun, Workflow
+from orchestrator.run_days import RunDay
 from orchestrator.runs import task_runs_for
 from orchestrator.sync import sync_workflows
 
@@ -199,6 +200,30 @@ def big_run_pages(made: dict[str, Run]) -> dict[str, str]:
     }
 
 
+def calendar(workflow: Workflow, out, repeat: int = 15) -> dict[str, dict[str, float]]:
+    """The calendar of the workflow's latest year: its first view (which counts the year's runs
+    and keeps the settled days: timed three times, the kept days deleted before each), then views
+    of the year kept."""
+    year = clock.now().year
+    runs = Run.objects.filter(workflow=workflow, logical_date__year=year).count()
+    url = f"/workflows/{workflow.name}/calendar/?year={year}"
+    user, _ = get_user_model().objects.get_or_create(username="bench-pages", defaults={"is_superuser": True})
+    client = Client()
+    client.force_login(user)
+    first = []
+    with override_settings(ALLOWED_HOSTS=["testserver"], DEBUG=False), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(3):
+            RunDay.objects.filter(workflow_id=workflow.pk).delete()
+            started = time.perf_counter()
+            assert client.get(url).status_code == 200, url
+            first.append((time.perf_counter() - started) * 1000)
+    out.write(f"  {f'calendar, first view ({runs:,} runs)':<40} min {min(first):7.1f} ms   max {max(first):7.1f} ms\n")
+    results = {"calendar, first view": {"min_ms": min(first), "max_ms": max(first)}}
+    results.update(time_pages({f"calendar, kept ({runs:,} runs)": url}, out, repeat))
+    return results
+
+
 def run_big(out=sys.stdout, n: int = 100_000, repeat: int = 15) -> dict[str, dict[str, float]]:
     out.write(f"pages: runs of {n:,} task runs\n")
     return time_pages(big_run_pages(big_runs(n, out)), out, repeat)
@@ -226,6 +251,7 @@ def run(out=sys.stdout, runs: int = 1_000_000, repeat: int = 15, big: int = 100_
         "dead-letter queue": "/dead-letter/",
     }
     results = time_pages(pages, out, repeat)
+    results.update(calendar(workflow, out, repeat))
     results.update(run_big(out, n=big, repeat=repeat))
     # The plans behind the runs list: every one must walk an index, never scan the table.
     checks = {
