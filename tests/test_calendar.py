@@ -17,10 +17,12 @@ from django.urls import reverse
 
 from orchestrator import access, clearing, run_days
 from orchestrator.models import Run, RunState, Workflow
-from orchestrator.runs import trigger_workflow
+from orchestrator.runs import create_run, trigger_workflow
 from orchestrator.sync import sync_workflows
 from orchestrator.web import calendar
 from tests.support.actions_support import chain, finished_run  # noqa: F401 - fixture
+from tests.support.features_support import run_to_end, worker_loop
+from tests.test_db_paths import job
 from tests.test_grid import user
 
 pytestmark = pytest.mark.django_db
@@ -172,3 +174,30 @@ def test_a_bad_year_is_a_400(client, etl, year):
     client.force_login(user("victor", access.VIEWERS))
     response = client.get(reverse("orchestrator:web:workflow_calendar", args=[etl.name]) + f"?year={year}")
     assert response.status_code == 400 and "year" in html.unescape(response.content.decode())
+
+
+FORGET_CALLS = """SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions
+                  WHERE funcname = 'orchestrator_runday_forget_row'"""
+
+
+def forget_calls() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(FORGET_CALLS)
+        return cursor.fetchone()[0]
+
+
+def test_the_job_path_never_runs_the_calendars_triggers(chain, clock):
+    # Runs of a workflow dated long ago (their creation forgets their days: a backfill's way) and
+    # a job's run, ended by a worker's batches as the worker ends them.
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL track_functions = 'pl'")
+    old = [create_run(chain, trigger="backfill", logical_date=datetime(2025, 5, day, tzinfo=UTC),
+                      tasks=job(), now=clock.now())[0] for day in (1, 2)]
+    create_run(None, trigger="job", tasks=job(), now=clock.now())
+    assert forget_calls() == 2  # one per old run created
+    run_to_end(old[0], clock, worker_loop())
+    assert {run.state for run in Run.objects.all()} == {RunState.SUCCEEDED}
+    assert forget_calls() == 2  # claims and endings: not one call
+    # Where it does run: a finished run leaving its state (a clear).
+    clearing.clear(clearing.plan_run_clear([old[0].pk]))
+    assert forget_calls() == 3
