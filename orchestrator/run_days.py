@@ -155,14 +155,14 @@ def _start(day: date, zone: tzinfo) -> datetime:
 
 def _unkept_ranges(first: date, last: date, kept: set[date], zone: tzinfo) -> list[tuple[datetime, datetime]]:
     """[lo, hi) of each run of consecutive days from first to last that are not kept."""
-    ranges, day, begin = [], first, None
-    while day <= last:  # at most 366 days
+    ranges, begin = [], None
+    for offset in range((last - first).days + 1):  # at most 366 days (never past date.max)
+        day = first + timedelta(days=offset)
         if day not in kept and begin is None:
             begin = day
         if day in kept and begin is not None:
             ranges.append((_start(begin, zone), _start(day, zone)))
             begin = None
-        day += timedelta(days=1)
     if begin is not None:
         ranges.append((_start(begin, zone), _end(last, zone)))
     return ranges

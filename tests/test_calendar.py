@@ -169,6 +169,14 @@ def test_a_kept_day_changes_when_a_run_of_it_is_cleared_marked_added_or_deleted(
     assert shown() == "succeeded: 1 run (1 succeeded)"
 
 
+@pytest.mark.parametrize("year", [1, 9999])
+@pytest.mark.parametrize("zone", ["Europe/Berlin", "America/Los_Angeles", "Pacific/Kiritimati"])
+def test_the_first_and_last_years_are_drawn_in_any_zone(etl, year, zone):
+    runs(etl, datetime(9999, 12, 31, 9, tzinfo=UTC), 1)  # 31 December 9999 in each zone
+    found = calendar.runs_by_day(etl, year, calendar.zones.zoneinfo.ZoneInfo(zone))
+    assert sum(sum(by_state.values()) for by_state in found.values()) == (1 if year == 9999 else 0)
+
+
 @pytest.mark.parametrize("year", ["0", "10000", "twenty", "2026.5"])
 def test_a_bad_year_is_a_400(client, etl, year):
     client.force_login(user("victor", access.VIEWERS))
