@@ -17,8 +17,14 @@ future runs the instance of the same index. The tasks of past and future runs ar
 picked run's graph, by name.
 
 What it costs: the task set is read from the picked run's own task rows (never its instances),
-and the selection is one statement with a bound (``MOST`` + 1 rows): a clear over years of runs
-counts up to the bound and refuses beyond it, saying so, rather than locking a million rows.
+and the selection stops at a bound (``MOST`` + 1 rows): a clear over years of runs counts up to
+the bound and refuses beyond it, saying so, rather than locking a million rows. Past and future
+runs are read through an index, only as many as the bound needs: in date order by keyset batches
+(``SELECT_WALK``: about MOST / tasks runs for a clear of every finished state), or from the failed
+task runs of the tasks (``SELECT_FAILED``, only failed: as many rows as there are failures).
+Over 50,000 runs (``tests/test_clear_at_size.py`` counts the rows read), a clear of two tasks
+with past runs read 29,102 runs through a sequential scan and a sort, and with only failed
+50,003; now 5,006 and 21.
 
 ``mark_runs`` marks every task run of runs succeeded (all but those that ended well), or the
 unfinished ones failed (a run that had ended well is then marked failed itself); each running
@@ -29,13 +35,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db import connection, transaction
 
 from orchestrator import clock, control, resolver
+from orchestrator.limits import MAX_ID
 from orchestrator.models import Run, TaskRun
 from orchestrator.states import (
+    FAILED_TASK_STATES,
     FINISHED_TASK_STATES,
     MARKABLE_TASK_STATES,
     SUCCESSFUL_TASK_STATES,
@@ -46,7 +54,7 @@ from orchestrator.states import (
 
 MOST = 10_000  # the most task runs one clear or mark touches
 SHOWN = 200  # task runs a dry run lists (it counts them all, up to MOST)
-FAILED_STATES = (TaskState.FAILED, TaskState.DEAD, TaskState.UPSTREAM_FAILED)
+FAILED_STATES = FAILED_TASK_STATES
 
 
 class ClearError(ValueError):
@@ -93,30 +101,61 @@ class ClearPlan:
         return max(0, self.count - len(self.rows))
 
 
-# The task runs a clear selects, in the order of the runs' logical dates, up to MOST + 1 rows.
-# The runs are the picked ones, then the workflow's runs before or after the picked run's date,
-# each branch read in date order from run_of_workflow_by_date, so a merge of the branches feeds
-# the per-run probes of taskrun_unique_task (run, task) in the order asked, and the LIMIT stops
-# the walk through a long history once MOST + 1 task runs are found.
+# The task runs a clear selects in the given runs (a run clear, or the picked run of a task's
+# clear), in the order of their logical dates, up to MOST + 1 rows: per-run probes of
+# taskrun_unique_task (run, task).
 SELECT = f"""
 SELECT t.id, r.id, r.logical_date, t.task, t.map_index, t.state
-FROM (
-    (SELECT id, logical_date, state FROM orchestrator_run WHERE id = ANY (%(runs)s))
-    UNION ALL
-    (SELECT id, logical_date, state FROM orchestrator_run
-     WHERE %(past)s AND workflow_id = %(workflow)s AND logical_date < %(date)s)
-    UNION ALL
-    (SELECT id, logical_date, state FROM orchestrator_run
-     WHERE %(future)s AND workflow_id = %(workflow)s AND logical_date > %(date)s)
-) r
+FROM orchestrator_run r
 CROSS JOIN LATERAL (
     SELECT t.id, t.task, t.map_index, t.state FROM orchestrator_taskrun t
     WHERE t.run_id = r.id AND t.task = ANY (%(tasks)s) AND t.state = ANY (%(states)s)
-      AND CASE WHEN t.task = %(pick)s AND %(pick_index)s >= 0 THEN t.map_index = %(pick_index)s
-               WHEN %(only_failed)s THEN t.map_index >= 0 OR NOT (t.spec ? 'map_over')
-               ELSE t.map_index = -1 END
+      AND {{instances}}
 ) t
-WHERE r.state <> '{RunState.PENDING}'
+WHERE r.id = ANY (%(runs)s) AND r.state <> '{RunState.PENDING}'
+ORDER BY r.logical_date, r.id, t.task, t.map_index
+LIMIT %(limit)s
+"""
+
+# Which rows of a task: a picked instance by its index; with only_failed, the failed instances of
+# a mapped task (or the task's own row when it is not mapped); otherwise the task's own row.
+INSTANCES = """CASE WHEN t.task = %(pick)s AND %(pick_index)s >= 0 THEN t.map_index = %(pick_index)s
+               WHEN %(only_failed)s THEN t.map_index >= 0 OR NOT (t.spec ? 'map_over')
+               ELSE t.map_index = -1 END"""
+
+# Past or future runs of the workflow, every finished state: the workflow's runs in date order
+# from run_of_workflow_by_date, ``batch`` of them after a (date, id) keyset, each probed for its
+# task runs. Nearly every run has rows to clear, so a batch of (rows still wanted / tasks) runs
+# fills the bound in one statement: a clear over years of runs reads about MOST / tasks runs, not
+# the workflow's history (a run without any of the tasks, from an older graph, costs a batch more).
+# A run with nothing to clear is a row of NULLs: the batch's last run is where the next one starts.
+SELECT_WALK = f"""
+SELECT t.id, r.id, r.logical_date, t.task, t.map_index, t.state
+FROM (
+    SELECT id, logical_date FROM orchestrator_run
+    WHERE workflow_id = %(workflow)s AND logical_date >= %(lo)s AND logical_date < %(hi)s
+      AND (logical_date > %(lo)s OR id > %(after)s) AND state <> '{RunState.PENDING}'
+    ORDER BY logical_date, id
+    LIMIT %(batch)s
+) r
+LEFT JOIN LATERAL (
+    SELECT t.id, t.task, t.map_index, t.state FROM orchestrator_taskrun t
+    WHERE t.run_id = r.id AND t.task = ANY (%(tasks)s) AND t.state = ANY (%(states)s)
+      AND {{instances}}
+    OFFSET 0  -- a probe per run, never flattened into a join that reads every task run
+) t ON true
+ORDER BY r.logical_date, r.id, t.task, t.map_index
+"""
+
+# Past or future runs with only failed task runs: few rows of many runs, so they are read from
+# the failed task runs of these tasks (taskrun_failed: task, run), each joined to its run by key
+# and kept when it is the workflow's in the range: the cost follows the failures, not the runs.
+SELECT_FAILED = f"""
+SELECT t.id, r.id, r.logical_date, t.task, t.map_index, t.state
+FROM orchestrator_taskrun t JOIN orchestrator_run r ON r.id = t.run_id
+WHERE t.task = ANY (%(tasks)s) AND t.state IN ({sql_list(FAILED_STATES)}) AND {{instances}}
+  AND r.workflow_id = %(workflow)s AND r.logical_date >= %(lo)s AND r.logical_date < %(hi)s
+  AND (r.logical_date > %(lo)s OR r.id > %(after)s) AND r.state <> '{RunState.PENDING}'
 ORDER BY r.logical_date, r.id, t.task, t.map_index
 LIMIT %(limit)s
 """
@@ -152,14 +191,42 @@ def scope_tasks(graph: dict[str, list[str]], task: str, scope: ClearScope) -> li
     return sorted(tasks)
 
 
+def _rows(sql: str, params: dict) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql.format(instances=INSTANCES), params)
+        return cursor.fetchall()
+
+
+def _walk_runs(params: dict, lo: datetime, hi: datetime, wanted: int, after: int = -1) -> list[tuple]:
+    """Up to ``wanted`` task runs of the workflow's runs after (lo, ``after``) by (logical date,
+    id) and before ``hi``, in date order (see SELECT_WALK and SELECT_FAILED)."""
+    found: list[tuple] = []
+    if params["only_failed"]:
+        return _rows(SELECT_FAILED, {**params, "lo": lo, "hi": hi, "after": after, "limit": wanted})
+    per_run = max(1, len(params["tasks"]))
+    while len(found) < wanted:  # each batch moves the keyset past its runs; the range ends it
+        batch = -(-(wanted - len(found)) // per_run)
+        rows = _rows(SELECT_WALK, {**params, "lo": lo, "hi": hi, "after": after, "batch": batch})
+        found += [row for row in rows if row[0] is not None]
+        if len({row[1] for row in rows}) < batch:
+            break
+        lo, after = rows[-1][2], rows[-1][1]
+    return found[:wanted]
+
+
 def _select(*, runs: list[int], tasks: list[str], only_failed: bool, workflow=None, date=None, past=False,
             future=False, pick: str = "", pick_index: int = -1) -> ClearPlan:
     states = list(FAILED_STATES if only_failed else FINISHED_TASK_STATES)
-    with connection.cursor() as cursor:
-        cursor.execute(SELECT, {"runs": runs, "workflow": workflow, "date": date, "past": past, "future": future,
-                                "tasks": tasks, "states": states, "only_failed": only_failed, "pick": pick,
-                                "pick_index": pick_index, "limit": MOST + 1})
-        found = cursor.fetchall()
+    params = {"runs": runs, "workflow": workflow, "tasks": tasks, "states": states, "only_failed": only_failed,
+              "pick": pick, "pick_index": pick_index}
+    limit = MOST + 1
+    # In date order: the past runs, the picked runs (at their date), the future runs.
+    found = _walk_runs(params, datetime.min.replace(tzinfo=UTC), date, limit) if past else []
+    if len(found) < limit:
+        found += _rows(SELECT, {**params, "limit": limit - len(found)})
+    if future and len(found) < limit:
+        # After the picked date (an id above every id: no run of that date itself).
+        found += _walk_runs(params, date, datetime.max.replace(tzinfo=UTC), limit - len(found), after=MAX_ID)
     rows = [{"id": row[0], "run": row[1], "logical_date": row[2], "task": row[3], "map_index": row[4],
              "state": row[5]} for row in found[:SHOWN]]
     if len(found) > MOST:

@@ -28,11 +28,13 @@ from orchestrator.people import (  # noqa: F401 - the app's models, defined in a
     NotificationRule,
     UserPreference,
 )
+from orchestrator.run_days import RunDay  # noqa: F401 - the app's model, defined with its triggers
 from orchestrator.secret_models import Secret  # noqa: F401 - the secrets store's table, in a module of its own
 from orchestrator.states import (  # noqa: F401 - the state names, importable from here too
     ACTIVE_RUN_STATES,
     ACTIVE_TASK_STATES,
     BUSY_TASK_STATES,
+    FAILED_TASK_STATES,
     FINISHED_RUN_STATES,
     FINISHED_TASK_STATES,
     LIVE_WORKER_STATES,
@@ -348,6 +350,10 @@ class TaskRun(models.Model):
             # the instances page filtered by state, and a run's counts by state (reads.run_counts),
             # read from the index alone.
             models.Index(fields=["run", "state", "task", "map_index"], name="taskrun_run_state"),
+            # A task's failed task runs, by run: a clear of only failed ones over past or future runs
+            # (clearing.SELECT_FAILED) reads the failures, not the history. Rows enter it only as
+            # they fail, so the job path's writes of other states do not touch it.
+            models.Index(fields=["task", "run"], condition=Q(state__in=[*FAILED_TASK_STATES]), name="taskrun_failed"),
             # Waiting sensors of a queue by their next check (the workers' check claim, worker.batch).
             models.Index(fields=["queue", "due_at"], condition=Q(state=TaskState.SENSING), name="taskrun_sensing"),
         ]

@@ -119,6 +119,8 @@ FINISHED_TASK_STATES = (
     TaskState.SUCCEEDED, TaskState.FAILED, TaskState.DEAD, TaskState.UPSTREAM_FAILED,
     TaskState.SKIPPED, TaskState.CANCELLED,
 )
+# Task runs that ended badly: what a clear with "only failed" takes.
+FAILED_TASK_STATES = (TaskState.FAILED, TaskState.DEAD, TaskState.UPSTREAM_FAILED)
 # A task run counts as taken by a worker (for the concurrency limits) while queued or running.
 BUSY_TASK_STATES = (TaskState.QUEUED, TaskState.RUNNING)
 # States a retry takes a task run out of: the dead-letter queue, and task runs discarded from it.

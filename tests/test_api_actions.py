@@ -4,9 +4,10 @@ attempt logs. Each with its success, its permissions and its bad inputs."""
 
 import pytest
 
-from orchestrator import clock
+from orchestrator import clearing, clock
 from orchestrator.models import Attempt, AttemptOutcome, Run, RunState, TaskRun, TaskState, Workflow
 from orchestrator.runs import trigger_workflow
+from tests.support.actions_support import chain, finished_run  # noqa: F401 - fixture
 from tests.support.api_support import (  # noqa: F401 - fixtures
     anonymous,
     api,
@@ -36,6 +37,33 @@ def dead_task_run(workflow, error="ValueError: boom"):
     TaskRun.objects.filter(run=run, task="load").update(state=TaskState.UPSTREAM_FAILED, finished_at=now)
     Run.objects.filter(pk=run.pk).update(state=RunState.FAILED, finished_at=now)
     return TaskRun.objects.get(pk=task_run.pk)
+
+
+# --- mark's dry run over the limit ----------------------------------------------------------------
+
+
+@pytest.mark.time_sensitive
+def test_a_mark_dry_run_over_the_limit_says_so_as_the_clears_does(api, chain, monkeypatch):
+    monkeypatch.setattr(clearing, "MOST", 2)  # a mark changes at most 2 task runs here
+    three = finished_run(chain, 1, {"a": TaskState.FAILED, "b": TaskState.UPSTREAM_FAILED,
+                                    "c": TaskState.UPSTREAM_FAILED}, run_state=RunState.FAILED)
+    two = finished_run(chain, 2, {"a": TaskState.FAILED, "b": TaskState.UPSTREAM_FAILED}, run_state=RunState.FAILED)
+    over = api.post(f"/api/runs/{three.pk}/mark/", {"state": "succeeded", "dry_run": True}, format="json")
+    assert over.status_code == 200
+    assert (over.json()["count"], over.json()["too_many"]) == (3, True)  # more than 2: refused if done
+    under = api.post(f"/api/runs/{two.pk}/mark/", {"state": "succeeded", "dry_run": True}, format="json").json()
+    assert (under["count"], under["too_many"]) == (2, False)
+    # Many runs at once: a 400 naming the limit, as the bulk clear's dry run answers.
+    bulk = api.post("/api/runs/bulk/", {"action": "mark-succeeded", "ids": [two.pk, three.pk], "dry_run": True},
+                    format="json")
+    assert bulk.status_code == 400 and "more than 2 task runs would be marked" in bulk.json()["ids"][0]
+    cleared = api.post("/api/runs/bulk/", {"action": "clear", "ids": [two.pk, three.pk], "dry_run": True},
+                       format="json")
+    assert cleared.status_code == 400 and "more than 2 task runs" in cleared.json()["ids"][0]
+    # The mark itself refuses, and nothing changed.
+    done = api.post(f"/api/runs/{three.pk}/mark/", {"state": "succeeded"}, format="json")
+    assert done.status_code == 400 and "more than 2" in str(done.json())
+    assert Run.objects.get(pk=three.pk).state == RunState.FAILED
 
 
 # --- pause and resume ------------------------------------------------------------------------------

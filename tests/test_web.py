@@ -496,7 +496,8 @@ def test_the_page_benchmark_fills_a_history_and_times_every_page():
 
     out = io.StringIO()
     results = bench_pages.run(out, runs=3000, repeat=2, big=1000)
-    history = Run.objects.exclude(workflow__name__startswith="bench_big_")  # and two runs of 1,000 task runs
+    # And two runs of 1,000 task runs, and 3,000 runs of last year for the calendar.
+    history = Run.objects.exclude(workflow__name__startswith="bench_big_").exclude(workflow__name="bench_calendar")
     assert history.count() == 3000
     assert history.filter(state=RunState.FAILED).count() == 3000 // 49  # about one in fifty
     assert "pages: runs of 1,000 task runs" in out.getvalue()
@@ -504,6 +505,8 @@ def test_the_page_benchmark_fills_a_history_and_times_every_page():
     assert TaskRun.objects.filter(run__in=history, state=TaskState.DEAD).count() == 1
     assert results["runs list, first page"]["median_ms"] > 0
     assert "workflow grid (25 runs x tasks)" in out.getvalue()
+    assert results["calendar, first view"]["min_ms"] > 0 and "calendar, kept (3,000 runs)" in out.getvalue()
+    assert Run.objects.filter(workflow__name="bench_calendar").count() == 3000
     assert all(key in results for key in ("plan first page", "plan keyset page", "plan grid runs"))
 
 

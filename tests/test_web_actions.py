@@ -11,9 +11,9 @@ import pytest
 from django.urls import reverse
 
 from orchestrator import clearing
-from orchestrator.models import AuditEvent, Note, Run, RunState, TaskRun, TaskState
+from orchestrator.models import AuditEvent, Note, Run, RunState, TaskRun, TaskState, TenantGrant, Workflow
 from tests.support.actions_support import chain, finished_run, states, task_run  # noqa: F401 - fixture
-from tests.support.api_support import operator, stored, viewer  # noqa: F401 - fixtures
+from tests.support.api_support import make_user, operator, stored, viewer  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.django_db, pytest.mark.time_sensitive]
 
@@ -172,6 +172,46 @@ def test_an_operator_clears_ticked_runs(client, operator, chain):
     assert AuditEvent.objects.filter(action="clear", target_type="run").count() == 2
 
 
+def test_the_workflow_page_ticks_its_runs_for_the_same_bulk_actions_and_comes_back(client, operator, chain):
+    one = finished_run(chain, 1, {"d": TaskState.DEAD}, run_state=RunState.FAILED)
+    two = finished_run(chain, 2)
+    client.force_login(operator)
+    page_url = reverse("orchestrator:web:workflow", args=[chain.name]) + "?state=failed"
+    html = client.get(page_url).content.decode()
+    # The grid's runs (here filtered to the failed one) listed newest first, each with a tick box
+    # of the form that posts to the runs list's bulk action, back to this page after.
+    assert 'id="workflow-runs-bulk"' in html and f'id="wf-tick-{one.pk}"' in html
+    assert f'id="wf-tick-{two.pk}"' not in html
+    assert f'action="{reverse("orchestrator:web:runs_bulk")}"' in html
+    assert f'name="next" value="{page_url}"' in html
+    url = reverse("orchestrator:web:runs_bulk")
+    preview = client.post(url, {"action": "clear-failed", "ids": [one.pk], "next": page_url})
+    dry = preview.content.decode()
+    assert 'id="bulk-count">1<' in dry and f'href="{page_url}" id="bulk-cancel"' in dry
+    done = client.post(url, {"action": "clear-failed", "ids": [one.pk], "go": "1", "confirm": digest(dry),
+                             "next": page_url})
+    assert done.status_code == 302 and done["Location"] == page_url
+    assert states(one)["d"] == "scheduled" and AuditEvent.objects.get(action="clear").detail["bulk"] == 1
+
+
+def test_the_workflow_pages_tick_boxes_are_for_operators_of_its_tenant_only(client, viewer, chain):
+    run = finished_run(chain, 1)
+    page_url = reverse("orchestrator:web:workflow", args=[chain.name])
+    client.force_login(viewer)
+    html = client.get(page_url).content.decode()
+    assert f"/runs/{run.pk}/" in html and "wf-tick-" not in html and "workflow-runs-bulk" not in html
+    # An operator of another tenant who may read this one's workflows: no tick box either.
+    Workflow.objects.filter(pk=chain.pk).update(tenant="finance")
+    both = make_user("both", None)
+    TenantGrant.objects.create(user=both, role=TenantGrant.Role.OPERATOR, tenant="default")
+    TenantGrant.objects.create(user=both, role=TenantGrant.Role.VIEWER, tenant="finance")
+    client.force_login(both)
+    html = client.get(page_url).content.decode()
+    assert f"/runs/{run.pk}/" in html and "wf-tick-" not in html and "workflow-runs-bulk" not in html
+    TenantGrant.objects.create(user=both, role=TenantGrant.Role.OPERATOR, tenant="finance")
+    assert f'id="wf-tick-{run.pk}"' in client.get(page_url).content.decode()
+
+
 @pytest.mark.parametrize("data, message", [
     ({"action": "mark-succeeded"}, "Tick at least one run."),
     ({"action": "explode", "ids": ["1"]}, "explode is not an action on runs"),
@@ -231,6 +271,7 @@ def test_a_viewer_sees_no_action_or_note_form_and_is_refused_each(client, viewer
     pages = [client.get(reverse(name, args=[pk])).content.decode()
              for name, pk in (("orchestrator:web:run", run.pk), ("orchestrator:web:task_run", b.pk))]
     pages.append(client.get(reverse("orchestrator:web:runs")).content.decode())
+    pages.append(client.get(reverse("orchestrator:web:workflow", args=[chain.name])).content.decode())
     for html in pages:
         for marker in ("task-clear-options", "run-clear", "run-mark", "runs-bulk", "note-input", "clear-dialog"):
             assert marker not in html, marker

@@ -86,7 +86,9 @@ class ClearAnswerSerializer(serializers.Serializer):
 
 class MarkAnswerSerializer(serializers.Serializer):
     dry_run = serializers.BooleanField()
-    count = serializers.IntegerField()
+    count = serializers.IntegerField(help_text=f"how many task runs it changes (or changed); {clearing.MOST} + 1 "
+                                               "when more than that match")
+    too_many = serializers.BooleanField(help_text=f"more than {clearing.MOST} match: the mark is refused")
     task_runs = serializers.ListField(child=serializers.IntegerField(), help_text="ids marked (or to mark)")
     runs = serializers.ListField(child=serializers.IntegerField(), help_text="runs that changed state")
 
@@ -188,8 +190,10 @@ class RunMarkView(APIBase):
 def mark(request, runs: list[Run], state: str, dry_run: bool, bulk: int | None = None) -> dict:
     ids = [run.pk for run in runs]
     if dry_run:
+        # As a clear's dry run: counted up to MOST + 1, flagged past MOST (where the mark refuses).
         touched = clearing.markable_of_runs(ids, state)
-        return {"dry_run": True, "count": len(touched), "task_runs": touched[:clearing.MOST], "runs": []}
+        return {"dry_run": True, "count": len(touched), "too_many": len(touched) > clearing.MOST,
+                "task_runs": touched[:clearing.MOST], "runs": []}
     try:
         result = clearing.mark_runs(ids, state, by=request.user)
     except clearing.ClearError as exc:
@@ -199,7 +203,7 @@ def mark(request, runs: list[Run], state: str, dry_run: bool, bulk: int | None =
         extra = {"bulk": bulk} if bulk else {}
         audit.record("mark", request=request, target=run, workflow=workflow_name(run), run=run.pk, state=state,
                      **extra, **clearing.audit_names(mine.get(run.pk, [])))
-    return {"dry_run": False, "count": len(result["task_runs"]), "task_runs": result["task_runs"],
+    return {"dry_run": False, "count": len(result["task_runs"]), "too_many": False, "task_runs": result["task_runs"],
             "runs": result["runs"]}
 
 
@@ -220,6 +224,8 @@ class RunBulkView(APIBase):
         action = data["action"]
         if action.startswith("mark-"):
             answer = mark(request, runs, action.removeprefix("mark-"), data["dry_run"], bulk=len(runs))
+            if answer["too_many"]:
+                raise ValidationError({"ids": [f"more than {clearing.MOST} task runs would be marked: fewer runs"]})
             return Response({"action": action, "dry_run": answer["dry_run"], "runs": ids, "count": answer["count"],
                              "task_runs": answer["task_runs"]})
         plan = clearing.plan_run_clear(ids, only_failed=action == "clear-failed")

@@ -13,6 +13,7 @@ import statistics
 import sys
 import time
 import warnings
+from datetime import UTC, datetime
 
 from django.contrib.auth import get_user_model
 from django.db import connection
@@ -21,6 +22,7 @@ from django.test.utils import override_settings
 
 from orchestrator import clock
 from orchestrator.models import Run, TaskRun, Workflow
+from orchestrator.run_days import RunDay
 from orchestrator.runs import task_runs_for
 from orchestrator.sync import sync_workflows
 
@@ -199,6 +201,50 @@ def big_run_pages(made: dict[str, Run]) -> dict[str, str]:
     }
 
 
+# A workflow's runs spread evenly over one calendar year (a million: one every 31.5 s), one in
+# forty-nine failed, none of them active: every day of the year settles.
+FILL_YEAR = """
+INSERT INTO orchestrator_run (workflow_id, logical_date, trigger, params, tenant, priority, lane, state, reason,
+    payload_hash, created_at, started_at, finished_at)
+SELECT %(workflow)s, %(start)s::timestamptz + (g - 1) * ((%(end)s::timestamptz - %(start)s::timestamptz) / %(n)s),
+       'schedule', '{}'::jsonb, 'default', 0, 0, CASE WHEN g %% 49 = 0 THEN 'failed' ELSE 'succeeded' END, '', '',
+       now(), now(), now()
+FROM generate_series(1, %(n)s) AS g
+"""
+
+
+def calendar(out, runs: int = 1_000_000, repeat: int = 15) -> dict[str, dict[str, float]]:
+    """The calendar of a workflow with ``runs`` runs in last year: its first view (which counts
+    the year's runs and keeps the settled days: timed three times, the kept days deleted before
+    each), then views of the year kept."""
+    year = clock.now().year - 1
+    workflow, _ = Workflow.objects.get_or_create(name="bench_calendar")
+    have = Run.objects.filter(workflow=workflow).count()
+    if have < runs:
+        started = time.monotonic()
+        with connection.cursor() as cursor:
+            cursor.execute(FILL_YEAR, {"workflow": workflow.pk, "n": runs - have, "start": datetime(year, 1, 1, tzinfo=UTC),
+                                       "end": datetime(year + 1, 1, 1, tzinfo=UTC)})
+            cursor.execute("ANALYZE orchestrator_run")
+        out.write(f"  filled {runs - have:,} runs of one workflow in {year} in {time.monotonic() - started:.1f}s\n")
+    url = f"/workflows/{workflow.name}/calendar/?year={year}"
+    user, _ = get_user_model().objects.get_or_create(username="bench-pages", defaults={"is_superuser": True})
+    client = Client()
+    client.force_login(user)
+    first = []
+    with override_settings(ALLOWED_HOSTS=["testserver"], DEBUG=False), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(3):
+            RunDay.objects.filter(workflow_id=workflow.pk).delete()
+            started = time.perf_counter()
+            assert client.get(url).status_code == 200, url
+            first.append((time.perf_counter() - started) * 1000)
+    out.write(f"  {f'calendar, first view ({runs:,} runs)':<40} min {min(first):7.1f} ms   max {max(first):7.1f} ms\n")
+    results = {"calendar, first view": {"min_ms": min(first), "max_ms": max(first)}}
+    results.update(time_pages({f"calendar, kept ({runs:,} runs)": url}, out, repeat))
+    return results
+
+
 def run_big(out=sys.stdout, n: int = 100_000, repeat: int = 15) -> dict[str, dict[str, float]]:
     out.write(f"pages: runs of {n:,} task runs\n")
     return time_pages(big_run_pages(big_runs(n, out)), out, repeat)
@@ -226,6 +272,7 @@ def run(out=sys.stdout, runs: int = 1_000_000, repeat: int = 15, big: int = 100_
         "dead-letter queue": "/dead-letter/",
     }
     results = time_pages(pages, out, repeat)
+    results.update(calendar(out, runs, repeat))
     results.update(run_big(out, n=big, repeat=repeat))
     # The plans behind the runs list: every one must walk an index, never scan the table.
     checks = {

@@ -1,9 +1,10 @@
 """A workflow's calendar: its runs of one year by day (in the viewer's clock), each day coloured by
 the worst state among its runs and linking to the runs list of that day.
 
-One statement counts the runs per day and state (``GROUP BY``) in PostgreSQL, walking the
-(workflow, logical_date) index over the year: the page receives at most 366 × 7 rows whatever the
-number of runs, and draws twelve small months that wrap on a narrow screen.
+The counts come from ``orchestrator.run_days``: settled days (ended, every run finished) are kept
+per day and state, the others counted live in PostgreSQL (``GROUP BY`` over index ranges of the
+workflow's runs), so a view reads at most 366 days x states rows and the runs of the days still
+open, whatever the number of runs; it draws twelve small months that wrap on a narrow screen.
 """
 
 from __future__ import annotations
@@ -11,27 +12,18 @@ from __future__ import annotations
 import calendar as cal
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import date, datetime, time, tzinfo
+from datetime import date, tzinfo
 
-from django.db import connection
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils.http import urlencode
 
-from orchestrator import access, clock
+from orchestrator import access, clock, run_days
 from orchestrator.models import Workflow
 from orchestrator.states import RunState
 from orchestrator.web import zones
 from orchestrator.web.errors import query_int
 from orchestrator.web.kit import page, viewer_required
-
-# Runs per day and state of one workflow over a range of logical dates, the day in the viewer's zone.
-RUNS_BY_DAY = """
-SELECT (logical_date AT TIME ZONE %(zone)s)::date AS day, state, count(*)
-FROM orchestrator_run
-WHERE workflow_id = %(workflow)s AND logical_date >= %(lo)s AND logical_date < %(hi)s
-GROUP BY 1, 2
-"""
 
 # A day's colour: the first of these states among its runs.
 WORST_FIRST = [RunState.FAILED, RunState.RUNNING, RunState.PENDING, RunState.MISSED, RunState.CANCELLED,
@@ -66,19 +58,8 @@ class Day:
         return f"{self.day.isoformat()}: {self.total} run{'s' if self.total != 1 else ''} ({parts})"
 
 
-def zone_name(zone: tzinfo) -> str:
-    return getattr(zone, "key", None) or "UTC"
-
-
 def runs_by_day(wf: Workflow, year: int, zone: tzinfo) -> dict[date, dict[str, int]]:
-    lo = datetime.combine(date(year, 1, 1), time.min, tzinfo=zone)
-    hi = datetime.combine(date(year + 1, 1, 1), time.min, tzinfo=zone) if year < 9999 else datetime.max.replace(tzinfo=zone)
-    found: dict[date, dict[str, int]] = defaultdict(dict)
-    with connection.cursor() as cursor:
-        cursor.execute(RUNS_BY_DAY, {"zone": zone_name(zone), "workflow": wf.pk, "lo": lo, "hi": hi})
-        for day, state, count in cursor.fetchall():
-            found[day][state] = count
-    return found
+    return run_days.runs_by_day(wf.pk, date(year, 1, 1), date(year, 12, 31), zone)
 
 
 def calendar_context(wf: Workflow, year: int, zone: tzinfo, runs_url: str) -> dict:

@@ -22,6 +22,7 @@ from orchestrator.states import RunState, Trigger
 from orchestrator.web import grid, lineage, mapped, svg, zones
 from orchestrator.web.errors import query_int
 from orchestrator.web.forms import (
+    RUN_BULK_ACTIONS,
     BackfillForm,
     backfill_step,
     logical_date_of,
@@ -185,7 +186,17 @@ def workflow_context(wf: Workflow, now: datetime, *, run: int | None = None, gri
         "unknown_errors": {k: v for k, v in (errors or {}).items() if k not in wf.spec.get("params", {})},
         "form_error": form_error,
         "poll": "3s" if any(r.is_active for r in runs) else None,
+        # The list under the grid (operators tick runs there for the runs list's bulk actions).
+        "recent_runs": recent_runs(runs, now),
+        "bulk_actions": RUN_BULK_ACTIONS,
     }
+
+
+def recent_runs(runs: list[Run], now: datetime) -> list[Run]:
+    """The grid's runs, newest first, each with its duration so far."""
+    for run in runs:
+        run.seconds = seconds(run.started_at, run.finished_at, now)
+    return list(reversed(runs))
 
 
 def _page_context(request, wf: Workflow, **form) -> dict:

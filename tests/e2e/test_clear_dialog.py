@@ -80,3 +80,52 @@ def test_the_clear_dialog_lists_what_it_clears_in_every_mode_and_clears_it(serve
     assert (event.detail["workflow"], event.detail["task"], event.detail["count"]) == ("sales_report", "count_apac", 7)
     assert not any(problems.values()), problems
     assert failed_requests == []
+
+
+@pytest.mark.slow
+def test_the_workflow_pages_runs_are_ticked_and_cleared_after_the_same_dry_run_in_every_mode(server, browser):
+    page, base = browser, server.url
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    wf = Workflow.objects.get(name="sales_report")
+    # Three runs a day apart; in the newest count_apac died and publish was upstream-failed.
+    newest, dead = history(wf, days=3)
+    failed_requests = watch_requests(page)
+    workflow_page = f"/workflows/{wf.name}/"
+    log_in(page, base, *operator(), start=workflow_page)
+    problems = {}
+    for width, theme in MODES:
+        in_mode(page, width, theme)
+        page.goto(base + workflow_page)
+        # The grid's runs listed newest first under it, each with a tick box.
+        first_row = page.locator("#workflow-runs tbody tr").first.inner_text()
+        assert f"#{newest.pk}" in first_row and "failed" in first_row
+        assert page.locator("#workflow-runs input[name=ids]").count() == 3
+        page.check(f"#wf-tick-{newest.pk}")
+        page.select_option("#workflow-bulk-action", "clear-failed")
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+        problems[f"{width} {theme} workflow"] = serious(page)
+        page.locator("#workflow-runs").screenshot(path=str(SHOTS / f"workflow-runs-{width}-{theme}.png"))
+        page.click("#workflow-bulk-preview")
+        page.wait_for_url("**/runs/bulk/")
+        assert page.inner_text("#bulk-count") == "2"  # count_apac (dead) and publish (upstream failed)
+        assert "2 task runs will run again (only failed ones)" in page.inner_text("#bulk-preview")
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+        assert page.is_visible("#bulk-go")
+        problems[f"{width} {theme}"] = serious(page)
+        page.screenshot(path=str(SHOTS / f"workflow-bulk-{width}-{theme}.png"), full_page=True)
+        page.click("#bulk-cancel")  # back to the workflow page, nothing done
+        page.wait_for_url(f"{base}{workflow_page}")
+    assert TaskRun.objects.get(pk=dead.pk).state == "dead" and not AuditEvent.objects.exists()
+
+    page.check(f"#wf-tick-{newest.pk}")
+    page.select_option("#workflow-bulk-action", "clear-failed")
+    page.click("#workflow-bulk-preview")
+    page.wait_for_url("**/runs/bulk/")
+    page.click("#bulk-go")
+    page.wait_for_url(f"{base}{workflow_page}")
+    page.wait_for_selector("text=Cleared 2 task runs in 1 run(s).")
+    assert TaskRun.objects.get(pk=dead.pk).state == "scheduled"
+    event = AuditEvent.objects.get(action="clear")
+    assert (event.detail["workflow"], event.detail["bulk"], event.detail["count"]) == ("sales_report", 1, 2)
+    assert not any(problems.values()), problems
+    assert failed_requests == []
