@@ -58,7 +58,7 @@ DROP FUNCTION IF EXISTS orchestrator_runday_forget_row();
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('orchestrator', '0034_ui_clear_failed_index'),
+        ('orchestrator', '0034_clear_failed_index'),
     ]
 
     operations = [
