@@ -12,7 +12,8 @@ The file is written by the process that ran the task (a worker's child, its in-p
 local run), after the value was masked (``secrets.Access.mask_reply``): it holds what the row
 would have held. Every reader goes through ``load``: a child's ``ctx.upstream``, a mapped task's
 list of instance results (each element may be a marker), ``wf.test``, the API, the results tab,
-``django.tasks``' ``get_result``. Retention deletes the files with their runs (``names_of_runs``).
+``django.tasks``' ``get_result``. Retention deletes the files with their runs (``names_of_runs``),
+clearing a task run deletes its own (``control.clear_task_runs``).
 
 A result that the graph reads in SQL stays in the row, under ``ORCHESTRATOR_MAX_RESULT_BYTES``:
 a list that a task is mapped over (its items are copied into the instances) and a branch's choice.
@@ -24,11 +25,14 @@ marker always names a file this module wrote.
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 from django.core.files.base import ContentFile
 
 from orchestrator.conf import app_settings, log_storage
+
+log = logging.getLogger(__name__)
 
 KEY = "$stored_result"
 NAME = re.compile(r"runs/\d+/\d+-\d+\.result(_[A-Za-z0-9]+)?\.json")
@@ -131,6 +135,17 @@ STORED_OF_RUNS = f"""
 SELECT result->'{KEY}'->>'name' FROM orchestrator_taskrun
 WHERE run_id = ANY (%s) AND jsonb_typeof(result) = 'object' AND result ? '{KEY}'
 """
+
+
+def delete(names: list[str]) -> None:
+    """Delete stored results no row refers to any more (a cleared task run's); a storage error is
+    logged, never raised: the rows are committed already."""
+    for name in names:
+        if NAME.fullmatch(name):
+            try:
+                log_storage().delete(name)
+            except Exception:  # noqa: BLE001 - a storage backend may raise anything
+                log.warning("could not delete the stored result %s", name, exc_info=True)
 
 
 def names_of_runs(cursor, run_ids: list[int]) -> list[str]:

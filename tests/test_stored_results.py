@@ -20,6 +20,7 @@ from orchestrator.runs import create_run
 from tests.conftest import process_env, wait_for
 from tests.support import big_results
 from tests.support.api_support import client_for, make_user
+from tests.test_execution_rules import execute_claimed, job_spec, make_run, worker_loop
 from tests.test_secrets import KEY, STRIPE, leaks
 from tests.test_secrets_workers import data_dir, finished  # noqa: F401 - data_dir is a fixture
 
@@ -159,3 +160,18 @@ def test_wf_test_reads_a_stored_result_back_and_deletes_it_with_its_rolled_back_
     folder = Path(conf.log_storage().path(f"runs/{rolled_back.run_id}"))
     assert folder.is_dir()  # the result was written there, then deleted
     assert [path.name for path in folder.iterdir()] == []
+
+
+@pytest.mark.django_db
+def test_clearing_a_task_run_deletes_its_stored_result(clock, data_dir, django_capture_on_commit_callbacks):  # noqa: F811
+    run = make_run({"a": job_spec("too_big", ())}, clock)  # returns 1 MiB of JSON
+    execute_claimed(worker_loop(), 1, clock)
+    task_run = TaskRun.objects.get(run=run)
+    assert task_run.state == "succeeded", task_run.error
+    name = stored_name(task_run)
+    assert len(results.load(task_run.result)) == 1024 * 1024 and conf.log_storage().exists(name)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert control.clear_task_runs([task_run.pk]) == [task_run.pk]
+    task_run.refresh_from_db()
+    assert task_run.state == "scheduled" and task_run.result is None
+    assert not conf.log_storage().exists(name)
