@@ -118,7 +118,12 @@ OPTIONS = [
            "overrides it)."),
     Option("MAX_BACKFILL_RUNS", "count", 10000, "10000", "A backfill of more fire times is refused."),
     Option("MAX_RESULT_BYTES", "count", 256 * 1024, "262144 (256 KiB)",
-           "The largest return value a task may store, as JSON; more fails the attempt."),
+           "The largest return value kept in the task run's row, as JSON; a larger one goes to the log storage "
+           "(up to `MAX_STORED_RESULT_BYTES`), except a list a task is mapped over or a branch's choice, which "
+           "fail the attempt."),
+    Option("MAX_STORED_RESULT_BYTES", "count", 64 * 1024 * 1024, "67108864 (64 MiB)",
+           "The largest return value a task may store at all, as JSON, kept in the log storage when over "
+           "`MAX_RESULT_BYTES`; more fails the attempt."),
     Option("MAX_MAP_ITEMS", "count", 10000, "10000",
            "A mapped task fans out over at most this many items; a longer list fails the task returning it."),
     Option("DEFAULT_QUEUE_LIMIT", "limit", None, "unlimited",

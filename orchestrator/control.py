@@ -19,7 +19,7 @@ from datetime import datetime
 from django.db import OperationalError, connection, transaction
 from psycopg.errors import DeadlockDetected
 
-from orchestrator import callbacks, clock, cron, deadlines, mapping, notifier, resolver, retries
+from orchestrator import callbacks, clock, cron, deadlines, mapping, notifier, resolver, results, retries
 from orchestrator.channels import announce_cancelled, wake_due, wake_schedulers
 from orchestrator.models import Backfill, Run, Schedule, TaskRun, Workflow
 from orchestrator.states import (
@@ -375,7 +375,8 @@ def _descendants(cursor, runs: list[int], roots: set[tuple[int, str]]) -> list[i
 # Finished task runs start over: a task with parents (or a mapped task's own row) waits for them
 # again, a root task or a mapped instance is due now. Each gets a fresh allowance of attempts;
 # attempt numbers go on, so the earlier attempts stay in the history. A held-back run's tasks are
-# left alone (they wait for the run to start).
+# left alone (they wait for the run to start). RETURNING the name of a result kept in the log
+# storage (``results``), read from the row as it was: deleted once the clear commits.
 CLEAR_TASK_RUNS = f"""
 UPDATE orchestrator_taskrun t SET
     state = CASE WHEN t.map_index >= 0 OR cardinality(t.upstream) = 0 THEN '{TaskState.SCHEDULED}'
@@ -383,10 +384,11 @@ UPDATE orchestrator_taskrun t SET
     due_at = CASE WHEN t.map_index >= 0 OR cardinality(t.upstream) = 0 THEN %(now)s END,
     max_attempts = t.attempts + {retries.allowance_sql("t")},
     result = NULL, error = '', worker_id = NULL, queued_at = NULL, started_at = NULL, finished_at = NULL
-FROM orchestrator_run r
-WHERE t.id = ANY (%(ids)s) AND r.id = t.run_id AND r.state <> '{RunState.PENDING}'
+FROM orchestrator_run r, (SELECT id, result->'{results.KEY}'->>'name' AS stored FROM orchestrator_taskrun
+                          WHERE id = ANY (%(ids)s)) old
+WHERE t.id = ANY (%(ids)s) AND t.id = old.id AND r.id = t.run_id AND r.state <> '{RunState.PENDING}'
   AND t.state IN ({sql_list(FINISHED_TASK_STATES)})
-RETURNING t.id, t.run_id, t.task, t.map_index
+RETURNING t.id, t.run_id, t.task, t.map_index, old.stored
 """
 
 
@@ -444,17 +446,20 @@ def clear_task_runs(ids: Iterable[int], *, downstream: bool = True, now=None) ->
         cleared = cursor.fetchall()
         if not cleared:
             return []
-        runs = sorted({run_id for _, run_id, _, _ in cleared})
+        runs = sorted({row[1] for row in cleared})
         if downstream:
-            below = _descendants(cursor, runs, {(run_id, task) for _, run_id, task, _ in cleared})
+            below = _descendants(cursor, runs, {(row[1], row[2]) for row in cleared})
             below = sorted(set(below) - {row[0] for row in cleared})
             if below:
                 cursor.execute(CLEAR_TASK_RUNS, {"ids": below, "now": now})
                 cleared += cursor.fetchall()
-        mapping.reopen(cursor, [task_run_id for task_run_id, _, _, map_index in cleared if map_index >= 0])
+        mapping.reopen(cursor, [row[0] for row in cleared if row[3] >= 0])
         cursor.execute(REOPEN_RUNS, {"runs": runs})
         resolver.resolve_runs(runs, now=now)
         resolver.wake_due()
+        stored = [row[4] for row in cleared if row[4]]
+        if stored:
+            transaction.on_commit(lambda: results.delete(stored))
     return sorted(row[0] for row in cleared)
 
 

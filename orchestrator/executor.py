@@ -24,7 +24,7 @@ from datetime import datetime
 
 from django.db import close_old_connections, connections
 
-from orchestrator import logformat, logs, registry, reload, secrets, secretstore, tracing
+from orchestrator import logformat, logs, registry, reload, results, secrets, secretstore, tracing
 from orchestrator.conf import app_settings
 from orchestrator.definition import Task as DslTask
 from orchestrator.masking import MaskedStream
@@ -162,7 +162,7 @@ def task_context(message: dict) -> TaskContext:
     return TaskContext(
         run_id=message["run_id"], task=message["task"], logical_date=message.get("logical_date"),
         params=message.get("params") or {}, attempt=message["number"],
-        upstream=message.get("upstream") or {}, workflow=message.get("workflow", ""),
+        upstream=results.load_upstream(message.get("upstream") or {}), workflow=message.get("workflow", ""),
         task_run_id=message["id"], map_index=map_index if map_index is not None and map_index >= 0 else None,
         item=message.get("item"), events=message.get("events") or [],
     )
@@ -264,20 +264,34 @@ def call_shell(message: dict, log: logs.AttemptLog, declared: dict | None = None
         raise TaskFailure(f"exit code {code}" if code > 0 else f"killed by signal {-code}")
 
 
-def encode_result(value) -> str | None:
+def encode_result(value, in_row: str = "") -> str | None:
+    """The JSON text of a task's return value, within the limits: ``ORCHESTRATOR_MAX_STORED_RESULT_BYTES``
+    for any result (one over ``ORCHESTRATOR_MAX_RESULT_BYTES`` is kept in the log storage:
+    ``results.place``), ``ORCHESTRATOR_MAX_RESULT_BYTES`` for one the graph reads in the row
+    (``in_row`` says why: a mapped-over list, a branch's choice)."""
     if value is None:
         return None
     try:
         text = json.dumps(value, allow_nan=False)  # PostgreSQL's JSON has no NaN or Infinity either
     except (TypeError, ValueError) as exc:
         raise TaskFailure(f"the task's return value is not JSON-serialisable: {exc}") from exc
-    limit = app_settings.MAX_RESULT_BYTES
-    size = len(text.encode())
+    inline, limit = app_settings.MAX_RESULT_BYTES, results.hard_limit()
+    size = len(text.encode()) if len(text) > inline // 4 else len(text)
+    if in_row and size > inline:
+        raise TaskFailure(
+            f"the task's result is {size} bytes of JSON, over the limit of {inline} bytes "
+            f"(ORCHESTRATOR_MAX_RESULT_BYTES) for a result kept in the database ({in_row}); return fewer or "
+            "smaller items, or store large data elsewhere and return a reference"
+        )
     if size > limit:
         raise TaskFailure(
             f"the task's result is {size} bytes of JSON, over the limit of {limit} bytes "
-            "(ORCHESTRATOR_MAX_RESULT_BYTES); store large data elsewhere and return a reference"
+            f"(ORCHESTRATOR_MAX_STORED_RESULT_BYTES; a result over {inline} bytes, ORCHESTRATOR_MAX_RESULT_BYTES, "
+            "is kept in the log storage up to that limit); store large data elsewhere and return a reference"
         )
+    refused = results.refuse_marker(value)
+    if refused:
+        raise TaskFailure(refused)
     return text
 
 
@@ -319,6 +333,15 @@ def check_result(message: dict, value) -> None:
                               f"({', '.join(children)})")
 
 
+def _kept_in_row(message: dict) -> str:
+    """Why this task's result must stay in its row (the graph reads it in SQL), or ""."""
+    spec = message["spec"]
+    instance = (message.get("map_index") if message.get("map_index") is not None else -1) >= 0
+    if spec.get("mapped_by") and not instance:
+        return f"{', '.join(spec['mapped_by'])} is mapped over it"
+    return "a branch's choice" if spec.get("branch") else ""
+
+
 def _call(message: dict, declared: dict | None, functions: dict | None, attempt: dict) -> tuple:
     """Call a Python task: (outcome, result, metadata) of what it returned (raises as it does)."""
     spec = message["spec"]
@@ -332,7 +355,7 @@ def _call(message: dict, declared: dict | None, functions: dict | None, attempt:
         outcome = AttemptOutcome.ASKED  # the question is out: the task run awaits its answer
     else:
         check_result(message, value)
-        result = encode_result(value)
+        result = encode_result(value, in_row=_kept_in_row(message))
         if ctx is not None and ctx.metadata:
             metadata = encode_metadata(ctx.metadata)
     if attempt.get("django") is not None:
@@ -343,14 +366,16 @@ def _call(message: dict, declared: dict | None, functions: dict | None, attempt:
     return outcome, result, metadata
 
 
-def run(message: dict, log_stream=None, declared: dict | None = None, functions: dict | None = None) -> tuple:
+def run(message: dict, log_stream=None, declared: dict | None = None, functions: dict | None = None,
+        store_result: bool = True) -> tuple:
     """Run one attempt; returns (task_run_id, number, outcome, result, error, traceback, log,
     metadata, exception class). The outcome is "rescheduled" when a sensor's check answered "not
     yet"; metadata is the JSON text of ``ctx.metadata`` (for the datasets the task produces) or
     None; the exception class is the dotted path of the exception object that failed the attempt.
     ``log_stream``: write the log there instead of the attempt's log in storage; ``declared``:
     the task's spec as the caller's own workflow object declares it, ``functions`` the objects it
-    holds (see ``resolve``)."""
+    holds (see ``resolve``); ``store_result``: a result too large for a row is written to the log
+    storage (``results.place``), unless the caller only shows it (``run_task``)."""
     spec = message["spec"]
     # What the attempt may read of the secrets store, and the masker of the values it read: the
     # log is written through it, and the outcome is masked before it leaves this process.
@@ -405,6 +430,8 @@ def run(message: dict, log_stream=None, declared: dict | None = None, functions:
     # Masked before the error is cut to size: a cut through a value would leave its first part.
     reply = access.mask_reply((message["id"], message["number"], outcome, result, error, tb, log_name, metadata,
                                exception_class[:300]))
+    if store_result and outcome == AttemptOutcome.SUCCEEDED:
+        reply = results.place(reply, message["run_id"])
     return (*reply[:4], reply[4][:10000], *reply[5:])
 
 

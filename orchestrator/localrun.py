@@ -30,8 +30,9 @@ from datetime import datetime
 from django.db import connection, transaction
 
 from orchestrator import clock as clocks
-from orchestrator import executor, resolver
+from orchestrator import executor, resolver, results
 from orchestrator.callbacks import RUN_EVENTS
+from orchestrator.conf import log_storage
 from orchestrator.definition import callables, callback_ref
 from orchestrator.due import Limits
 from orchestrator.models import Run
@@ -114,10 +115,15 @@ def run_workflow(wf, params: dict | None = None, logical_date: datetime | None =
     except ParamError as exc:
         raise LocalRunError(f"workflow {wf.name!r}: params: {exc}") from None
     clock = clocks.FakeClock(clocks.now())
+    stored = []
     with clocks.pinned(clock), transaction.atomic():
         outcome = _Runner(wf, spec, cleaned, logical_date, clock, max_attempts_total).run()
         if not keep:
+            with connection.cursor() as cursor:
+                stored = results.names_of_runs(cursor, [outcome.run_id])
             transaction.set_rollback(True)
+    for name in stored:  # results too large for a row go with the rows rolled back
+        log_storage().delete(name)
     return outcome
 
 
@@ -211,7 +217,7 @@ class _Runner:
             rows = cursor.fetchall()
         tasks: dict[str, TaskOutcome] = {}
         for task_run_id, task, map_index, state, result, attempts, error in rows:
-            outcome = TaskOutcome(task, state, _json(result), attempts, error, "".join(self.logs.get(task_run_id, [])),
+            outcome = TaskOutcome(task, state, results.load(_json(result)), attempts, error, "".join(self.logs.get(task_run_id, [])),
                                   map_index if map_index >= 0 else None)
             if map_index < 0:
                 outcome.instances = tasks[task].instances if task in tasks else []

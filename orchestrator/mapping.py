@@ -26,9 +26,13 @@ computed per instance row read about 29 times). A batch of instances in the midd
 one statement of this module (``SETTLE``: one index probe asks whether any instance is active)
 and nothing else of the resolver (``resolver.resolve_runs``' ``quiet`` runs); only the batch of
 the last instance aggregates the results. ``tests/test_mapping_scale.py`` counts it: a claim of
-ten instances and a batch recording ten and claiming ten read the same rows (66 and 104) and
-send the same statements (4 and 7) in maps of 1,000 and 10,000 items; before, 119 -> 442 and
-1,181 -> 10,504 rows, with 5 and 13 statements.
+ten instances and a batch recording ten and claiming ten read the same rows (84 and 136) and
+send the same statements (3 and 6) in maps of 1,000 and 10,000 items; before, 119 -> 442 and
+1,181 -> 10,504 rows, with 5 and 13 statements. A claim of instances sends one statement more
+than a claim of plain jobs (``taskcontext.CONTEXT``: the run, the parent's result, the item),
+in the transaction that holds the run's lock; it was two (66 rows read then, 84 now: the run's
+row is read once per instance instead of once, where a round trip was one more wait for the
+other workers' batches of the map).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Retention: delete finished runs older than a cutoff with their task runs, attempts and logs.
+"""Retention: delete finished runs older than a cutoff with their task runs, attempts, logs and
+stored results (``orchestrator.results``).
 
 It runs beside live traffic, so it works in batches of short transactions: lock a batch of run
 ids with ``FOR UPDATE SKIP LOCKED`` (a run someone else is touching is left for next time),
@@ -21,7 +22,7 @@ from datetime import timedelta
 from django.db import OperationalError, connection, transaction
 from django.db.models import CASCADE, DO_NOTHING, SET_NULL
 
-from orchestrator import notifications
+from orchestrator import notifications, results
 from orchestrator.clock import system
 from orchestrator.conf import log_storage
 from orchestrator.models import Attempt, Run, TaskRun
@@ -127,6 +128,8 @@ def _prune_batch(cutoff, batch_size: int) -> tuple[int, int, int, list[str]]:
         log_paths = list(
             Attempt.objects.filter(task_run__run_id__in=ids).exclude(log_path="").values_list("log_path", flat=True)
         )
+        with connection.cursor() as cursor:
+            log_paths += results.names_of_runs(cursor, ids)  # results too large for a row, in the same storage
         # Counted before the delete: _delete_rows reports only the top table's row count.
         attempts = Attempt.objects.filter(task_run__run_id__in=ids).count()
         task_runs = TaskRun.objects.filter(run_id__in=ids).count()

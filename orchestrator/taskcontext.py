@@ -1,8 +1,8 @@
 """What a claimed task run is given besides its spec: its run's logical date, params and workflow,
 its parents' results, a mapped instance's item, and a data-triggered run's dataset events.
 
-Filled into the claim messages in the claiming transaction, a few set-based reads per batch
-(never one per task run), by the worker and by the local runner (``wf.test``) alike; a task
+Filled into the claim messages in the claiming transaction, one set-based read per batch (two
+for data-triggered runs; never one per task run), by the worker and by the local runner (``wf.test``) alike; a task
 function receives it as its ``TaskContext``.
 """
 
@@ -52,27 +52,30 @@ class TaskContext:
 
 # --- SQL ---------------------------------------------------------------------------------------
 
-# What every task of a run is given: its logical date, params and workflow, for many runs at once.
-RUN_CONTEXT = """
-SELECT r.id, r.logical_date, r.params, COALESCE(w.name, ''), r.trigger
-FROM orchestrator_run r LEFT JOIN orchestrator_workflow w ON w.id = r.workflow_id
-WHERE r.id = ANY (%(runs)s)
-"""
-
-# The parents' results: a mapped parent counts by its own row (map_index -1), whose result is
-# the list of its instances' results, in order. A mapped instance is given its own item (stored
-# in its row by mapping.EXPAND) under the mapped-over parent's name, never that parent's list:
-# the CASE does not evaluate (nor read out of line) the list's value then. Instances created
-# before items were stored have none (SQL NULL; an item null is JSON null) and read their element
-# of the list, only then. Each parent is found by its whole key (run, task, -1), from the claimed
-# rows: no plan reads the run's other task runs (a mapped run has one per instance).
-UPSTREAM = """
-SELECT c.id, c.map_index, u.task, u.task = c.spec->>'map_over' AND c.map_index >= 0 AS item,
-       CASE WHEN u.task = c.spec->>'map_over' AND c.map_index >= 0 THEN COALESCE(c.item, p.result -> c.map_index)
-            ELSE p.result END
+# What each claimed workflow task is given, in one statement (one round trip of the claiming
+# transaction, which holds its runs' locks: a map's instances share one run, so every round trip
+# saved there is one the other workers' batches of that map do not wait for): its run's logical
+# date, params and workflow, and one row per parent with the parent's result. A mapped parent
+# counts by its own row (map_index -1), whose result is the list of its instances' results. A
+# mapped instance is given its own item (stored in its row by mapping.EXPAND) under the
+# mapped-over parent's name, never that parent's list: the CASE does not evaluate (nor read out of
+# line) the list's value then. Instances created before items were stored have none (SQL NULL; an
+# item null is JSON null) and read their element of the list, only then. Each parent is found by
+# its whole key (run, task, -1), from the claimed rows: no plan reads the run's other task runs (a
+# mapped run has one per instance). The params travel as text, parsed once per run.
+CONTEXT = """
+SELECT c.id, c.run_id, r.logical_date, r.params::text, COALESCE(w.name, ''), r.trigger, c.map_index,
+       x.task, x.item, x.value
 FROM orchestrator_taskrun c
-CROSS JOIN LATERAL unnest(c.upstream) AS u(task)
-JOIN orchestrator_taskrun p ON p.run_id = c.run_id AND p.task = u.task AND p.map_index = -1
+JOIN orchestrator_run r ON r.id = c.run_id
+LEFT JOIN orchestrator_workflow w ON w.id = r.workflow_id
+LEFT JOIN LATERAL (
+    SELECT u.task, u.task = c.spec->>'map_over' AND c.map_index >= 0 AS item,
+           CASE WHEN u.task = c.spec->>'map_over' AND c.map_index >= 0 THEN COALESCE(c.item, p.result -> c.map_index)
+                ELSE p.result END AS value
+    FROM unnest(c.upstream) AS u(task)
+    JOIN orchestrator_taskrun p ON p.run_id = c.run_id AND p.task = u.task AND p.map_index = -1
+) x ON true
 WHERE c.id = ANY (%(ids)s)
 """
 
@@ -81,17 +84,22 @@ def _json(value):
     return json.loads(value) if isinstance(value, str) else value
 
 
-def _upstream(cursor, ids: list[int]) -> tuple[dict[int, dict], dict[int, tuple[int, object]]]:
-    """The parents' results of these task runs, and each mapped instance's (map index, item)."""
+def _context(cursor, ids: list[int]) -> tuple[dict[int, tuple], dict[int, dict], dict[int, tuple[int, object]]]:
+    """Each run's (logical date, params, workflow, trigger), the parents' results of these task
+    runs, and each mapped instance's (map index, item)."""
+    runs: dict[int, tuple] = {}
     upstream: dict[int, dict] = {}
     items: dict[int, tuple[int, object]] = {}
-    if ids:
-        cursor.execute(UPSTREAM, {"ids": ids})
-        for child, map_index, parent, is_item, value in cursor.fetchall():
-            upstream.setdefault(child, {})[parent] = value = _json(value)
-            if is_item:
-                items[child] = (map_index, value)
-    return upstream, items
+    cursor.execute(CONTEXT, {"ids": ids})
+    for child, run_id, logical_date, params, workflow, trigger, map_index, parent, is_item, value in cursor.fetchall():
+        if run_id not in runs:
+            runs[run_id] = (logical_date, _json(params) or {}, workflow, trigger)
+        if parent is None:
+            continue
+        upstream.setdefault(child, {})[parent] = value = _json(value)
+        if is_item:
+            items[child] = (map_index, value)
+    return runs, upstream, items
 
 
 def _events(context: dict) -> dict:
@@ -107,18 +115,15 @@ def _events(context: dict) -> dict:
 def fill(cursor, messages: list[dict]) -> None:
     """Add logical_date, params, workflow, upstream and, where they apply, map_index, item and
     events to the messages of workflow tasks (jobs need none of it). A message needs id, run_id
-    and spec, and has_parents when known."""
+    and spec."""
     tasks = [m for m in messages if m["spec"].get("call") != "job"]
     if not tasks:
         return
-    cursor.execute(RUN_CONTEXT, {"runs": sorted({m["run_id"] for m in tasks})})
-    context = {row[0]: row[1:] for row in cursor.fetchall()}
-    upstream, items = _upstream(cursor, [m["id"] for m in tasks if m.get("has_parents", True)])
+    context, upstream, items = _context(cursor, [m["id"] for m in tasks])
     events = _events(context)
     for m in tasks:
         logical_date, params, workflow, _ = context[m["run_id"]]
-        m.update(logical_date=logical_date, params=_json(params) or {}, workflow=workflow,
-                 upstream=upstream.get(m["id"], {}))
+        m.update(logical_date=logical_date, params=params, workflow=workflow, upstream=upstream.get(m["id"], {}))
         if m["id"] in items:
             m["map_index"], m["item"] = items[m["id"]]
         if m["run_id"] in events:

@@ -50,7 +50,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils.json import normalize_json
 
-from orchestrator import clock, jobs, limits, registry, retries
+from orchestrator import clock, jobs, limits, registry, results, retries
 from orchestrator.models import TaskRun
 from orchestrator.states import AttemptOutcome, TaskState, Trigger
 
@@ -208,7 +208,8 @@ class OrchestratorBackend(BaseTaskBackend):
             worker_ids=[a["worker"] or f"attempt-{a['number']}" for a in attempts],
         )
         if status == TaskResultStatus.SUCCESSFUL:
-            object.__setattr__(result, "_return_value", json.loads(value) if isinstance(value, str) else value)
+            object.__setattr__(result, "_return_value",
+                               results.load(json.loads(value) if isinstance(value, str) else value))
         return result
 
     def _task(self, spec: dict, queue: str, priority: int) -> Task:

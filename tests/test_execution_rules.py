@@ -381,6 +381,7 @@ def test_discard_takes_a_task_run_out_of_the_dead_letter_queue(clock):
     assert control.retry_run(run) == 1  # a discarded task can still be retried with its run
 
 
+@override_settings(ORCHESTRATOR_MAX_STORED_RESULT_BYTES=512 * 1024)
 def test_result_too_large_or_not_json_fails_the_attempt_clearly(clock):
     big = make_run({"a": job_spec("too_big", ())}, clock)
     odd = make_run({"a": job_spec("not_json", ())}, clock)
@@ -388,7 +389,8 @@ def test_result_too_large_or_not_json_fails_the_attempt_clearly(clock):
     execute_claimed(worker_loop(), 4, clock)
     big_run = TaskRun.objects.get(run=big)
     assert big_run.state == "dead" and big_run.result is None
-    assert "over the limit of" in big_run.error and "MAX_RESULT_BYTES" in big_run.error
+    assert "over the limit of 524288 bytes (ORCHESTRATOR_MAX_STORED_RESULT_BYTES" in big_run.error
+    assert "MAX_RESULT_BYTES" in big_run.error
     assert "not JSON-serialisable" in TaskRun.objects.get(run=odd).error
 
 

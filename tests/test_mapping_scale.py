@@ -15,7 +15,7 @@ from orchestrator.resolver import Ending
 from orchestrator.runs import trigger_workflow
 from orchestrator.states import TaskState
 from tests.support.features_support import sync_module, worker_loop
-from tests.test_execution_rules import execute_claimed
+from tests.test_execution_rules import execute_claimed, job_spec, make_run
 
 pytestmark = pytest.mark.django_db
 
@@ -117,6 +117,20 @@ def batch_costs(big, clock, monkeypatch, n) -> tuple[Counted, Counted, list[dict
         assert len(loop.batch.flush(claim=BATCH)) == BATCH
     control.cancel_run(run)  # its other instances are not the next scenario's
     return claim, outcomes, messages
+
+
+def test_a_claim_of_instances_sends_one_statement_more_than_a_claim_of_plain_jobs(big, clock, monkeypatch):
+    # The instances' context (run, parents' results, items) is one statement: the claiming
+    # transaction holds the run's lock, which every batch of the map waits for (before: two).
+    instances, _, _ = batch_costs(big, clock, monkeypatch, SMALL)
+    loop = worker_loop()
+    for _ in range(BATCH):
+        make_run({"a": job_spec("add")}, clock)
+    loop.batch.poll = 3600
+    loop.batch.current_limits()
+    with Counted(monkeypatch) as jobs:
+        assert len(loop.batch.flush(claim=BATCH)) == BATCH
+    assert instances.statements == jobs.statements + 1, (instances.statements, jobs.statements)
 
 
 def test_a_batch_of_instances_costs_the_same_whatever_the_number_of_items(big, clock, monkeypatch):

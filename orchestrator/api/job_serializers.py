@@ -7,6 +7,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from orchestrator import results
 from orchestrator.api.fields import (
     AwareDateTimeField,
     IdempotencyKeyField,
@@ -118,7 +119,7 @@ class JobSerializer(serializers.ModelSerializer):
     @extend_schema_field(OpenApiTypes.ANY)
     def get_result(self, run):
         task_run = self._task_run(run)
-        return task_run.result if task_run else None
+        return results.shown(task_run.result) if task_run else None
 
     def get_error(self, run) -> str:
         task_run = self._task_run(run)

@@ -13,7 +13,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from orchestrator import backfill as backfills
-from orchestrator import counts, cron, reads
+from orchestrator import counts, cron, reads, results
 from orchestrator.api.fields import (
     AwareDateTimeField,
     Flag,
@@ -163,7 +163,15 @@ class SensorSerializer(serializers.Serializer):
     next_check_at = serializers.DateTimeField(allow_null=True, help_text="When it is checked next, while waiting.")
 
 
+class ResultField(serializers.JSONField):
+    """A task run's result as the task returned it: one kept in the log storage is read back."""
+
+    def to_representation(self, value):
+        return super().to_representation(results.shown(value))
+
+
 class TaskRunSerializer(serializers.ModelSerializer):
+    result = ResultField(read_only=True, allow_null=True)
     map_index = serializers.IntegerField(
         read_only=True, help_text="-1 for a task's own task run; a mapped task's instances are numbered from 0")
     sensor = serializers.SerializerMethodField(help_text="A sensor's waiting (null for other tasks).")
@@ -184,9 +192,9 @@ class TaskRunSerializer(serializers.ModelSerializer):
 
 
 class RunTaskRunSerializer(TaskRunSerializer):
-    result = serializers.JSONField(source="listed_result", read_only=True, allow_null=True,
-                                   help_text="null for a mapped task's own task run: its result, the list of "
-                                             "every instance's result, is in GET /api/task-runs/{id}/")
+    result = ResultField(source="listed_result", read_only=True, allow_null=True,
+                         help_text="null for a mapped task's own task run: its result, the list of "
+                                   "every instance's result, is in GET /api/task-runs/{id}/")
 
     class Meta(TaskRunSerializer.Meta):
         pass
@@ -330,7 +338,7 @@ class TaskRunDetailSerializer(TaskRunSerializer):
         # here (the view defers it), never sent in one answer.
         if self._is_mapped(task_run):
             return None
-        return task_run.listed_result if hasattr(task_run, "listed_result") else task_run.result
+        return results.shown(task_run.listed_result if hasattr(task_run, "listed_result") else task_run.result)
 
     @extend_schema_field(MappedResultsSerializer(allow_null=True))
     def get_mapped(self, task_run) -> dict | None:

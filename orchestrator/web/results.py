@@ -2,16 +2,18 @@
 it. The JSON is pretty-printed and cut into pages by PostgreSQL, so a result of megabytes costs
 one page of text on the wire and on the page, never the whole value. A mapped task's result is
 its instances' results: they are listed 50 at a time by map index, each with the start of its
-value and a link to its own result tab."""
+value and a link to its own result tab. A result kept in the log storage (``orchestrator.results``)
+is read back and pretty-printed by this process for each page, its size says so on the list."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from django.db import connection
 from django.shortcuts import get_object_or_404
 
-from orchestrator import access
+from orchestrator import access, results
 from orchestrator.models import TaskRun
 from orchestrator.web.errors import InvalidInput, query_int
 from orchestrator.web.kit import page, viewer_required
@@ -23,7 +25,7 @@ MAX_OFFSET = 2**40
 
 # The value's size and one page of it, pretty-printed in the database: only the page travels.
 RESULT_PAGE = """
-SELECT t.result IS NULL, char_length(p.text), substr(p.text, %(start)s, %(size)s)
+SELECT t.result IS NULL, char_length(p.text), substr(p.text, %(start)s, %(size)s), t.result -> %(stored)s
 FROM orchestrator_taskrun t CROSS JOIN LATERAL (SELECT jsonb_pretty(t.result) AS text) p
 WHERE t.id = %(id)s
 """
@@ -31,7 +33,8 @@ WHERE t.id = %(id)s
 # A page of a mapped task's instances by map index (on taskrun_unique_task), each with the
 # start of its result.
 INSTANCE_PAGE = """
-SELECT id, map_index, state, result IS NULL, char_length(result::text), left(result::text, %(preview)s)
+SELECT id, map_index, state, result IS NULL, char_length(result::text), left(result::text, %(preview)s),
+       result -> %(stored)s ->> 'bytes'
 FROM orchestrator_taskrun
 WHERE run_id = %(run)s AND task = %(task)s AND map_index > %(after)s
 ORDER BY map_index LIMIT %(limit)s
@@ -46,6 +49,7 @@ class Text:
     length: int  # characters in all
     offset: int  # where this page starts (0-based)
     text: str
+    stored: bool = False  # kept in the log storage, too large for a row
 
     @property
     def end(self) -> int:
@@ -62,11 +66,16 @@ class Text:
 
 def result_page(task_run_id: int, offset: int = 0, size: int = PAGE_CHARS) -> Text:
     with connection.cursor() as cursor:
-        cursor.execute(RESULT_PAGE, {"id": task_run_id, "start": offset + 1, "size": size})
-        empty, length, text = cursor.fetchone()
+        cursor.execute(RESULT_PAGE, {"id": task_run_id, "start": offset + 1, "size": size, "stored": results.KEY})
+        empty, length, text, stored = cursor.fetchone()
+    if stored is not None:
+        # Kept in the log storage (too large for a row): read back and pretty-printed here.
+        whole = json.dumps(results.shown({results.KEY: json.loads(stored) if isinstance(stored, str) else stored}),
+                           indent=4, ensure_ascii=False)
+        length, text = len(whole), whole[offset:offset + size]
     if not empty and offset and offset >= length:
         raise InvalidInput("offset", f"offset must be below the result's {length:,} characters, got {offset:,}")
-    return Text(bool(empty), length or 0, offset, text or "")
+    return Text(bool(empty), length or 0, offset, text or "", stored is not None)
 
 
 def instance_page(tr: TaskRun, after: int = -1, limit: int = INSTANCES) -> tuple[list[dict], int | None]:
@@ -74,10 +83,10 @@ def instance_page(tr: TaskRun, after: int = -1, limit: int = INSTANCES) -> tuple
     next page starts after, or None."""
     with connection.cursor() as cursor:
         cursor.execute(INSTANCE_PAGE, {"run": tr.run_id, "task": tr.task, "after": after, "limit": limit + 1,
-                                       "preview": PREVIEW})
+                                       "preview": PREVIEW, "stored": results.KEY})
         rows = cursor.fetchall()
     found = [{"id": row[0], "map_index": row[1], "state": row[2], "empty": row[3], "length": row[4] or 0,
-              "preview": row[5] or ""} for row in rows[:limit]]
+              "preview": row[5] or "", "stored_bytes": row[6]} for row in rows[:limit]]
     return found, (found[-1]["map_index"] if len(rows) > limit else None)
 
 

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 
 from django.db import close_old_connections, connections
 
-from orchestrator import executor, logformat, logs, registry, reload, secrets, secretstore, tracing
+from orchestrator import executor, logformat, logs, registry, reload, results, secrets, secretstore, tracing
 from orchestrator.masking import MaskedStream
 from orchestrator.states import AttemptOutcome
 from orchestrator.worker.pool import ForkedChildren
@@ -184,6 +184,8 @@ class Attempt:
             log_name = self.log.finish()
         reply = self.access.mask_reply((self.message["id"], self.message["number"], self.outcome, self.result,
                                         self.error, self.traceback, log_name, None, self.exception_class[:300]))
+        if self.outcome == AttemptOutcome.SUCCEEDED:
+            reply = results.place(reply, self.message["run_id"])  # too large for a row: to the log storage
         return (*reply[:4], reply[4][:10000], *reply[5:])
 
 

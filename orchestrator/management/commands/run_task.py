@@ -111,7 +111,7 @@ def _run_quietly(message: dict, task_spec: dict) -> tuple:
     for handler in handlers:
         handler.setLevel(logging.CRITICAL + 1)
     try:
-        return executor.run(message, log_stream=sys.stdout, declared=task_spec)
+        return executor.run(message, log_stream=sys.stdout, declared=task_spec, store_result=False)
     finally:
         for handler, level in zip(handlers, levels, strict=True):
             handler.setLevel(level)
