@@ -274,8 +274,10 @@ def test_idle_workers_of_another_queue_make_no_claim_per_job(processes, logged_s
     _arrive(processes, server, JOBS, RATE, queue="default")  # no worker serves it: the jobs wait
     claims = server.claims_since(mark)
     elapsed = time.monotonic() - began
-    # Only the fleet's poll, about once per second between all eight (it was once per second each).
-    assert claims <= elapsed / 1.0 + 2, (claims, elapsed)
+    # Only the fleet's poll, about once per second between all eight (it was once per second each:
+    # 8 per second). The turns settle while the eight workers' first heartbeats put them on the ring,
+    # which may bring a turn forward a few times.
+    assert claims <= elapsed / 1.0 + 4, (claims, elapsed)
     assert server.query("SELECT count(*) FROM orchestrator_taskrun WHERE state = 'scheduled'")[0][0] == JOBS
     assert processes.stop(fleet, timeout=60) == 0, processes.output(fleet)
 
