@@ -356,6 +356,9 @@ class TaskRun(models.Model):
             models.Index(fields=["task", "run"], condition=Q(state__in=[*FAILED_TASK_STATES]), name="taskrun_failed"),
             # Waiting sensors of a queue by their next check (the workers' check claim, worker.batch).
             models.Index(fields=["queue", "due_at"], condition=Q(state=TaskState.SENSING), name="taskrun_sensing"),
+            # Mapped tasks whose instances run: the reaper settles those whose instances all ended
+            # where the worker that ended the last ones died before settling (reaper.SETTLE_MAPS).
+            models.Index(fields=["run"], condition=Q(state=TaskState.MAPPED, map_index=-1), name="taskrun_mapped"),
         ]
 
     def __str__(self):

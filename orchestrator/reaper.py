@@ -3,6 +3,9 @@ than HEARTBEAT_TIMEOUT_SECONDS (database clock) ends ``lost``; one running past 
 a margin (its worker should have killed it; the worker may be stuck) ends ``timed_out``. Both go
 through the retry rule. The worker is marked ``lost``; if it was only paused, its guarded writes
 for these attempts change nothing, and its next heartbeat tells it to kill them.
+
+It also settles the maps a worker left unsettled when it died between recording a map's last
+instances and settling the map (``SETTLE_MAPS``).
 """
 
 from __future__ import annotations
@@ -13,10 +16,18 @@ from django.db import connection, transaction
 
 from orchestrator import clock as clocks
 from orchestrator import resolver
+from orchestrator.channels import wake_due
 from orchestrator.conf import app_settings
 from orchestrator.loop import Loop, Role
 from orchestrator.resolver import Ending
-from orchestrator.states import LIVE_WORKER_STATES, AttemptOutcome, TaskState, WorkerState, sql_list
+from orchestrator.states import (
+    ACTIVE_TASK_STATES,
+    LIVE_WORKER_STATES,
+    AttemptOutcome,
+    TaskState,
+    WorkerState,
+    sql_list,
+)
 
 # --- SQL ---------------------------------------------------------------------------------------
 
@@ -55,6 +66,32 @@ WHERE t.state = '{TaskState.RUNNING}' AND a.outcome = '{AttemptOutcome.RUNNING}'
 """
 
 
+# Mapped tasks none of whose instances is left (active: waiting, due, running, ...), which the
+# worker that ended their last instances did not settle: a worker records a map's instances
+# without their run's lock and, where another transaction held the run at that moment, settles
+# the map after its commit (worker.batch.Batch.settle); one that dies in between leaves the map
+# waiting for nothing. Read from the mapped tasks (taskrun_mapped: only maps in progress), one
+# probe of taskrun_active_instances each, so a pass costs the same beside a map of 100,000 items.
+SETTLE_MAPS = f"""
+SELECT DISTINCT m.run_id FROM orchestrator_taskrun m
+WHERE m.state = '{TaskState.MAPPED}' AND m.map_index = -1
+  AND (SELECT i.id FROM orchestrator_taskrun i
+       WHERE i.run_id = m.run_id AND i.task = m.task AND i.map_index >= 0
+         AND i.state IN ({sql_list(ACTIVE_TASK_STATES)}) LIMIT 1) IS NULL
+"""
+
+
+def settle_maps(clock=None) -> int:
+    """Settle the maps whose instances all ended unsettled (SETTLE_MAPS); returns how many runs."""
+    now = (clock or clocks.system).now()
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(SETTLE_MAPS)
+        runs = [row[0] for row in cursor.fetchall()]
+        if runs and resolver.settle_maps(runs, now=now):
+            wake_due()
+    return len(runs)
+
+
 def reap_once(clock=None) -> int:
     """One pass; returns how many attempts were ended."""
     clock = clock or clocks.system
@@ -73,7 +110,10 @@ def reap_once(clock=None) -> int:
                            error=f"timed out after {limit:g}s (ended by the reaper: its worker did not)",
                            log_path=log_path, run_id=run_id)
                     for task_run_id, number, log_path, limit, run_id in cursor.fetchall() if task_run_id not in seen]
-        return len(resolver.end_attempts(endings, now=now))
+        reaped = len(resolver.end_attempts(endings, now=now))
+    # After that transaction, whose run locks were taken in one order: these are locked in another.
+    settle_maps(clock)
+    return reaped
 
 
 class Reaper(Role):

@@ -14,7 +14,7 @@ every parent is done (one failed parent settles ``all_success`` as ``upstream_fa
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from django.db import connection
@@ -62,7 +62,23 @@ class Ending:
     run_id: int | None = None  # saves a lookup when known
     sensor_timeout: bool = False  # a sensor's "not yet" past its timeout (notifications hear of it)
     check: int | None = None  # a waiting sensor's check (not an attempt): its task run's checks when claimed
+    # A mapped instance of a map without max_parallel, as the worker that ran it knows (its claim's
+    # message, ``settles_later``): recorded without its run's lock, the map settled after (see
+    # SentEndings.deferred). False: the run is locked first, as for any ending.
+    unlocked: bool = False
 
+
+def settles_later(message: dict) -> bool:
+    """Whether the end of this claimed task run may be recorded without its run's lock: a mapped
+    instance (its claim's context gave it a map index) whose map has no max_parallel. Nothing is
+    decided by such an ending but whether its map is over, and that is decided under the lock by
+    a statement of its own (TRY_LOCK_RUNS, then mapping.SETTLE; or ``settle_maps``)."""
+    return message.get("map_index") is not None and not message.get("spec", {}).get("max_parallel")
+
+
+# What an accepted ending may leave its task run in that decides nothing about the run (a retry
+# due later, an approval asked, a sensor's "not yet"): no child to release, no run to end.
+_HOLDING = (TaskState.SCHEDULED, TaskState.AWAITING, TaskState.SENSING)
 
 # --- SQL ---------------------------------------------------------------------------------------
 
@@ -74,6 +90,13 @@ class Ending:
 # It also says which runs map or branch (Run.dynamic), for the steps of mapping.py.
 _LOCK_RUNS = "SELECT id, dynamic FROM orchestrator_run WHERE id = ANY ({}) ORDER BY id FOR NO KEY UPDATE"
 LOCK_RUNS = _LOCK_RUNS.format("%s")
+# The same without waiting: the runs no other transaction holds. Taken by a worker's batch of a
+# map's instances after it wrote their endings without the lock (Ending.unlocked), and before the
+# statement that settles the map: that statement's snapshot, taken after the lock, sees every
+# ending committed by the transaction that held the lock before. A run another transaction holds
+# is settled after this batch commits (SentEndings.deferred): whoever holds it then cannot have
+# seen this batch's endings, and whoever takes it after the commit will.
+TRY_LOCK_RUNS = "SELECT id FROM orchestrator_run WHERE id = ANY (%s) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED"
 # The runs of some task runs, to lock them (LOCK_RUNS) before touching the task runs.
 RUNS_OF = "SELECT DISTINCT run_id FROM orchestrator_taskrun WHERE id = ANY (%s)"
 
@@ -258,6 +281,11 @@ class SentEndings:
     now: datetime
     end: object = None
     checks: object = None  # the cursor of END_CHECKS, when waiting sensors' checks are among the endings
+    # Runs whose endings are all mapped instances (Ending.unlocked): END_TASK_RUNS did not lock them.
+    unlocked: list[int] = field(default_factory=list)
+    # Of those, the runs another transaction held when this batch came to settle their maps: the
+    # caller settles them once this transaction committed (``settle_maps``, in one of its own).
+    deferred: list[int] = field(default_factory=list)
 
 
 def end_attempts(endings: Sequence[Ending], *, worker_id: int | None = None,
@@ -279,17 +307,22 @@ def send_endings(endings: Sequence[Ending], *, worker_id: int | None = None,
     nothing waits for an answer here."""
     now = now or clock.now()
     runs = {e.run_id for e in endings}
+    unlocked = set()
     if None in runs:
         with connection.cursor() as cursor:
             cursor.execute(RUNS_OF, [[e.task_run_id for e in endings]])
             runs = {row[0] for row in cursor.fetchall()}
+    else:
+        # The runs of which only mapped instances end here are not locked (Ending.unlocked): two
+        # workers' batches of one map write at the same time and take the lock only to settle it.
+        unlocked = runs - {e.run_id for e in endings if not e.unlocked or e.check is not None}
     endings = _sensor_timeouts(endings, now)
     attempts = [e for e in endings if e.check is None]
     checks = [e for e in endings if e.check is not None]
-    sent = SentEndings(endings=endings, now=now, end=db.cursor())
-    # Both statements lock every run of the batch (in id order, first thing), so their writer
-    # takes its run locks in one order, as every writer does.
-    common = {"runs": sorted(runs), "worker": worker_id, "now": now}
+    sent = SentEndings(endings=endings, now=now, end=db.cursor(), unlocked=sorted(unlocked))
+    # Both statements lock every other run of the batch (in id order, first thing), so their
+    # writer takes its run locks in one order, as every writer does.
+    common = {"runs": sorted(runs - unlocked), "worker": worker_id, "now": now}
     db.execute(sent.end, END_TASK_RUNS, {**common, "jobs": [e.job and e.run_id is not None for e in attempts],
                                          **_columns(attempts)})
     if checks:
@@ -316,7 +349,7 @@ def receive_endings(sent: SentEndings) -> list[tuple[int, int, str]]:
                      for _, run_id, _, _, _, _, run_state, workflow_id, _ in rows if run_state is not None}.values())
     if finished:
         _runs_finished(finished, sent.now)
-    dynamic = {row[1] for row in rows if row[5]}
+    dynamic = {row[1] for row in rows if row[5]} | (set(sent.unlocked) & {row[1] for row in rows})
     accepted = [row[:3] for row in rows]
     won = {row[0] for row in accepted}
     mine = [e for e in sent.endings if e.task_run_id in won]
@@ -324,9 +357,36 @@ def receive_endings(sent: SentEndings) -> list[tuple[int, int, str]]:
     tracing.task_runs_ended(accepted, FINISHED_TASK_STATES)
     # The runs of which only mapped instances ended in this batch (see resolve_runs' ``quiet``).
     quiet = dynamic - {row[1] for row in rows if not row[8]}
+    sent.deferred = _lock_unlocked(sent, rows, quiet)
     _resolve_after(accepted, mine, sent.now, done={row[1] for row in rows if row[6] is not None}, dynamic=dynamic,
-                   quiet=quiet)
+                   quiet=quiet, deferred=set(sent.deferred))
     return accepted
+
+
+def _lock_unlocked(sent: SentEndings, rows: list[tuple], quiet: set[int]) -> list[int]:
+    """Lock the runs whose instances' endings were written without their lock, where one of them
+    ended (a retry or a sensor's "not yet" decides nothing); returns those another transaction
+    holds, to settle after the commit (``settle_maps``). A run where the endings turned out not to
+    be instances only (a caller's mistake) is locked waiting, as any ending's run."""
+    wanted = set(sent.unlocked) & {run_id for _, run_id, state, *_ in rows if state not in _HOLDING}
+    if not wanted:
+        return []
+    with connection.cursor() as cursor:
+        odd = wanted - quiet
+        if odd:
+            lock_runs(cursor, odd)
+        cursor.execute(TRY_LOCK_RUNS, [sorted(wanted - odd)])
+        held = {row[0] for row in cursor.fetchall()}
+    return sorted(wanted - odd - held)
+
+
+def settle_maps(run_ids: Iterable[int], *, now: datetime | None = None) -> int:
+    """Settle the maps of these runs in the current transaction, once the endings of their
+    instances written without the run's lock committed (SentEndings.deferred): the runs are locked
+    (waiting for whoever holds them), then mapping.SETTLE and, where a map ended, the rest of the
+    resolution. Returns how many task runs became due (the caller wakes the roles)."""
+    runs = sorted(set(run_ids))
+    return resolve_runs(runs, now=now, quiet=runs) if runs else 0
 
 
 def _answers(sent: SentEndings) -> list[tuple]:
@@ -367,19 +427,19 @@ def _notify(mine: list[Ending], now: datetime) -> None:
 
 
 def _resolve_after(accepted: list[tuple], mine: list[Ending], now: datetime, done=frozenset(),
-                   dynamic=frozenset(), quiet=frozenset()) -> None:
+                   dynamic=frozenset(), quiet=frozenset(), deferred=frozenset()) -> None:
     """Release the children of the task runs that ended (a job has none) and end complete runs
-    (but ``done``: ended already); wake the dispatchers when something became due (a retry, a
-    released child). ``dynamic``: the runs that map or branch, as locked; ``quiet``: those of
-    them where only mapped instances ended."""
-    holding = (TaskState.SCHEDULED, TaskState.AWAITING, TaskState.SENSING)
-    ended_runs = {run_id for _, run_id, state in accepted if state not in holding} - done
+    (but ``done``: ended already, and ``deferred``: settled after the commit); wake the
+    dispatchers when something became due (a retry, a released child). ``dynamic``: the runs that
+    map or branch, as locked; ``quiet``: those of them where only mapped instances ended."""
+    ended_runs = {run_id for _, run_id, state in accepted if state not in _HOLDING} - done - deferred
     jobs = {e.task_run_id for e in mine if e.job}
-    parents = {run_id for task_run_id, run_id, state in accepted if state not in holding and task_run_id not in jobs}
+    parents = {run_id for task_run_id, run_id, state in accepted
+               if state not in _HOLDING and task_run_id not in jobs} - deferred
     # A sensor's "not yet" (sensing) wakes nobody: its next check is due an interval from now, and
     # every role already waits until the next due time it knows (the worker that recorded it knows it).
     retrying = any(state == TaskState.SCHEDULED for _, _, state in accepted)
-    ended = [task_run_id for task_run_id, _, state in accepted if state not in holding and task_run_id not in jobs]
+    ended = [task_run_id for task_run_id, _, state in accepted if state not in _HOLDING and task_run_id not in jobs]
     released = resolve_runs(ended_runs, now=now, release=parents, dynamic=dynamic, quiet=quiet,
                             ended=ended) if ended_runs else 0
     if retrying or released:

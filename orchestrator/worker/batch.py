@@ -21,7 +21,7 @@ from collections import deque
 from django.db import connection, transaction
 
 from orchestrator import clock, db, due, resolver, taskcontext, tracing
-from orchestrator.channels import wake_dispatchers
+from orchestrator.channels import wake_dispatchers, wake_due
 from orchestrator.loop import SHORT_TRANSACTION
 from orchestrator.resolver import Ending
 from orchestrator.states import AttemptOutcome, TaskState, Trigger
@@ -233,6 +233,8 @@ class Batch:
         self.limits_checked = -1e9
         # When the next task run this worker may claim itself is due (as the latest claim found it).
         self.claimed_next_due = None
+        # Runs whose maps are settled after the batch that ended their instances (see settle).
+        self.unsettled: set[int] = set()
         # When the next waiting sensor's check of these queues is due (as the latest check claim found it).
         self.checks_next_due = None
         self.completed = 0
@@ -252,6 +254,7 @@ class Batch:
         """Record the outcomes gathered so far and claim up to ``claim`` task runs and up to
         ``checks`` waiting sensors' checks (their messages have a "check"), in one transaction
         that commits before anything claimed starts."""
+        self.settle()  # what a failed try left (its transaction is its own)
         endings, self.endings = self.endings, []
         self.last_flush = time.monotonic()
         now = clock.now()
@@ -263,19 +266,24 @@ class Batch:
                 sent = [resolver.send_endings(chunk, worker_id=self.worker_id, now=now) for chunk in chunks(endings)]
                 claiming = self.send_claim(claim, now) if claim else None
                 checking = self.send_checks(checks, now) if checks else None
+                # The claim's answer (and its context) first: a map's instances' endings take
+                # their run's lock only now (resolver.TRY_LOCK_RUNS), so it is held to the commit
+                # through their settling alone.
+                claimed = self.receive_claim(claiming) if claiming is not None else []
+                claimed += self.receive_checks(checking) if checking is not None else []
                 for each in sent:
                     resolver.receive_endings(each)
                 if sent and self.limited():
                     # Finished work frees concurrency-limit room: let the dispatchers look again.
                     wake_dispatchers()
-                claimed = self.receive_claim(claiming) if claiming is not None else []
-                claimed += self.receive_checks(checking) if checking is not None else []
         except BaseException:
             # The database is away (a restart, a failover): keep the outcomes for the next try
             # after the loop reconnected, or the task runs would stay "running" under a live
             # worker that no reaper rescues.
             self.endings = endings + self.endings
             raise
+        for each in sent:
+            self.unsettled.update(each.deferred)
         tracing.claimed([m for m in claimed if "check" not in m], now, self.worker_id)
         self.completed += len(endings)
         self.remember(endings)
@@ -285,6 +293,22 @@ class Batch:
                             ending.error.splitlines()[0] if ending.error else "",
                             extra={"action": "attempt_" + ending.outcome, "task_run_id": ending.task_run_id})
         return claimed
+
+    def settle(self) -> None:
+        """Settle the maps whose instances' endings committed while another transaction held
+        their run (``resolver.settle_maps``), in a transaction of its own: it waits for that
+        holder, which could not see those endings. Called once the claimed work has started;
+        kept for the next try when the database is away. A worker that dies first leaves them
+        to the reaper (``reaper.SETTLE_MAPS``)."""
+        if not self.unsettled:
+            return
+        runs = sorted(self.unsettled)
+        with transaction.atomic(), db.cursor() as cursor:
+            db.execute(cursor, ASYNC_COMMIT)
+            released = resolver.settle_maps(runs, now=clock.now())
+        self.unsettled.difference_update(runs)
+        if released:
+            wake_due()
 
     def remember(self, endings: list[Ending]) -> None:
         for ending in endings:

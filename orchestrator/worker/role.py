@@ -27,7 +27,7 @@ from orchestrator import clock, logs, registry, reload, tracing
 from orchestrator.channels import CANCEL_CHANNEL, CODE_CHANNEL, DUE_CHANNEL, FLEET_CHANNEL, queue_channel
 from orchestrator.conf import app_settings
 from orchestrator.loop import DATABASE_ERRORS, Loop, Role, first_line
-from orchestrator.resolver import Ending
+from orchestrator.resolver import Ending, settles_later
 from orchestrator.states import AttemptOutcome, WorkerState
 from orchestrator.worker import heartbeat, reconnect
 from orchestrator.worker.batch import (
@@ -175,6 +175,7 @@ class Worker(Role):
         tracing.flush()
         if self.id is not None:
             try:
+                self.batch.settle()  # else the reaper settles those maps (reaper.SETTLE_MAPS)
                 heartbeat.set_state(self.id, WorkerState.STOPPED, stopped=True)
             except DATABASE_ERRORS as exc:
                 # The row keeps its old heartbeat: the reaper marks it lost and rescues its attempts.
@@ -335,6 +336,7 @@ class Worker(Role):
             self.after_claim(now, claim, len(ordinary), answering)
             self.place(ordinary)
         self.start_checks()
+        self.batch.settle()  # maps another transaction held at the batch: now the work has started
         return True
 
     def claim_sizes(self, now: float) -> tuple[int, bool, int]:
@@ -463,7 +465,7 @@ class Worker(Role):
                 self.check_answered(check, Ending(*answer, run_id=check["run_id"], check=check["check"]))
             return
         self.check_answered(message, Ending(*reply, job=message.get("spec", {}).get("call") == "job",
-                                            run_id=message["run_id"]))
+                                            run_id=message["run_id"], unlocked=settles_later(message)))
 
     def check_answered(self, message: dict, ending: Ending) -> None:
         self.batch.add(ending)
@@ -478,7 +480,7 @@ class Worker(Role):
                                       check=check["check"], error=f"the checks' process ended unexpectedly ({how})"))
             return
         self.batch.add(Ending(message["id"], message["number"], AttemptOutcome.FAILED, run_id=message["run_id"],
-                              error=f"the task's process ended unexpectedly ({how})"))
+                              error=f"the task's process ended unexpectedly ({how})", unlocked=settles_later(message)))
 
     @staticmethod
     def _existing_log(message: dict) -> str:
