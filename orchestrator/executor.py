@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import inspect
 import json
 import logging
@@ -149,6 +150,16 @@ def check_shell(message: dict, declared: dict | None = None) -> None:
 
 
 def _takes_argument(fn) -> bool:
+    """Whether a workflow task's function takes the TaskContext: read once per function (a
+    signature costs about a sixth of a no-op task's whole call), each time for an unhashable one."""
+    try:
+        return _takes_argument_of(fn)
+    except TypeError:
+        return _takes_argument_of.__wrapped__(fn)
+
+
+@functools.lru_cache(maxsize=4096)
+def _takes_argument_of(fn) -> bool:
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):

@@ -72,7 +72,9 @@ def page_times(path: str, repeat: int = 3) -> list[float]:
     client = Client()
     client.force_login(user)
     times = []
-    with override_settings(ALLOWED_HOSTS=["*"]):
+    from orchestrator.bench.pages import quiet_logins
+
+    with quiet_logins(), override_settings(ALLOWED_HOSTS=["*"]):
         for _ in range(repeat):
             started = time.perf_counter()
             response = client.get(path)

@@ -8,6 +8,7 @@ Called by ``manage.py bench --only pages`` on a dedicated database. Filling is o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 import sys
@@ -128,11 +129,8 @@ def time_pages(pages: dict[str, str], out, repeat: int = 15) -> dict[str, dict[s
     two requests to warm up, then the median and p95 of ``repeat``."""
     user, _ = get_user_model().objects.get_or_create(username="bench-pages", defaults={"is_superuser": True})
     results: dict[str, dict[str, float]] = {}
-    axes = logging.getLogger("axes")
-    level = axes.level
-    axes.setLevel(logging.WARNING)  # not a line per login of the measuring client
     # WhiteNoise notes that the benchmark never collected the static files; nothing is served here.
-    with override_settings(ALLOWED_HOSTS=["testserver"], DEBUG=False), warnings.catch_warnings():
+    with quiet_logins(), override_settings(ALLOWED_HOSTS=["testserver"], DEBUG=False), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         client = Client()
         client.force_login(user)
@@ -149,8 +147,19 @@ def time_pages(pages: dict[str, str], out, repeat: int = 15) -> dict[str, dict[s
             flag = "ok" if results[label]["p95_ms"] < TARGET_MS else f"SLOWER than {TARGET_MS:.0f} ms"
             out.write(f"  {label:<40} median {results[label]['median_ms']:7.1f} ms   "
                       f"p95 {results[label]['p95_ms']:7.1f} ms   {flag}\n")
-    axes.setLevel(level)
     return results
+
+
+@contextlib.contextmanager
+def quiet_logins():
+    """Not a line per login of the measuring client (django-axes logs each one)."""
+    axes = logging.getLogger("axes")
+    level = axes.level
+    axes.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        axes.setLevel(level)
 
 
 def explain(sql_and_params) -> str:
