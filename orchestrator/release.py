@@ -145,7 +145,7 @@ def decide_children(cursor, release: list[int], dynamic: list[int], now: datetim
         settled = 0
         if dynamic:
             settled += mapping.skip_unchosen(cursor, dynamic, now)
-            freed, ended = mapping.settle(cursor, dynamic, now)
+            freed, ended = mapping.settle(dynamic, now)
             released += freed
             settled += len(ended)
         cursor.execute(RELEASE_CHILDREN, {"runs": release, "now": now})

@@ -96,7 +96,7 @@ LOCK_RUNS = _LOCK_RUNS.format("%s")
 # ending committed by the transaction that held the lock before. A run another transaction holds
 # is settled after this batch commits (SentEndings.deferred): whoever holds it then cannot have
 # seen this batch's endings, and whoever takes it after the commit will.
-TRY_LOCK_RUNS = "SELECT id FROM orchestrator_run WHERE id = ANY (%s) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED"
+TRY_LOCK_RUNS = db.prepared("SELECT id FROM orchestrator_run WHERE id = ANY (%s) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED")
 # The runs of some task runs, to lock them (LOCK_RUNS) before touching the task runs.
 RUNS_OF = "SELECT DISTINCT run_id FROM orchestrator_taskrun WHERE id = ANY (%s)"
 
@@ -371,11 +371,12 @@ def _lock_unlocked(sent: SentEndings, rows: list[tuple], quiet: set[int]) -> lis
     wanted = set(sent.unlocked) & {run_id for _, run_id, state, *_ in rows if state not in _HOLDING}
     if not wanted:
         return []
-    with connection.cursor() as cursor:
-        odd = wanted - quiet
-        if odd:
+    odd = wanted - quiet
+    if odd:
+        with connection.cursor() as cursor:
             lock_runs(cursor, odd)
-        cursor.execute(TRY_LOCK_RUNS, [sorted(wanted - odd)])
+    with db.cursor() as cursor:
+        db.execute(cursor, TRY_LOCK_RUNS, [sorted(wanted - odd)])
         held = {row[0] for row in cursor.fetchall()}
     return sorted(wanted - odd - held)
 
@@ -497,7 +498,7 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
             dynamic = lock_runs(cursor, runs)
         quiet = sorted(set(quiet) & set(dynamic) & set(runs))
         if quiet:
-            freed, mapped_ended = mapping.settle(cursor, quiet, now)
+            freed, mapped_ended = mapping.settle(quiet, now)
             released += freed
             going_on = set(quiet) - set(mapped_ended)
             runs = [run_id for run_id in runs if run_id not in going_on]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from orchestrator import secrets
+from orchestrator import db, secrets
 
 
 @dataclass
@@ -63,7 +63,7 @@ class TaskContext:
 # item null is JSON null) and read their element of the list, only then. Each parent is found by
 # its whole key (run, task, -1), from the claimed rows: no plan reads the run's other task runs (a
 # mapped run has one per instance). The params travel as text, parsed once per run.
-CONTEXT = """
+CONTEXT = db.prepared("""
 SELECT c.id, c.run_id, r.logical_date, r.params::text, COALESCE(w.name, ''), r.trigger, c.map_index,
        x.task, x.item, x.value
 FROM orchestrator_taskrun c
@@ -77,21 +77,24 @@ LEFT JOIN LATERAL (
     JOIN orchestrator_taskrun p ON p.run_id = c.run_id AND p.task = u.task AND p.map_index = -1
 ) x ON true
 WHERE c.id = ANY (%(ids)s)
-"""
+""")
 
 
 def _json(value):
     return json.loads(value) if isinstance(value, str) else value
 
 
-def _context(cursor, ids: list[int]) -> tuple[dict[int, tuple], dict[int, dict], dict[int, tuple[int, object]]]:
+def _context(ids: list[int]) -> tuple[dict[int, tuple], dict[int, dict], dict[int, tuple[int, object]]]:
     """Each run's (logical date, params, workflow, trigger), the parents' results of these task
-    runs, and each mapped instance's (map index, item)."""
+    runs, and each mapped instance's (map index, item). A prepared statement: a claim of workflow
+    tasks sends it with every batch, and its plan took longer to make than to run."""
     runs: dict[int, tuple] = {}
     upstream: dict[int, dict] = {}
     items: dict[int, tuple[int, object]] = {}
-    cursor.execute(CONTEXT, {"ids": ids})
-    for child, run_id, logical_date, params, workflow, trigger, map_index, parent, is_item, value in cursor.fetchall():
+    with db.cursor() as cursor:
+        db.execute(cursor, CONTEXT, {"ids": ids})
+        rows = cursor.fetchall()
+    for child, run_id, logical_date, params, workflow, trigger, map_index, parent, is_item, value in rows:
         if run_id not in runs:
             runs[run_id] = (logical_date, _json(params) or {}, workflow, trigger)
         if parent is None:
@@ -112,14 +115,14 @@ def _events(context: dict) -> dict:
     return events_of_runs(data_runs)
 
 
-def fill(cursor, messages: list[dict]) -> None:
+def fill(messages: list[dict]) -> None:
     """Add logical_date, params, workflow, upstream and, where they apply, map_index, item and
     events to the messages of workflow tasks (jobs need none of it). A message needs id, run_id
     and spec."""
     tasks = [m for m in messages if m["spec"].get("call") != "job"]
     if not tasks:
         return
-    context, upstream, items = _context(cursor, [m["id"] for m in tasks])
+    context, upstream, items = _context([m["id"] for m in tasks])
     events = _events(context)
     for m in tasks:
         logical_date, params, workflow, _ = context[m["run_id"]]

@@ -368,8 +368,7 @@ class Batch:
                 "timeout": timeout or spec.get("timeout"), "has_parents": has_parents,
             })
         if any(m["spec"].get("call") != "job" for m in messages):
-            with connection.cursor() as context:
-                taskcontext.fill(context, messages)
+            taskcontext.fill(messages)
         return messages
 
     def send_claim(self, n: int, now):
@@ -393,8 +392,7 @@ class Batch:
                 "timeout": timeout or spec.get("timeout"), "has_parents": has_parents,
             })
         if any(m["spec"].get("call") != "job" for m in messages):
-            with connection.cursor() as context:
-                taskcontext.fill(context, messages)
+            taskcontext.fill(messages)
         return messages
 
     def release_checks(self, checks: list[dict], now=None) -> None:
