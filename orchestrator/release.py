@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from orchestrator import mapping
+from orchestrator import db, mapping
 from orchestrator.states import (
     DEFAULT_TRIGGER_RULE,
     PARENT_BAD,
@@ -92,13 +92,15 @@ FROM d
 WHERE t.id = d.id AND d.next IS NOT NULL AND t.state = '{TaskState.WAITING}'
 RETURNING t.id, t.state
 """
-RELEASE_CHILDREN = _RELEASE.replace("__WAITING__", _waiting_counts("NOT c.spec ? 'map_over'"))
-RELEASE_CHILDREN_OF = _RELEASE.replace("__WAITING__", _waiting_counts("NOT c.spec ? 'map_over'", CHILDREN_OF_ENDED))
+# Prepared, as every statement of a completion batch is: planning each took longer than running it.
+RELEASE_CHILDREN = db.prepared(_RELEASE.replace("__WAITING__", _waiting_counts("NOT c.spec ? 'map_over'")))
+RELEASE_CHILDREN_OF = db.prepared(_RELEASE.replace("__WAITING__", _waiting_counts("NOT c.spec ? 'map_over'",
+                                                                                  CHILDREN_OF_ENDED)))
 
 # The same rules for mapped tasks (see mapping.py). Released, such a task is "mapped" (its
 # instances are then created) when the parent it maps over succeeded with a list; skipped when
 # that parent was skipped; upstream_failed otherwise, saying why.
-RELEASE_MAPPED = f"""
+RELEASE_MAPPED = db.prepared(f"""
 WITH c AS ({_waiting_counts("c.spec ? 'map_over'")}
 ), d AS (
     SELECT id, CASE rule
@@ -126,7 +128,7 @@ UPDATE orchestrator_taskrun t SET state = e.next, error = e.error,
 FROM e
 WHERE t.id = e.id AND t.state = '{TaskState.WAITING}'
 RETURNING t.id, t.state
-"""
+""")
 
 
 # --- functions ---------------------------------------------------------------------------------
@@ -148,13 +150,11 @@ def decide_children(cursor, release: list[int], dynamic: list[int], now: datetim
             freed, ended = mapping.settle(dynamic, now)
             released += freed
             settled += len(ended)
-        cursor.execute(RELEASE_CHILDREN, {"runs": release, "now": now})
-        states = [row[1] for row in cursor.fetchall()]
+        states = [state for _, state in _run(RELEASE_CHILDREN, {"runs": release, "now": now})]
         released += states.count(TaskState.SCHEDULED)
         settled += sum(1 for state in states if state != TaskState.SCHEDULED)
         if dynamic:
-            cursor.execute(RELEASE_MAPPED, {"runs": dynamic, "now": now})
-            decided = cursor.fetchall()
+            decided = _run(RELEASE_MAPPED, {"runs": dynamic, "now": now})
             released += mapping.expand(cursor, [i for i, state in decided if state == TaskState.MAPPED], now)
             settled += len(decided)
         if not settled:
@@ -167,8 +167,13 @@ def release_children_of(cursor, ended: list[int], now: datetime) -> int:
     then those of the children decided as not running, a level per pass; returns how many are due."""
     released = 0
     while ended:
-        cursor.execute(RELEASE_CHILDREN_OF, {"ended": ended, "now": now})
-        rows = cursor.fetchall()
+        rows = _run(RELEASE_CHILDREN_OF, {"ended": ended, "now": now})
         released += sum(1 for _, state in rows if state == TaskState.SCHEDULED)
         ended = [task_run_id for task_run_id, state in rows if state != TaskState.SCHEDULED]
     return released
+
+
+def _run(statement: str, params: dict) -> list[tuple]:
+    with db.cursor() as cursor:
+        db.execute(cursor, statement, params)
+        return cursor.fetchall()

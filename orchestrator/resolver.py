@@ -253,7 +253,7 @@ WHERE t.id = ANY (%(ids)s) AND t.spec->'sensor'->>'timeout' IS NOT NULL
 # The runs are found by their ids, not by joining every running run: after a burst of runs the planner's
 # statistics can still count a few dozen running ones, and a hash join would read them all. It
 # also folds the runs' counts (counts.fold_ctes), once per batch of a run.
-FINISH_RUNS = f"""
+FINISH_RUNS = db.prepared(f"""
 WITH {counts.fold_ctes("%(runs)s::bigint[]")}, f AS MATERIALIZED (
     SELECT r.id, NOT EXISTS (SELECT FROM orchestrator_taskruncount c WHERE c.run_id = r.id
                              AND c.state NOT IN ({sql_list(SUCCESSFUL_TASK_STATES)})
@@ -267,7 +267,7 @@ UPDATE orchestrator_run r SET state = CASE WHEN f.ok THEN '{RunState.SUCCEEDED}'
     finished_at = %(now)s
 FROM f WHERE r.id = f.id AND (r.state = '{RunState.RUNNING}') IS TRUE
 RETURNING r.id, r.state, r.workflow_id
-"""
+""")
 
 
 # --- functions ---------------------------------------------------------------------------------
@@ -507,8 +507,9 @@ def resolve_runs(run_ids: Iterable[int], *, now: datetime | None = None, release
                              None if ended is None else sorted(set(ended)))
         finished = []
         if runs:
-            cursor.execute(FINISH_RUNS, {"runs": runs, "now": now})
-            finished = cursor.fetchall()
+            with db.cursor() as prepared:
+                db.execute(prepared, FINISH_RUNS, {"runs": runs, "now": now})
+                finished = prepared.fetchall()
     if finished:
         _runs_finished(finished, now)
     return released
