@@ -332,8 +332,11 @@ class TaskRun(models.Model):
             # /metrics: task outcomes of the last minutes.
             models.Index(fields=["finished_at"], condition=Q(finished_at__isnull=False), name="taskrun_finished"),
             # A mapped task's active instances: every completion batch of a mapping run asks whether
-            # any is left (mapping.FINISH_MAPPED), which must not read every instance.
-            models.Index(fields=["run", "task"], condition=Q(map_index__gte=0, state__in=[*ACTIVE_TASK_STATES]),
+            # any is left (mapping.FINISH_MAPPED), which must not read every instance. It asks from
+            # the last index down: instances are claimed from the first, so the entries that ended
+            # instances leave behind until a vacuum are not on its way.
+            models.Index(fields=["run", "task", "map_index"],
+                         condition=Q(map_index__gte=0, state__in=[*ACTIVE_TASK_STATES]),
                          name="taskrun_active_instances"),
             # A run's unfinished task runs. Whether any is left is one probe (resolver.FINISH_RUNS,
             # in every completion batch), and the resolver's steps read the run's unfinished tasks

@@ -15,13 +15,12 @@ from collections.abc import Callable
 from django.db import connection, transaction
 
 from orchestrator import clock as clocks
-from orchestrator import resolver
+from orchestrator import mapping, resolver
 from orchestrator.channels import wake_due
 from orchestrator.conf import app_settings
 from orchestrator.loop import Loop, Role
 from orchestrator.resolver import Ending
 from orchestrator.states import (
-    ACTIVE_TASK_STATES,
     LIVE_WORKER_STATES,
     AttemptOutcome,
     TaskState,
@@ -74,10 +73,7 @@ WHERE t.state = '{TaskState.RUNNING}' AND a.outcome = '{AttemptOutcome.RUNNING}'
 # probe of taskrun_active_instances each, so a pass costs the same beside a map of 100,000 items.
 SETTLE_MAPS = f"""
 SELECT DISTINCT m.run_id FROM orchestrator_taskrun m
-WHERE m.state = '{TaskState.MAPPED}' AND m.map_index = -1
-  AND (SELECT i.id FROM orchestrator_taskrun i
-       WHERE i.run_id = m.run_id AND i.task = m.task AND i.map_index >= 0
-         AND i.state IN ({sql_list(ACTIVE_TASK_STATES)}) LIMIT 1) IS NULL
+WHERE m.state = '{TaskState.MAPPED}' AND m.map_index = -1 AND {mapping.ACTIVE_INSTANCE} IS NULL
 """
 
 
