@@ -184,3 +184,8 @@ def test_the_schema_describes_the_result_endpoint():
     assert set(operation["responses"]) == {"200", "401", "403", "404", "502", "503"}
     assert "application/json" in operation["responses"]["200"]["content"]
     assert "$stored_result" in operation["description"]
+
+
+def test_an_id_beyond_any_bigint_is_a_404(api):
+    answer = api.get(f"/api/task-runs/{2**80}/result/")
+    assert answer.status_code == 404 and answer.json()["detail"] == f"no task run {2**80}"
