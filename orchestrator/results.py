@@ -10,10 +10,13 @@ row keeps a small marker instead::
 
 The file is written by the process that ran the task (a worker's child, its in-process host or a
 local run), after the value was masked (``secrets.Access.mask_reply``): it holds what the row
-would have held. Every reader goes through ``load``: a child's ``ctx.upstream``, a mapped task's
-list of instance results (each element may be a marker), ``wf.test``, the API, the results tab,
-``django.tasks``' ``get_result``. Retention deletes the files with their runs (``names_of_runs``),
-clearing a task run deletes its own (``control.clear_task_runs``).
+would have held. Every reader of the value goes through ``load``: a child's ``ctx.upstream``, a
+mapped task's list of instance results (each element may be a marker), ``wf.test``, the results
+tab, ``django.tasks``' ``get_result``. The API's answers never read it: they show a marker as its
+size and the URL of ``GET /api/task-runs/{id}/result/`` (``api.serializers.listed_result``; the
+marker's name holds the id of the task run that wrote it, ``task_run_of``), and that endpoint
+alone sends the value, streamed from the file (``open_stored``). Retention deletes the files with
+their runs (``names_of_runs``), clearing a task run deletes its own (``control.clear_task_runs``).
 
 A result that the graph reads in SQL stays in the row, under ``ORCHESTRATOR_MAX_RESULT_BYTES``:
 a list that a task is mapped over (its items are copied into the instances) and a branch's choice.
@@ -35,11 +38,16 @@ from orchestrator.conf import app_settings, log_storage
 log = logging.getLogger(__name__)
 
 KEY = "$stored_result"
-NAME = re.compile(r"runs/\d+/\d+-\d+\.result(_[A-Za-z0-9]+)?\.json")
+NAME = re.compile(r"runs/\d+/(?P<task_run>\d+)-\d+\.result(_[A-Za-z0-9]+)?\.json")
 
 
 class StoredResultError(Exception):
-    """A stored result that cannot be read back (deleted by hand, or the storage is down)."""
+    """A stored result that cannot be read back (deleted by hand, or the storage is down);
+    ``missing`` when the storage answered that the file is not there."""
+
+    def __init__(self, message: str, missing: bool = False):
+        super().__init__(message)
+        self.missing = missing
 
 
 def name_for(run_id: int, task_run_id: int, number: int) -> str:
@@ -91,16 +99,35 @@ def place(reply: tuple, run_id: int) -> tuple:
     return (*reply[:3], marker, *reply[4:])
 
 
-def read(marker: dict):
-    """The value a marker stands for."""
+def task_run_of(marker: dict) -> int | None:
+    """The id of the task run whose attempt wrote the stored result (from its name)."""
+    name = marker.get("name")
+    found = NAME.fullmatch(name) if isinstance(name, str) else None
+    return int(found["task_run"]) if found else None
+
+
+def open_stored(marker: dict):
+    """The stored result's file, open for reading its JSON as bytes (the caller closes it)."""
     name = marker.get("name")
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise StoredResultError(f"not the name of a stored result: {name!r:.100}")
     try:
-        with log_storage().open(name, "rb") as handle:
-            return json.loads(handle.read())
-    except (OSError, ValueError) as exc:
+        return log_storage().open(name, "rb")
+    except FileNotFoundError as exc:
+        raise StoredResultError(f"the stored result {name} cannot be read: it is not in the log storage "
+                                f"({type(exc).__name__}: {exc})", missing=True) from exc
+    except Exception as exc:  # noqa: BLE001 - a storage backend may raise anything
         raise StoredResultError(f"the stored result {name} cannot be read: {type(exc).__name__}: {exc}") from exc
+
+
+def read(marker: dict):
+    """The value a marker stands for."""
+    with open_stored(marker) as handle:
+        try:
+            return json.loads(handle.read())
+        except (OSError, ValueError) as exc:
+            raise StoredResultError(f"the stored result {marker['name']} cannot be read: "
+                                    f"{type(exc).__name__}: {exc}") from exc
 
 
 def load(value):

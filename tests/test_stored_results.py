@@ -1,7 +1,8 @@
 """Results too large for a row (over ORCHESTRATOR_MAX_RESULT_BYTES) on real workers: kept in the
-log storage, read back by the child that needs them, a mapped task's children, the API, the
-results tab and django.tasks' get_result; masked like any result; deleted by retention with their
-run; refused, naming both limits, over ORCHESTRATOR_MAX_STORED_RESULT_BYTES."""
+log storage, read back by the child that needs them, a mapped task's children, the API's result
+endpoint (the API's other answers link to it), the results tab and django.tasks' get_result;
+masked like any result; deleted by retention with their run; refused, naming both limits, over
+ORCHESTRATOR_MAX_STORED_RESULT_BYTES."""
 
 from __future__ import annotations
 
@@ -46,6 +47,13 @@ def big_run() -> Run:
     return finished(run)
 
 
+def sent(api, url: str):
+    """The value ``GET /api/task-runs/{id}/result/`` streams."""
+    answer = api.get(url)
+    assert answer.status_code == 200, answer.content
+    return json.loads(b"".join(answer.streaming_content))
+
+
 def stored_name(task_run: TaskRun) -> str:
     marker = results.marker_of(task_run.result)
     assert marker is not None, task_run.result
@@ -82,13 +90,20 @@ def test_a_result_too_large_for_a_row_reaches_its_children_the_api_the_page_and_
     assert ("over the limit of 2097152 bytes (ORCHESTRATOR_MAX_STORED_RESULT_BYTES" in huge.error
             and "ORCHESTRATOR_MAX_RESULT_BYTES" in huge.error), huge.error
 
-    # The API answers the value itself, in the task run and in the run's page of task runs.
+    # The API's answers show it by its size and URL; that URL sends the value itself, streamed.
     api = client_for(make_user("vera", access.VIEWERS))
     answer = api.get(f"/api/task-runs/{produce.pk}/")
     assert answer.status_code == 200
-    assert len(answer.json()["result"]["rows"]) == big_results.ROWS and answer.json()["result"]["key"] == "***"
+    assert answer.json()["result"] == {results.KEY: {"bytes": results.marker_of(produce.result)["bytes"],
+                                                     "url": f"/api/task-runs/{produce.pk}/result/"}}
+    whole = json.loads(b"".join(api.get(answer.json()["result"][results.KEY]["url"]).streaming_content))
+    assert len(whole["rows"]) == big_results.ROWS and whole["key"] == "***"
     listed = api.get(f"/api/runs/{run.pk}/task-runs/?task=piece").json()["results"]
-    assert [len(t["result"]["filler"]) for t in listed if t["map_index"] >= 0] == [300 * 1024, 10, 300 * 1024]
+    instances = [t["result"] for t in listed if t["map_index"] >= 0]
+    assert instances[1] == {"index": 1, "filler": "p" * 10}
+    assert [sent(api, r[results.KEY]["url"])["filler"] for r in (instances[0], instances[2])] == ["p" * 300 * 1024] * 2
+    assert [len(r["filler"]) for r in sent(api, f"/api/task-runs/{task_runs['piece', -1].pk}/result/")] == [
+        300 * 1024, 10, 300 * 1024]
 
     # The results tab shows it in parts, saying where it is kept; the mapped task's list says so too.
     web = Client()
@@ -123,7 +138,10 @@ def test_the_in_process_executors_store_a_large_result_too(processes, data_dir):
     async_job = TaskRun.objects.get(run=runs["big_async_job"])
     assert results.load(async_job.result) == ["a" * 1024] * 400 and results.marker_of(async_job.result)
     api = client_for(make_user("vera", access.VIEWERS))
-    assert api.get(f"/api/jobs/{runs['big_thread_job'].pk}/").json()["result"]["key"] == "***"
+    shown = api.get(f"/api/jobs/{runs['big_thread_job'].pk}/").json()["result"]
+    assert shown == {results.KEY: {"bytes": results.marker_of(thread.result)["bytes"],
+                                   "url": f"/api/task-runs/{thread.pk}/result/"}}
+    assert sent(api, shown[results.KEY]["url"])["key"] == "***"
 
 
 def test_a_result_shaped_like_a_marker_is_refused():

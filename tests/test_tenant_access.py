@@ -140,6 +140,7 @@ class Case:
     htmx: bool = False
     label: str = ""  # what the row says besides the route, when one route has several rows
     headers: dict = field(default_factory=dict)
+    setup: Callable[[World], None] | None = None  # run in the cell's savepoint before asking
 
 
 def wf(w):
@@ -217,6 +218,8 @@ CASES = [
     Case("api:run-cancel", ACT, "post", args=run, data=lambda w: {}),
     Case("api:run-retry", ACT, "post", args=run, data=lambda w: {}),
     Case("api:task-run", READ, args=dead),
+    Case("api:task-run-result", READ, args=dead, setup=lambda w: TaskRun.objects.filter(pk=w.dead.pk).update(
+        state=TaskState.SUCCEEDED, result={"rows": 1})),
     Case("api:task-run-retry", ACT, "post", args=dead, data=lambda w: {}),
     Case("api:task-run-clear", ACT, "post", args=dead, data=lambda w: {}),
     Case("api:task-run-mark", ACT, "post", args=dead, data=lambda w: {"state": "succeeded"}),
@@ -305,6 +308,8 @@ def ask(client: Client, case: Case, world: World, pattern: str, markers: tuple[s
     with transaction.atomic():
         if "(paused first)" in case.label:
             Workflow.objects.filter(pk=world.workflow.pk).update(paused=True)
+        if case.setup is not None:
+            case.setup(world)
         before = snapshot()
         if case.method == "get":
             response = client.get(url, case.query(world), headers=headers)
@@ -423,7 +428,7 @@ def test_every_route_is_in_the_matrix_and_every_case_names_a_route():
 # list, refused (404 when unseen) or unchanged by every action for A's people, and A's own objects
 # are read by A's viewer and changed by A's operator.
 SHOWN_TO_A = ("web:run", "web:task_run", "web:attempt_log", "web:dataset", "web:task_run_result",
-              "web:workflow_code", "web:workflow_calendar", "api:run", "api:task-run", "api:attempt-log",
+              "web:workflow_code", "web:workflow_calendar", "api:run", "api:task-run", "api:task-run-result", "api:attempt-log",
               "api:job", "api:backfill")
 LISTED_TO_A = ("web:runs", "web:dashboard", "web:dead_letter", "web:workflows", "web:datasets", "api:runs",
                "api:dlq", "api:dataset-events", "api:jobs", "api:metrics", "api:workflows")

@@ -44,6 +44,9 @@ def errors(*codes: int, bad_input: str | None = None) -> dict:
         403: "the user lacks the Viewers/Operators group or the tenant right this needs",
         404: "no such object",
         409: "the idempotency key was used for a different request",
+        502: "the value is kept in the log storage, which has no file for it (deleted by hand): the "
+             "detail names the file",
+        503: "the value is kept in the log storage, which did not answer: the detail says why; try again",
     }
     if bad_input:
         described[400] = bad_input

@@ -7,7 +7,6 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from orchestrator import results
 from orchestrator.api.fields import (
     AwareDateTimeField,
     IdempotencyKeyField,
@@ -17,6 +16,7 @@ from orchestrator.api.fields import (
     TextMatching,
     WholeNumber,
 )
+from orchestrator.api.serializers import STORED_RESULT_HELP, listed_result
 from orchestrator.limits import (
     MAX_ATTEMPTS,
     MAX_REF_LENGTH,
@@ -62,7 +62,7 @@ class JobSerializer(serializers.ModelSerializer):
     due_at = serializers.SerializerMethodField()
     attempts = serializers.SerializerMethodField()
     max_attempts = serializers.SerializerMethodField()
-    result = serializers.SerializerMethodField()
+    result = serializers.SerializerMethodField(help_text=STORED_RESULT_HELP)
     error = serializers.SerializerMethodField()
     task_run = serializers.SerializerMethodField()
 
@@ -118,8 +118,9 @@ class JobSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(OpenApiTypes.ANY)
     def get_result(self, run):
+        # Kept in the log storage: its size and URL, never the value (a page of jobs stays small).
         task_run = self._task_run(run)
-        return results.shown(task_run.result) if task_run else None
+        return listed_result(task_run.result) if task_run else None
 
     def get_error(self, run) -> str:
         task_run = self._task_run(run)

@@ -163,11 +163,46 @@ class SensorSerializer(serializers.Serializer):
     next_check_at = serializers.DateTimeField(allow_null=True, help_text="When it is checked next, while waiting.")
 
 
+def result_url(task_run_id: int) -> str:
+    return reverse("orchestrator:api:task-run-result", args=[task_run_id])
+
+
+def stored_pointer(marker: dict) -> dict:
+    """A result kept in the log storage as the API's answers show it: its size and where to get it."""
+    task_run_id = results.task_run_of(marker)
+    return {results.KEY: {"bytes": marker.get("bytes"),
+                          "url": result_url(task_run_id) if task_run_id is not None else None}}
+
+
+def listed_result(value):
+    """A task run's result as every answer but ``GET /api/task-runs/{id}/result/`` shows it: one kept
+    in the row as it is, one kept in the log storage (a marker; in a mapped task's list, each such
+    instance's) as ``{"$stored_result": {"bytes": N, "url": ...}}``. The storage is never read, so a
+    page of 100 task runs costs what their rows hold, whatever their results weigh."""
+    marker = results.marker_of(value)
+    if marker is not None:
+        return stored_pointer(marker)
+    if isinstance(value, list) and any(results.marker_of(item) is not None for item in value):
+        return [stored_pointer(marker) if (marker := results.marker_of(item)) is not None else item
+                for item in value]
+    return value
+
+
+STORED_RESULT_HELP = ("a result larger than ORCHESTRATOR_MAX_RESULT_BYTES is kept in the log storage and "
+                      "shown as {\"$stored_result\": {\"bytes\": N, \"url\": ...}}: GET that url "
+                      "(/api/task-runs/{id}/result/) for the value")
+
+
 class ResultField(serializers.JSONField):
-    """A task run's result as the task returned it: one kept in the log storage is read back."""
+    """A task run's result as the task returned it, or, kept in the log storage, its size and URL
+    (``listed_result``): never read from the storage here."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("help_text", STORED_RESULT_HELP)
+        super().__init__(**kwargs)
 
     def to_representation(self, value):
-        return super().to_representation(results.shown(value))
+        return super().to_representation(listed_result(value))
 
 
 class TaskRunSerializer(serializers.ModelSerializer):
@@ -194,7 +229,8 @@ class TaskRunSerializer(serializers.ModelSerializer):
 class RunTaskRunSerializer(TaskRunSerializer):
     result = ResultField(source="listed_result", read_only=True, allow_null=True,
                          help_text="null for a mapped task's own task run: its result, the list of "
-                                   "every instance's result, is in GET /api/task-runs/{id}/")
+                                   "every instance's result, is GET /api/task-runs/{id}/result/; "
+                                   + STORED_RESULT_HELP)
 
     class Meta(TaskRunSerializer.Meta):
         pass
@@ -309,6 +345,8 @@ class MappedResultsSerializer(serializers.Serializer):
     by_state = serializers.DictField(child=serializers.IntegerField(), help_text="its instances by state")
     results_url = serializers.CharField(help_text="its instances with their results, in map-index order, "
                                                   "a page at a time")
+    result_url = serializers.CharField(help_text="the mapped task's result, the list of every instance's "
+                                                 "result in map-index order, streamed whole")
 
 
 class TaskRunDetailSerializer(TaskRunSerializer):
@@ -319,7 +357,8 @@ class TaskRunDetailSerializer(TaskRunSerializer):
     attempt_list = AttemptSerializer(source="attempt_set", many=True, read_only=True)
     result = serializers.SerializerMethodField(
         help_text="null for a mapped task's own task run: its results are its instances', paged at "
-                  "mapped.results_url")
+                  "mapped.results_url, and all of them in one list at GET /api/task-runs/{id}/result/; "
+                  + STORED_RESULT_HELP)
     mapped = serializers.SerializerMethodField(
         help_text="a mapped task's own task run: its instances counted, and where their results are (null otherwise)")
 
@@ -338,7 +377,7 @@ class TaskRunDetailSerializer(TaskRunSerializer):
         # here (the view defers it), never sent in one answer.
         if self._is_mapped(task_run):
             return None
-        return results.shown(task_run.listed_result if hasattr(task_run, "listed_result") else task_run.result)
+        return listed_result(task_run.listed_result if hasattr(task_run, "listed_result") else task_run.result)
 
     @extend_schema_field(MappedResultsSerializer(allow_null=True))
     def get_mapped(self, task_run) -> dict | None:
@@ -347,7 +386,7 @@ class TaskRunDetailSerializer(TaskRunSerializer):
         by_state = counts.task_instance_counts(task_run.run_id, task_run.task)
         url = reverse("orchestrator:api:run-task-runs", args=[task_run.run_id])
         return {"count": sum(by_state.values()), "by_state": by_state,
-                "results_url": f"{url}?{urlencode({'task': task_run.task})}"}
+                "results_url": f"{url}?{urlencode({'task': task_run.task})}", "result_url": result_url(task_run.pk)}
 
     @extend_schema_field(OpenApiTypes.OBJECT)
     def get_spec(self, task_run) -> dict:

@@ -1,6 +1,16 @@
 from django.urls import path, re_path
 
-from orchestrator.api import actions, approvals, datasets, grants, metrics, schema, secrets, views
+from orchestrator.api import (
+    actions,
+    approvals,
+    datasets,
+    grants,
+    metrics,
+    schema,
+    secrets,
+    task_results,
+    views,
+)
 from orchestrator.api.errors import not_found
 
 app_name = "api"
@@ -21,6 +31,7 @@ urlpatterns = [
     path("runs/<int:pk>/cancel/", views.RunCancelView.as_view(), name="run-cancel"),
     path("runs/<int:pk>/retry/", views.RunRetryView.as_view(), name="run-retry"),
     path("task-runs/<int:pk>/", views.TaskRunDetailView.as_view(), name="task-run"),
+    path("task-runs/<int:pk>/result/", task_results.TaskRunResultView.as_view(), name="task-run-result"),
     path("task-runs/<int:pk>/retry/", views.TaskRunRetryView.as_view(), name="task-run-retry"),
     path("task-runs/<int:pk>/clear/", actions.TaskRunClearView.as_view(), name="task-run-clear"),
     path("task-runs/<int:pk>/note/", actions.TaskRunNoteView.as_view(), name="task-run-note"),
