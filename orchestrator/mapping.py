@@ -1,5 +1,6 @@
 """Dynamic task mapping and branches, as steps of the resolver (called inside its transaction,
-with the run rows locked, only for runs whose graph maps or branches: ``Run.dynamic``).
+with the run rows locked, only for runs whose graph maps or branches: ``Run.dynamic``; a map's
+instances are recorded without the lock, which is taken to settle the map: see below).
 
 A mapped task (``transform.map(over=extract)``) is one row with map_index -1, plus one instance
 per item of ``extract``'s list result (map_index 0, 1, ...). Its own row is what the rest of the
@@ -23,16 +24,19 @@ A branch task returns the name(s) of the children to follow; the other direct ch
 What a map costs. ``EXPAND`` reads the list once and writes one row per item: linear (recording
 a 3,000-item list's success reads about 9 times the rows of a 300-item one, where the length
 computed per instance row read about 29 times). A batch of instances in the middle of a map runs
-one statement of this module (``SETTLE``: one index probe asks whether any instance is active)
-and nothing else of the resolver (``resolver.resolve_runs``' ``quiet`` runs); only the batch of
-the last instance aggregates the results. ``tests/test_mapping_scale.py`` counts it: a claim of
-ten instances and a batch recording ten and claiming ten read the same rows (84 and 136) and
-send the same statements (3 and 6) in maps of 1,000 and 10,000 items; before, 119 -> 442 and
-1,181 -> 10,504 rows, with 5 and 13 statements. A claim of instances sends one statement more
-than a claim of plain jobs (``taskcontext.CONTEXT``: the run, the parent's result, the item),
-in the transaction that holds the run's lock; it was two (66 rows read then, 84 now: the run's
-row is read once per instance instead of once, where a round trip was one more wait for the
-other workers' batches of the map).
+one statement of this module (``SETTLE``: one index probe, from the last instance down, asks
+whether any instance is active) and nothing else of the resolver (``resolver.resolve_runs``'
+``quiet`` runs); only the batch of the last instance aggregates the results.
+``tests/test_mapping_scale.py`` counts it: a claim of ten instances and a batch recording ten
+and claiming ten read the same rows and send the same statements in maps of 1,000 and 10,000
+items; ``tests/test_map_settling.py``: the probe reads as much after 2,000 instances ended as
+before the first (it read 2,001 task runs instead of 2 when it walked from the first instance).
+
+The instances of a map without ``max_parallel`` are recorded without their run's lock
+(``resolver.Ending.unlocked``): the lock is taken, without waiting, only for ``SETTLE``, in a
+statement of its own, so two workers' batches of one map do not take turns. A run another
+transaction holds at that moment is settled once the batch committed, by the worker
+(``worker.batch.Batch.settle``) or, if it died first, by the reaper (``reaper.SETTLE_MAPS``).
 """
 
 from __future__ import annotations

@@ -53,9 +53,8 @@ class TaskContext:
 # --- SQL ---------------------------------------------------------------------------------------
 
 # What each claimed workflow task is given, in one statement (one round trip of the claiming
-# transaction, which holds its runs' locks: a map's instances share one run, so every round trip
-# saved there is one the other workers' batches of that map do not wait for): its run's logical
-# date, params and workflow, and one row per parent with the parent's result. A mapped parent
+# transaction, read before the batch's endings take their runs' locks to settle a map): its run's
+# logical date, params and workflow, and one row per parent with the parent's result. A mapped parent
 # counts by its own row (map_index -1), whose result is the list of its instances' results. A
 # mapped instance is given its own item (stored in its row by mapping.EXPAND) under the
 # mapped-over parent's name, never that parent's list: the CASE does not evaluate (nor read out of
