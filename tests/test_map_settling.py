@@ -76,6 +76,12 @@ def state(run, task) -> str:
     return TaskRun.objects.get(run=run, task=task, map_index=-1).state
 
 
+def assert_settled(run, results):
+    square = TaskRun.objects.get(run=run, task="square", map_index=-1)
+    assert (square.state, square.result) == (TaskState.SUCCEEDED, results)
+    assert state(run, "total") == TaskState.SCHEDULED
+
+
 class Holder:
     """Another connection holding a run's row lock, as another batch or an operator would."""
 
@@ -88,6 +94,16 @@ class Holder:
     def release(self):
         self.conn.commit()
         self.conn.close()
+
+
+def flush_while_held(run, *loops):
+    """Each worker records its endings while another transaction holds the run."""
+    holder = Holder(run.pk)
+    try:
+        for loop in loops:
+            loop.batch.flush()
+    finally:
+        holder.release()
 
 
 @pytest.fixture
@@ -124,29 +140,22 @@ def test_a_batch_settles_its_map_at_once_when_nobody_holds_the_run(workflows, cl
     loop.batch.endings = ran(loop.batch.flush(claim=3))
     loop.batch.flush()
     assert loop.batch.unsettled == set()
-    assert state(run, "square") == TaskState.SUCCEEDED
-    assert TaskRun.objects.get(run=run, task="square", map_index=-1).result == [0, 1, 4]
-    assert state(run, "total") == TaskState.SCHEDULED
+    assert_settled(run, [0, 1, 4])
 
 
 def test_a_batch_of_instances_does_not_wait_for_a_run_another_transaction_holds(workflows, clock, no_waiting):
     loop = worker_loop()
     run = mapped(workflows, clock, loop, 3)
     loop.batch.endings = ran(loop.batch.flush(claim=3))
-    holder = Holder(run.pk)
-    try:
-        # Before, the batch's first statement waited for the run (here: failed after 3 s).
-        loop.batch.flush()
-        assert TaskRun.objects.filter(run=run, map_index__gte=0, state=TaskState.SUCCEEDED).count() == 3
-        # The holder cannot have seen those endings, so the map is settled after the commit.
-        assert state(run, "square") == TaskState.MAPPED
-        assert loop.batch.unsettled == {run.pk}
-    finally:
-        holder.release()
+    # Before, the batch's first statement waited for the run (here: failed after 3 s).
+    flush_while_held(run, loop)
+    assert TaskRun.objects.filter(run=run, map_index__gte=0, state=TaskState.SUCCEEDED).count() == 3
+    # The holder cannot have seen those endings, so the map is settled after the commit.
+    assert state(run, "square") == TaskState.MAPPED
+    assert loop.batch.unsettled == {run.pk}
     loop.batch.settle()
     assert loop.batch.unsettled == set()
-    assert state(run, "square") == TaskState.SUCCEEDED
-    assert state(run, "total") == TaskState.SCHEDULED
+    assert_settled(run, [0, 1, 4])
 
 
 def test_two_workers_ending_a_maps_last_instances_at_once_settle_it_once(workflows, clock, no_waiting):
@@ -154,36 +163,24 @@ def test_two_workers_ending_a_maps_last_instances_at_once_settle_it_once(workflo
     run = mapped(workflows, clock, first, 4)
     first.batch.endings = ran(first.batch.flush(claim=2))
     second.batch.endings = ran(second.batch.flush(claim=2))
-    holder = Holder(run.pk)
-    try:
-        first.batch.flush()
-        second.batch.flush()
-        assert state(run, "square") == TaskState.MAPPED
-    finally:
-        holder.release()
+    flush_while_held(run, first, second)
+    assert state(run, "square") == TaskState.MAPPED
     first.batch.settle()
     second.batch.settle()
-    square = TaskRun.objects.get(run=run, task="square", map_index=-1)
-    assert (square.state, square.result) == (TaskState.SUCCEEDED, [0, 1, 4, 9])
-    assert state(run, "total") == TaskState.SCHEDULED
+    assert_settled(run, [0, 1, 4, 9])
 
 
 def test_the_reaper_settles_a_map_whose_worker_died_before_settling_it(workflows, clock, no_waiting):
     loop = worker_loop()
     run = mapped(workflows, clock, loop, 3)
     loop.batch.endings = ran(loop.batch.flush(claim=3))
-    holder = Holder(run.pk)
-    try:
-        loop.batch.flush()
-    finally:
-        holder.release()
+    flush_while_held(run, loop)
     loop.batch.unsettled.clear()  # the worker died here
     assert state(run, "square") == TaskState.MAPPED
     # A map still in progress is left alone; this one is settled.
     other = mapped(workflows, clock, loop, 2)
     reaper.reap_once(clock)
-    assert state(run, "square") == TaskState.SUCCEEDED
-    assert state(run, "total") == TaskState.SCHEDULED
+    assert_settled(run, [0, 1, 4])
     assert state(other, "square") == TaskState.MAPPED
     assert reaper.settle_maps(clock) == 0
 
