@@ -197,7 +197,8 @@ def test_the_api_pages_a_runs_task_runs_by_task_and_state_at_the_same_cost_at_an
     own = response.json()
     assert own["result"] is None and len(response.content) < 5_000
     assert own["mapped"] == {"count": BIG, "by_state": {"dead": 1031, "succeeded": BIG - 1031},
-                             "results_url": f"/api/runs/{run.pk}/task-runs/?task=square"}
+                             "results_url": f"/api/runs/{run.pk}/task-runs/?task=square",
+                             "result_url": f"/api/task-runs/{own['id']}/result/"}
     with connection.cursor() as cursor:  # the instances' own results, as their ends wrote them
         cursor.execute("UPDATE orchestrator_taskrun SET result = to_jsonb(map_index * map_index) "
                        "WHERE run_id = %s AND map_index BETWEEN 0 AND 3", [run.pk])
