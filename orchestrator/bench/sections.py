@@ -47,7 +47,7 @@ SECTIONS = ("pg", "jobs", "peers", "latency", "steady", "backlog", "history", "d
 def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int = 16, rates=(500, 2000),
         seconds: float = 5.0, backlog=(0, 100_000, 1_000_000), delayed: int = 1_000_000,
         history: int = 1_000_000, fleet_sizes=(1, 4, 16, 64), fleet_rate: float = 50.0, rounds: int = 3,
-        map_items=mapping.SIZES) -> None:
+        map_items=mapping.SIZES, places: int | None = None) -> None:
     only = list(only or SECTIONS)
     unknown = [name for name in only if name not in SECTIONS]
     if unknown:
@@ -59,7 +59,7 @@ def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int 
         ("pg", "PostgreSQL's own ceiling:", lambda: core.bench_pg(out)),
         ("jobs", "Jobs end to end:", lambda: core.bench_jobs(out, jobs, concurrency)),
         ("peers", "Beside PgQueuer (same server, same job and process counts):",
-         lambda: peers.run(out, jobs, concurrency, rounds)),
+         lambda: peers.run(out, jobs, concurrency, rounds, places=places)),
         ("latency", "Start delay at light load:", lambda: core.bench_latency(out)),
         ("steady", "Start delay under a steady arrival rate (per stage: enqueue -> claimed -> child started):",
          lambda: load.run_steady(out, rates, seconds)),
