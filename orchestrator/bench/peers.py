@@ -8,9 +8,10 @@ run.
   batches of 500 (``jobs.enqueue_many``: one statement each), from the first enqueue to the last
   recorded success; every run keeps its run, task run and attempt rows.
 - this product's async executor: the same, with an ``async def`` no-op declared
-  ``@job(executor="async")`` on 2 worker processes of ``places`` in-process places each (one
-  child and one event-loop host per worker, as ``bench.iobound`` starts them): PgQueuer's own
-  way of running a job, in-process on an asyncio loop, so its fair peer.
+  ``@job(executor="async")`` on 2 worker processes of ``places`` in-process places each (500 by
+  default, as ``bench.iobound`` starts them; one child and one event-loop host per worker):
+  PgQueuer's own way of running a job, in-process on an asyncio loop with no cap on the jobs in
+  flight (its batch size is how many one dequeue takes), so its fair peer.
 - PgQueuer (PyPI ``pgqueuer``, asyncpg; a bench-only extra, installed into this environment by
   the section when missing): 2 processes, batch size ``concurrency``, the same no-op entrypoint,
   jobs enqueued the same way (500 per call), from the first enqueue to the moment its queue table
@@ -30,7 +31,7 @@ import time
 
 from django.db import connection
 
-from orchestrator.bench import core
+from orchestrator.bench import core, iobound
 from orchestrator.bench import jobs as bench_jobs  # noqa: F401 - registers the no-op job this process enqueues
 
 PGQUEUER = "pgqueuer==1.6.0"
@@ -195,11 +196,11 @@ def _spread(values: list[float]) -> str:
 
 def run(out, n: int = 20000, concurrency: int = 16, rounds: int = 3, processes: int = 2,
         places: int | None = None) -> None:
-    """``places``: the in-process places of each worker of the async row (default ``concurrency``,
-    PgQueuer's batch size here)."""
+    """``places``: the in-process places of each worker of the async row (default: the io section's,
+    ``bench.iobound.ASYNC_PLACES``)."""
     if not ensure_pgqueuer(out):
         return
-    places = places or concurrency
+    places = places or iobound.ASYNC_PLACES
     ceiling = core.pg_ceiling(batch=100)
     ours, mine_async, peer, ratios, async_ratios = [], [], [], [], []
     for number in range(1, rounds + 1):

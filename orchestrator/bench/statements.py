@@ -124,7 +124,7 @@ def measure(kind: str, n: int, processes: int, concurrency: int, places: int, st
 
 def run(out, n: int = 20000, concurrency: int = 16, processes: int = 2, places: int | None = None,
         top: int = 14) -> None:
-    places = places or concurrency
+    places = places or iobound.ASYNC_PLACES
     statements = available()
     if statements:
         _prepare_extension()

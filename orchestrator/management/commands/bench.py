@@ -35,8 +35,8 @@ class Command(BaseCommand):
         parser.add_argument("--rounds", type=int, default=3,
                             help="Interleaved rounds of the peers section (this product, then PgQueuer, each).")
         parser.add_argument("--places", type=int, default=None,
-                            help="In-process places per worker of the peers section's async executor row "
-                                 "(default: --concurrency).")
+                            help="In-process places per worker of the async executor in the peers and statements "
+                                 "sections (default 500, as the io section).")
         parser.add_argument("--history", type=int, default=1_000_000,
                             help="Finished runs, task runs and attempts filled in the history section.")
         parser.add_argument("--map-items", default="1000,10000,100000",
