@@ -67,7 +67,7 @@ WHERE (t.spec->>'call') = 'job' GROUP BY 1, 2, 3;
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('orchestrator', '0036_taskrun_mapped'),
+        ('orchestrator', '0036_map_indexes'),
     ]
 
     operations = [
