@@ -21,12 +21,18 @@ it gone and does not return it), and rows of uncommitted transactions are not se
 summed twice or lost.
 
 **What it costs.** A statement that changes task runs' states adds at most two rows per (run,
-group, state) it touched: a claim of ten jobs of ten runs, twenty rows; of ten instances of one
-map, two. A run's rows stay under ``FOLD_AT`` plus one batch's (a one-task job run, which the
-resolver does not visit, keeps its five or six: created, claimed, ended). Reading a run's counts
-reads that many index entries: 1 to 40, not one per task run (``tests/test_run_counts.py``
-counts them, 100,000 task runs against 1,000). Measured on the job path (``manage.py bench
-map``), see the README's mapping section.
+group, state) it touched: a claim of ten instances of one map, two. A run's rows stay under
+``FOLD_AT`` plus one batch's. Reading a run's counts reads that many index entries: 1 to 40, not
+one per task run (``tests/test_run_counts.py`` counts them, 100,000 task runs against 1,000).
+Measured on the job path (``manage.py bench map``), see the README's mapping section.
+
+**One-task jobs are not counted.** The task run of a job (``spec.call`` "job": ``jobs.enqueue``,
+``enqueue_many``, callbacks) is its run's only task, so its run's counts are that task run's state,
+read from the task run itself (``JOB_RUN_COUNTS``, for runs of trigger "job" only: one index entry).
+Counting it cost five rows per job (created, claimed, ended), which no fold ever visited (the
+resolver ends a job's run in the statement that ends its task run), and at full speed those
+inserts were a third of the database's time on the async executor's path (``manage.py bench
+statements``).
 
 Deleting a run (retention) deletes its rows (a trigger on ``orchestrator_run``); deleting task
 runs of a run that is kept (a map's instances beyond a shorter list) subtracts them.
@@ -65,6 +71,9 @@ class TaskRunCount(models.Model):
 
 _GROUP = "CASE WHEN {t}.map_index >= 0 THEN {t}.task ELSE '' END"
 
+# A task run the triggers count: any but a one-task job's (its run reads it directly).
+_COUNTED = "({t}.spec->>'call') IS DISTINCT FROM 'job'"
+
 # The trigger function: one INSERT per statement, grouped, whatever the number of rows. On
 # update only rows whose state changed count (run, task and map index never change).
 TRIGGER_FUNCTION = f"""
@@ -72,12 +81,13 @@ CREATE OR REPLACE FUNCTION orchestrator_count_task_runs() RETURNS trigger LANGUA
 BEGIN
     IF TG_OP = 'INSERT' THEN
         INSERT INTO orchestrator_taskruncount (run_id, instances_of, state, n)
-        SELECT n.run_id, {_GROUP.format(t="n")}, n.state, count(*) FROM new_rows n GROUP BY 1, 2, 3;
+        SELECT n.run_id, {_GROUP.format(t="n")}, n.state, count(*) FROM new_rows n WHERE {_COUNTED.format(t="n")}
+        GROUP BY 1, 2, 3;
     ELSIF TG_OP = 'UPDATE' THEN
         INSERT INTO orchestrator_taskruncount (run_id, instances_of, state, n)
         SELECT x.run_id, x.grp, v.state, sum(v.d) FROM (
             SELECT n.run_id, {_GROUP.format(t="n")} AS grp, n.state AS now_in, o.state AS was_in
-            FROM new_rows n JOIN old_rows o ON o.id = n.id WHERE o.state <> n.state
+            FROM new_rows n JOIN old_rows o ON o.id = n.id WHERE o.state <> n.state AND {_COUNTED.format(t="n")}
         ) x CROSS JOIN LATERAL (VALUES (x.now_in, 1), (x.was_in, -1)) AS v(state, d)
         GROUP BY 1, 2, 3;
     ELSE
@@ -86,6 +96,7 @@ BEGIN
         SELECT o.run_id, {_GROUP.format(t="o")}, o.state, -count(*) FROM old_rows o
         WHERE o.run_id = ANY (ARRAY(SELECT r.id FROM orchestrator_run r
                                     WHERE r.id = ANY (ARRAY(SELECT DISTINCT run_id FROM old_rows))))
+          AND {_COUNTED.format(t="o")}
         GROUP BY 1, 2, 3;
     END IF;
     RETURN NULL;
@@ -115,7 +126,15 @@ CREATE TRIGGER run_counts_forgotten AFTER DELETE ON orchestrator_run
 # which the triggers' creation locks against writers).
 BACKFILL = f"""
 INSERT INTO orchestrator_taskruncount (run_id, instances_of, state, n)
-SELECT t.run_id, {_GROUP.format(t="t")}, t.state, count(*) FROM orchestrator_taskrun t GROUP BY 1, 2, 3
+SELECT t.run_id, {_GROUP.format(t="t")}, t.state, count(*) FROM orchestrator_taskrun t WHERE {_COUNTED.format(t="t")}
+GROUP BY 1, 2, 3
+"""
+
+# The task runs of a run that the triggers leave out (a one-task job's), as count rows: read for
+# a run of trigger "job" only, by the run's index entries (one, for a job).
+JOB_TASK_RUNS = f"""
+SELECT {_GROUP.format(t="t")} AS instances_of, t.state, 1 AS n FROM orchestrator_taskrun t
+WHERE t.run_id = %(run)s AND NOT {_COUNTED.format(t="t")}
 """
 
 DROP = """
@@ -132,6 +151,16 @@ DROP FUNCTION IF EXISTS orchestrator_count_task_runs();
 RUN_COUNTS = """
 SELECT NULLIF(instances_of, ''), state, sum(n)::bigint FROM orchestrator_taskruncount
 WHERE run_id = %(run)s GROUP BY 1, 2 HAVING sum(n) <> 0
+"""
+
+# The same for a run of trigger "job": its rows (none, for a job made by enqueue) and its task runs
+# that are not counted (JOB_TASK_RUNS).
+JOB_RUN_COUNTS = f"""
+SELECT NULLIF(instances_of, ''), state, sum(n)::bigint FROM (
+    SELECT instances_of, state, n FROM orchestrator_taskruncount WHERE run_id = %(run)s
+    UNION ALL
+    {JOB_TASK_RUNS}
+) c GROUP BY 1, 2 HAVING sum(n) <> 0
 """
 
 # Many runs' counts of their mapped tasks' instances at once: (run, mapped task, state, count),
@@ -165,9 +194,14 @@ def fold_ctes(runs: str) -> str:
 )"""
 
 
-def run_counts(run_id: int) -> list[tuple[str | None, str, int]]:
+def run_counts(run_id: int, job: bool | None = None) -> list[tuple[str | None, str, int]]:
+    """``job``: whether the run's trigger is "job" (None: read it)."""
     with connection.cursor() as cursor:
-        cursor.execute(RUN_COUNTS, {"run": run_id})
+        if job is None:
+            cursor.execute("SELECT trigger = 'job' FROM orchestrator_run WHERE id = %s", [run_id])
+            found = cursor.fetchone()
+            job = bool(found and found[0])
+        cursor.execute(JOB_RUN_COUNTS if job else RUN_COUNTS, {"run": run_id})
         return cursor.fetchall()
 
 

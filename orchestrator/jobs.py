@@ -114,6 +114,8 @@ def _call(args, kwargs) -> tuple[list, dict]:
         kwargs = {}
     if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
         raise JobError("kwargs must be a dict with string keys", field="kwargs")
+    if not args and not kwargs:
+        return [], {}  # what the JSON round trip below would give, without it
     return _json(list(args), "args"), _json(kwargs, "kwargs")
 
 
@@ -144,6 +146,8 @@ def _policy(retry, max_attempts, spec_extra: dict) -> RetryPolicy:
     """The job's retry policy: ``retry`` (the default policy when None), its attempts replaced by
     ``max_attempts`` when given, its values by those ``spec_extra`` names; each value checked."""
     if retry is None:
+        if max_attempts is None and not any(key in spec_extra for key in retries.SPEC_KEYS.values()):
+            return retries.DEFAULT  # valid as it is: what the checks below would answer
         retry = retries.DEFAULT
     elif not isinstance(retry, RetryPolicy):
         raise JobError(f"retry must be an orchestrator.retries.RetryPolicy, got {limits.safe_repr(retry)}",
@@ -171,7 +175,7 @@ def _check_key(idempotency_key) -> None:
 def _extra(spec_extra) -> dict:
     if spec_extra is not None and not isinstance(spec_extra, dict):
         raise JobError(f"spec_extra must be a dict, got {type(spec_extra).__name__}", field="spec_extra")
-    return _json(spec_extra or {}, "spec_extra")
+    return _json(spec_extra, "spec_extra") if spec_extra else {}
 
 
 def job_spec(ref: str, *, args=(), kwargs: dict | None = None, queue: str = "default", priority: int = 0,
@@ -332,11 +336,20 @@ def _repeated_keys(prepared: list[_Prepared]) -> dict[int, int]:
 
 def _new_run(item: _Prepared, now: datetime, created_by) -> NewRun:
     when = item.run_after or now
-    return NewRun(Run(
-        logical_date=when, trigger=Trigger.JOB, params={}, tenant=item.tenant, priority=item.priority,
-        state=RunState.RUNNING, idempotency_key=item.idempotency_key,
-        payload_hash=payload_hash(item.payload) if item.payload is not None else "", created_by=created_by,
-    ), tracing.new_run({item.ref: item.spec}), when, admitted=True)
+    run = _run_instance(logical_date=when, trigger=Trigger.JOB, params={}, tenant=item.tenant, priority=item.priority,
+                        state=RunState.RUNNING, idempotency_key=item.idempotency_key,
+                        payload_hash=payload_hash(item.payload) if item.payload is not None else "")
+    if created_by is not None:
+        run.created_by = created_by
+    return NewRun(run, tracing.new_run({item.ref: item.spec}), when, admitted=True)
+
+
+def _run_instance(**values) -> Run:
+    """``Run(**values)``, built the way Django builds a row it read (every field's value in order,
+    the others' defaults): a third of the time of the keyword form, which looks up each field's
+    value among the keywords (a batch of 500 jobs spent more in building its runs than in its
+    statement)."""
+    return Run(*[values[f.attname] if f.attname in values else f.get_default() for f in Run._meta.concrete_fields])
 
 
 def _insert_entries(entries: dict[int, NewRun], now: datetime) -> set[int]:

@@ -46,7 +46,7 @@ from django.db.models import Case, Count, F, JSONField, Q, QuerySet, Value, When
 from orchestrator.counts import run_counts as count_rows
 from orchestrator.limits import PAGE_SIZE
 from orchestrator.models import Run, TaskRun, Workflow
-from orchestrator.states import TaskState
+from orchestrator.states import TaskState, Trigger
 
 ANY = object()  # a filter left out
 NO_WORKFLOW = object()  # the runs (and dead task runs) of one-off jobs, which have no workflow
@@ -179,12 +179,18 @@ class RunCounts:
         return sum(self.tasks.values())
 
 
-def run_counts(run_id: int) -> RunCounts:
+def run_counts(run: Run | int) -> RunCounts:
     """A run's tasks (map_index -1: its ordinary tasks and its mapped tasks' own rows) by state,
     and each mapped task's instances by state, from the counts kept as they change
-    (``counts.py``): a few dozen rows read, whatever the run's size."""
+    (``counts.py``): a few dozen rows read, whatever the run's size. A job's run (its one task
+    run is not counted) reads its task run; given the run rather than its id, no look-up of its
+    trigger is needed."""
     counts = RunCounts({}, {})
-    for mapped_task, state, n in count_rows(run_id):
+    if isinstance(run, Run):
+        rows = count_rows(run.pk, job=run.trigger == Trigger.JOB)
+    else:
+        rows = count_rows(run)
+    for mapped_task, state, n in rows:
         if mapped_task is None:
             counts.tasks[state] = n
         else:

@@ -41,6 +41,7 @@ from orchestrator.states import (
     AttemptOutcome,
     RunState,
     TaskState,
+    Trigger,
     sql_list,
 )
 
@@ -257,7 +258,11 @@ FINISH_RUNS = db.prepared(f"""
 WITH {counts.fold_ctes("%(runs)s::bigint[]")}, f AS MATERIALIZED (
     SELECT r.id, NOT EXISTS (SELECT FROM orchestrator_taskruncount c WHERE c.run_id = r.id
                              AND c.state NOT IN ({sql_list(SUCCESSFUL_TASK_STATES)})
-                             GROUP BY c.instances_of, c.state HAVING sum(c.n) <> 0) AS ok
+                             GROUP BY c.instances_of, c.state HAVING sum(c.n) <> 0)
+        -- A job's task run is not counted (counts.JOB_TASK_RUNS): a job's run reads it.
+        AND CASE WHEN r.trigger = '{Trigger.JOB}' THEN NOT EXISTS (
+            SELECT FROM orchestrator_taskrun x WHERE x.run_id = r.id AND (x.spec->>'call') = 'job'
+              AND x.state NOT IN ({sql_list(SUCCESSFUL_TASK_STATES)})) ELSE true END AS ok
     FROM orchestrator_run r
     WHERE r.id = ANY (%(runs)s) AND (r.state = '{RunState.RUNNING}') IS TRUE
       AND (SELECT x.id FROM orchestrator_taskrun x

@@ -111,3 +111,59 @@ def test_reading_the_counts_of_a_run_of_100000_reads_what_a_run_of_1000_does(clo
         # What it was: an index entry per task run.
         old = explained(COUNTED_FROM_TASK_RUNS.replace("%(run)s", str(run.pk)))
         assert rows_read(old) >= n
+
+
+# --- one-task jobs: their run reads its task run, no count rows -----------------------------------
+
+
+def test_a_job_adds_no_count_rows_from_enqueue_to_end_and_its_run_reads_its_task_run(clock):
+    from orchestrator.jobs import enqueue_many
+    from orchestrator.resolver import Ending, end_attempts
+
+    [(job_run, _)] = enqueue_many([{"ref": "tests.support.tasks_for_tests:add", "args": [1, 2]}], now=clock.now())
+    [(failing, _)] = enqueue_many([{"ref": "tests.support.tasks_for_tests:add", "args": ["x", 1]}], now=clock.now())
+    loop = worker_loop()
+    assert kept(job_run.pk) == truth(job_run.pk) == {(None, "scheduled", 1)}
+    # Claimed and ended the worker's way: the job's run ends in the statement that ends its task run.
+    messages = loop.claim(10, clock.now())
+    assert kept(job_run.pk) == truth(job_run.pk) == {(None, "running", 1)}
+    ok = next(m for m in messages if m["run_id"] == job_run.pk)
+    bad = next(m for m in messages if m["run_id"] == failing.pk)
+    end_attempts([Ending(ok["id"], ok["number"], "succeeded", result="3", job=True, run_id=job_run.pk),
+                  Ending(bad["id"], bad["number"], "failed", error="TypeError", job=True, run_id=failing.pk)],
+                 worker_id=loop.id, now=clock.now())
+    assert kept(job_run.pk) == truth(job_run.pk) == {(None, "succeeded", 1)}
+    assert kept(failing.pk) == truth(failing.pk) == {(None, "dead", 1)}
+    assert (Run.objects.get(pk=job_run.pk).state, Run.objects.get(pk=failing.pk).state) == ("succeeded", "failed")
+    # Created, claimed and ended: five count rows a job each, before; none now.
+    assert count_rows(job_run.pk) == count_rows(failing.pk) == 0
+    assert reads.run_counts(failing.pk).tasks == {"dead": 1}
+
+
+def test_a_job_run_ended_by_the_resolver_reads_its_task_runs_state(clock):
+    """Endings without the job flag (the reaper's, a control's) end a job's run in the resolver's
+    end of runs (FINISH_RUNS): succeeded or failed as its uncounted task run says."""
+    from orchestrator.jobs import enqueue_many
+
+    made = enqueue_many([{"ref": "tests.support.tasks_for_tests:add", "args": args} for args in ([1, 2], ["x", 1])],
+                        now=clock.now())
+    loop = worker_loop()
+    execute_claimed(loop, 10, clock)
+    (good, _), (bad, _) = made
+    assert (Run.objects.get(pk=good.pk).state, Run.objects.get(pk=bad.pk).state) == ("succeeded", "failed")
+    assert kept(good.pk) == truth(good.pk) == {(None, "succeeded", 1)}
+    assert kept(bad.pk) == truth(bad.pk) == {(None, "dead", 1)}
+    assert count_rows(good.pk) == count_rows(bad.pk) == 0
+
+
+def test_a_job_retried_from_the_dead_letter_queue_is_counted_from_its_task_run(clock):
+    from orchestrator.jobs import enqueue_many
+
+    [(run, _)] = enqueue_many([{"ref": "tests.support.tasks_for_tests:add", "args": ["x", 1]}], now=clock.now())
+    loop = worker_loop()
+    execute_claimed(loop, 10, clock)
+    task_run = TaskRun.objects.get(run=run)
+    assert control.retry_task_runs([task_run.pk], now=clock.now()) == 1
+    assert kept(run.pk) == truth(run.pk) == {(None, "scheduled", 1)}
+    assert Run.objects.get(pk=run.pk).state == "running"
+    assert count_rows(run.pk) == 0

@@ -91,6 +91,34 @@ def test_n_jobs_are_created_by_one_statement():
         assert (run.trigger, run.priority, run.logical_date) == ("job", n % 3, NOW)
 
 
+def test_n_jobs_build_n_model_instances_their_runs_and_no_task_run():
+    from collections import Counter
+
+    from django.db.models.signals import post_init
+
+    built: Counter = Counter()
+
+    def counted(sender, **kwargs):
+        built[sender.__name__] += 1
+
+    post_init.connect(counted, weak=False)
+    try:
+        results = enqueue_many([{"ref": REF, "kwargs": {"user_id": n}, "priority": n % 3} for n in range(300)]
+                               + [{"ref": REF}] * 100, now=NOW)
+    finally:
+        post_init.disconnect(counted)
+    # The task runs' values go to the statement as they are: a model instance per row cost as much
+    # as the rest of a job's enqueuing. The runs are the caller's answer, so they are built.
+    assert built == {"Run": 400}
+    assert TaskRun.objects.count() == 400
+    run, _ = results[7]
+    task_run = TaskRun.objects.get(run=run)
+    assert (task_run.spec["kwargs"], task_run.priority, task_run.state, task_run.max_attempts, task_run.due_at) == (
+        {"user_id": 7}, 1, TaskState.SCHEDULED, 1, NOW)
+    assert task_run.created_at is not None and task_run.downstream == [] and task_run.attempts == 0
+    assert TaskRun.objects.get(run=results[350][0]).spec["args"] == []
+
+
 def test_a_key_repeated_in_a_batch_with_the_same_request_is_one_job():
     results = enqueue_many([{"ref": REF, "kwargs": {"user_id": 1}, "idempotency_key": "a"},
                             {"ref": REF, "kwargs": {"user_id": 2}},

@@ -300,7 +300,7 @@ class RunDetailSerializer(RunSerializer):
 
     def to_representation(self, run):
         # Both counts come from one statement (reads.run_counts), asked once per run.
-        self._counts = reads.run_counts(run.pk)
+        self._counts = reads.run_counts(run)
         return super().to_representation(run)
 
     @extend_schema_field(TaskCountsSerializer)

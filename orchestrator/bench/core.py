@@ -98,9 +98,12 @@ class Roles:
         self.procs.append(proc)
         return proc
 
-    def workers(self, count: int, concurrency: int) -> None:
+    def workers(self, count: int, concurrency: int, inprocess: int = 0) -> None:
+        """``count`` worker processes of ``concurrency`` children each (and ``inprocess`` places of
+        the in-process executor), once they registered."""
+        places = ["--inprocess", str(inprocess)] if inprocess else []
         for _ in range(count):
-            self.start("worker", "--queues", "default", "--concurrency", str(concurrency), "--grace", "2")
+            self.start("worker", "--queues", "default", "--concurrency", str(concurrency), "--grace", "2", *places)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             with connection.cursor() as cursor:

@@ -12,6 +12,11 @@ def noop():
     """A job that does nothing."""
 
 
+@job(executor="async")
+async def noop_async():
+    """A job that does nothing, on the async executor (an event loop in the worker's host)."""
+
+
 @job
 def stamp() -> float:
     """A job that returns when it started (the latency figure)."""

@@ -7,6 +7,11 @@ run.
 - this product: 2 worker processes x ``concurrency`` children, jobs enqueued while they run, in
   batches of 500 (``jobs.enqueue_many``: one statement each), from the first enqueue to the last
   recorded success; every run keeps its run, task run and attempt rows.
+- this product's async executor: the same, with an ``async def`` no-op declared
+  ``@job(executor="async")`` on 2 worker processes of ``places`` in-process places each (500 by
+  default, as ``bench.iobound`` starts them; one child and one event-loop host per worker):
+  PgQueuer's own way of running a job, in-process on an asyncio loop with no cap on the jobs in
+  flight (its batch size is how many one dequeue takes), so its fair peer.
 - PgQueuer (PyPI ``pgqueuer``, asyncpg; a bench-only extra, installed into this environment by
   the section when missing): 2 processes, batch size ``concurrency``, the same no-op entrypoint,
   jobs enqueued the same way (500 per call), from the first enqueue to the moment its queue table
@@ -26,7 +31,7 @@ import time
 
 from django.db import connection
 
-from orchestrator.bench import core
+from orchestrator.bench import core, iobound
 from orchestrator.bench import jobs as bench_jobs  # noqa: F401 - registers the no-op job this process enqueues
 
 PGQUEUER = "pgqueuer==1.6.0"
@@ -153,22 +158,28 @@ def peer_round(n: int, processes: int, batch: int) -> tuple[float, int]:
     return done / elapsed, done
 
 
-def ours_round(n: int, processes: int, concurrency: int) -> tuple[float, int]:
-    """This product's jobs/s for n no-op jobs enqueued by enqueue_many, and how many finished."""
+def ours_round(n: int, processes: int, concurrency: int, places: int = 0) -> tuple[float, int]:
+    """This product's jobs/s for n no-op jobs enqueued by enqueue_many, and how many finished.
+    With ``places``: async no-op jobs on workers of one child and that many in-process places."""
     try:
         from orchestrator.jobs import enqueue_many
     except ImportError:  # a version before enqueue_many (to measure it beside this one): the bench's bulk insert
         def enqueue_many(items):
             core.enqueue_noops(len(items))
 
+    ref = "orchestrator.bench.jobs:noop_async" if places else "orchestrator.bench.jobs:noop"
     core.reset_work()
     roles = core.Roles()
     try:
         roles.start("dispatcher")
-        roles.workers(processes, concurrency)
+        if places:
+            roles.workers(processes, 1, inprocess=places)
+            time.sleep(0.5)  # each worker's host forked and ready, as PgQueuer's workers are given
+        else:
+            roles.workers(processes, concurrency)
         started = time.time()
         for offset in range(0, n, BATCH):
-            enqueue_many([{"ref": "orchestrator.bench.jobs:noop"}] * min(BATCH, n - offset))
+            enqueue_many([{"ref": ref}] * min(BATCH, n - offset))
         deadline = time.monotonic() + 120
         while core.unfinished() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -183,24 +194,40 @@ def _spread(values: list[float]) -> str:
     return f"{min(values):,.0f} / {statistics.median(values):,.0f} / {max(values):,.0f}"
 
 
-def run(out, n: int = 20000, concurrency: int = 16, rounds: int = 3, processes: int = 2) -> None:
+def run(out, n: int = 20000, concurrency: int = 16, rounds: int = 3, processes: int = 2,
+        places: int | None = None) -> None:
+    """``places``: the in-process places of each worker of the async row (default: the io section's,
+    ``bench.iobound.ASYNC_PLACES``)."""
     if not ensure_pgqueuer(out):
         return
+    places = places or iobound.ASYNC_PLACES
     ceiling = core.pg_ceiling(batch=100)
-    ours, peer, ratios = [], [], []
+    ours, mine_async, peer, ratios, async_ratios = [], [], [], [], []
     for number in range(1, rounds + 1):
         mine, mine_done = ours_round(n, processes, concurrency)
+        on_loop, on_loop_done = ours_round(n, processes, concurrency, places=places)
         theirs, theirs_done = peer_round(n, processes, concurrency)
         ours.append(mine)
+        mine_async.append(on_loop)
         peer.append(theirs)
         ratios.append(mine / theirs)
-        out(f"  round {number}: this product {mine:>7,.0f} jobs/s{'' if mine_done == n else f' (only {mine_done})'}, "
-            f"PgQueuer {theirs:>7,.0f} jobs/s{'' if theirs_done == n else f' (only {theirs_done})'}, "
-            f"ratio {mine / theirs:.2f}")
-    out(f"  {n} no-op jobs, {processes} processes ({processes} workers x {concurrency} children; PgQueuer batch "
-        f"{concurrency}), jobs/s min / median / max over {rounds} round(s):")
+        async_ratios.append(on_loop / theirs)
+        out(f"  round {number}: this product {mine:>7,.0f} jobs/s{_short(mine_done, n)}, "
+            f"async executor {on_loop:>7,.0f} jobs/s{_short(on_loop_done, n)}, "
+            f"PgQueuer {theirs:>7,.0f} jobs/s{_short(theirs_done, n)}, "
+            f"ratios {mine / theirs:.2f} and {on_loop / theirs:.2f}")
+    out(f"  {n} no-op jobs, {processes} processes ({processes} workers x {concurrency} children; async executor "
+        f"{processes} workers x {places} in-process places; PgQueuer batch {concurrency}), jobs/s min / median / "
+        f"max over {rounds} round(s):")
     out(f"    this product (run, task run, attempt kept) {_spread(ours)}")
+    out(f"    this product, async executor (same rows)   {_spread(mine_async)}")
     out(f"    PgQueuer 1.6 (asyncpg)                     {_spread(peer)}")
     out(f"    ratio this product / PgQueuer per round    "
         f"{' '.join(f'{ratio:.2f}' for ratio in ratios)} (median {statistics.median(ratios):.2f})")
+    out(f"    ratio async executor / PgQueuer per round  "
+        f"{' '.join(f'{ratio:.2f}' for ratio in async_ratios)} (median {statistics.median(async_ratios):.2f})")
     out(f"    PostgreSQL's ceiling, bare claim+complete of 100 per transaction: {ceiling:,.0f} jobs/s")
+
+
+def _short(done: int, n: int) -> str:
+    return "" if done == n else f" (only {done})"

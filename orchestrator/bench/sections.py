@@ -1,12 +1,15 @@
 """``manage.py bench``: the sections it runs, in order, on a benchmark database dropped and created
 for the purpose (``bench.core``).
 
-Sections (``--only pg,jobs,peers,latency,steady,backlog,history,dag,fleet,io,scheduler,pages,cron,map,sensors,footprint``):
+Sections (``--only pg,jobs,peers,statements,latency,steady,backlog,history,dag,fleet,io,scheduler,pages,cron,map,sensors,footprint``):
 
 - pg, jobs, latency, dag: PostgreSQL's own ceiling, jobs end to end, the start delay at light
   load, DAG wall time (see ``bench.core``).
 - peers: jobs/s beside PgQueuer's on the same server, same job and process counts, interleaved
   rounds with their ratios, and PostgreSQL's ceiling in the same run (see ``bench.peers``).
+- statements: where a no-op job's time goes on both paths, per 1,000 jobs: each statement's calls,
+  rows and time (``pg_stat_statements``, when the server loads it) and the CPU of each kind of
+  process (see ``bench.statements``).
 - steady, backlog, history: start delay under a steady arrival rate with a per-stage breakdown,
   and cost with a due backlog, a delayed backlog and a finished history (see ``bench.load``).
 - fleet: database transactions per job with 1 to 64 mostly idle workers at a steady arrival rate
@@ -37,17 +40,18 @@ from orchestrator.bench import (
     peers,
     scheduler,
     sensors,
+    statements,
 )
 from orchestrator.bench.core import BENCH_DB, Output
 
-SECTIONS = ("pg", "jobs", "peers", "latency", "steady", "backlog", "history", "dag", "fleet", "io", "scheduler",
+SECTIONS = ("pg", "jobs", "peers", "statements", "latency", "steady", "backlog", "history", "dag", "fleet", "io", "scheduler",
             "pages", "cron", "map", "sensors", "footprint")
 
 
 def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int = 16, rates=(500, 2000),
         seconds: float = 5.0, backlog=(0, 100_000, 1_000_000), delayed: int = 1_000_000,
         history: int = 1_000_000, fleet_sizes=(1, 4, 16, 64), fleet_rate: float = 50.0, rounds: int = 3,
-        map_items=mapping.SIZES) -> None:
+        map_items=mapping.SIZES, places: int | None = None) -> None:
     only = list(only or SECTIONS)
     unknown = [name for name in only if name not in SECTIONS]
     if unknown:
@@ -59,7 +63,9 @@ def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int 
         ("pg", "PostgreSQL's own ceiling:", lambda: core.bench_pg(out)),
         ("jobs", "Jobs end to end:", lambda: core.bench_jobs(out, jobs, concurrency)),
         ("peers", "Beside PgQueuer (same server, same job and process counts):",
-         lambda: peers.run(out, jobs, concurrency, rounds)),
+         lambda: peers.run(out, jobs, concurrency, rounds, places=places)),
+        ("statements", "Where a no-op job's time goes, per 1,000 jobs (pg_stat_statements and CPU per process kind):",
+         lambda: statements.run(out, jobs, concurrency, places=places)),
         ("latency", "Start delay at light load:", lambda: core.bench_latency(out)),
         ("steady", "Start delay under a steady arrival rate (per stage: enqueue -> claimed -> child started):",
          lambda: load.run_steady(out, rates, seconds)),

@@ -124,7 +124,7 @@ def run_context(run: Run, now: datetime, after: int | None = None, fold: folding
     ``fold``: a bounded number of statements, each
     returning a bounded number of rows, whatever the size of the run (tests/test_pages_at_size.py)."""
     task_runs, next_after, upstream = tasks_in_order(run, after)
-    counts = reads.run_counts(run.pk)
+    counts = reads.run_counts(run)
     # The mapped tasks of this page: counted (reads.run_counts), a few instances loaded.
     shown = mapped.first_instances(run.pk, sorted({tr.task for tr in task_runs} & set(counts.instances)))
     summaries = mapped.page_summaries(counts.instances, task_runs, shown)

@@ -34,16 +34,21 @@ class Command(BaseCommand):
                             help="Jobs per second arriving in the fleet section (default 50).")
         parser.add_argument("--rounds", type=int, default=3,
                             help="Interleaved rounds of the peers section (this product, then PgQueuer, each).")
+        parser.add_argument("--places", type=int, default=None,
+                            help="In-process places per worker of the async executor in the peers and statements "
+                                 "sections (default 500, as the io section).")
         parser.add_argument("--history", type=int, default=1_000_000,
                             help="Finished runs, task runs and attempts filled in the history section.")
         parser.add_argument("--map-items", default="1000,10000,100000",
                             help="Items of each map in the map section, one map each.")
 
     def handle(self, *args, only, jobs, concurrency, rates, seconds, backlog, delayed, history, fleet, fleet_rate,
-               rounds, map_items, **options):
+               rounds, map_items, places, **options):
         sections = [s.strip() for s in only.split(",") if s.strip()]
         if not 0 < fleet_rate <= 10_000:
             raise CommandError("--fleet-rate must be more than 0 and at most 10000 jobs a second")
+        if places is not None and not 1 <= places <= 10_000:
+            raise CommandError("--places must be from 1 to 10000")
         if not 1 <= rounds <= 20:
             raise CommandError("--rounds must be from 1 to 20")
         if seconds <= 0 or seconds > 600:
@@ -52,6 +57,6 @@ class Command(BaseCommand):
             bench.run(lambda line: (self.stdout.write(line), self.stdout.flush()), only=sections, jobs=jobs,
                       concurrency=concurrency, rates=_ints(rates), seconds=seconds, backlog=_ints(backlog),
                       delayed=delayed, history=history, fleet_sizes=_ints(fleet), fleet_rate=fleet_rate,
-                      rounds=rounds, map_items=_ints(map_items))
+                      rounds=rounds, map_items=_ints(map_items), places=places)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
