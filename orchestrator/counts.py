@@ -42,6 +42,8 @@ from __future__ import annotations
 
 from django.db import connection, models
 
+from orchestrator.states import Trigger
+
 # The table a run's counts are read from (see the module's docstring).
 FOLD_AT = 32
 
@@ -198,7 +200,7 @@ def run_counts(run_id: int, job: bool | None = None) -> list[tuple[str | None, s
     """``job``: whether the run's trigger is "job" (None: read it)."""
     with connection.cursor() as cursor:
         if job is None:
-            cursor.execute("SELECT trigger = 'job' FROM orchestrator_run WHERE id = %s", [run_id])
+            cursor.execute("SELECT trigger = %s FROM orchestrator_run WHERE id = %s", [Trigger.JOB, run_id])
             found = cursor.fetchone()
             job = bool(found and found[0])
         cursor.execute(JOB_RUN_COUNTS if job else RUN_COUNTS, {"run": run_id})

@@ -11,8 +11,8 @@ written ``sensing``, their next checks spread evenly over the next interval):
   for (10,000 / 60 s: about 167/s), how late the due checks are at the end of the window, and
   how many batches they went in (the worker's own count, on its way out);
 - ordinary jobs' start delay (enqueue to the job's first instruction, one job every 50 ms) before
-  the sensors, beside them, and once none of them is due any more, and the ratio of the figure
-  beside them to each figure without (a range: the machine's own noise shows in the two).
+  the sensors and beside them; then in turns with none of them due and with them due again, and
+  the ratio of the medians of the two sides (the machine's own noise falls on both alike).
 """
 
 from __future__ import annotations
@@ -164,7 +164,22 @@ def _cpu_text(cpu: dict[str, float]) -> str:
     return ", ".join(f"{name} {value:.1f}%" for name, value in cpu.items())
 
 
-def run(out, sensors: int = SENSORS, every: float = EVERY, window: float = WINDOW_SECONDS) -> None:
+def _park(every: float, n: int, parked: bool) -> None:
+    """No sensor due for a day, or all due again from now, spread over the interval."""
+    with connection.cursor() as cursor:
+        if parked:
+            cursor.execute(f"UPDATE orchestrator_taskrun SET due_at = now() + interval '1 day' "
+                           f"WHERE state = '{TaskState.SENSING}'")
+        else:
+            cursor.execute(f"""
+                UPDATE orchestrator_taskrun t SET due_at = now() + make_interval(secs => %(every)s * (o.rank - 1) / %(n)s)
+                FROM (SELECT id, row_number() OVER (ORDER BY id) AS rank FROM orchestrator_taskrun
+                      WHERE state = '{TaskState.SENSING}') o
+                WHERE t.id = o.id""", {"every": every, "n": n})
+    time.sleep(2)
+
+
+def run(out, sensors: int = SENSORS, every: float = EVERY, window: float = WINDOW_SECONDS, rounds: int = 3) -> None:
     reset_work()
     roles = Roles()
     procs = {}
@@ -198,18 +213,22 @@ def run(out, sensors: int = SENSORS, every: float = EVERY, window: float = WINDO
         out(f"    checks: {rate:.0f}/s (the sensors ask for {sensors / every:.0f}/s); the most overdue check "
             f"at the end: {late:.1f} s late")
         out(f"    jobs' start delay beside them: {_delay_text(beside)}")
-        # Then the same without them (none due for a day): the machine's noise shows in the two
-        # figures without sensors, one before and one after.
-        with connection.cursor() as cursor:
-            cursor.execute(f"UPDATE orchestrator_taskrun SET due_at = now() + interval '1 day' "
-                           f"WHERE state = '{TaskState.SENSING}'")
-        time.sleep(2)
-        after = _start_delays(JOBS, JOB_INTERVAL)
-        out(f"    jobs' start delay once no check is due: {_delay_text(after)}")
-        if min(len(alone), len(beside), len(after)) >= 2:
-            base = [statistics.median(alone), statistics.median(after)]
-            out(f"    start delay p50 with / without sensors: x{statistics.median(beside) / max(base):.2f} to "
-                f"x{statistics.median(beside) / min(base):.2f}")
+        # Then in turns without them (none due for a day) and with them again (due from now, spread
+        # over the interval as at first), so the machine's own noise falls on both alike: the
+        # ratio of the medians of each side's p50s, and each turn's pair.
+        pairs = []
+        for _ in range(rounds):
+            _park(every, sensors, parked=True)
+            without = _start_delays(JOBS, JOB_INTERVAL)
+            _park(every, sensors, parked=False)
+            with_them = _start_delays(JOBS, JOB_INTERVAL)
+            if min(len(without), len(with_them)) >= 2:
+                pairs.append((statistics.median(with_them), statistics.median(without)))
+        if pairs:
+            turns = ", ".join(f"{a:.1f}/{b:.1f}" for a, b in pairs)
+            ratio = statistics.median(a for a, _ in pairs) / statistics.median(b for _, b in pairs)
+            out(f"    start delay p50 with / without sensors, {len(pairs)} turns each way (ms): {turns}; "
+                f"median with / median without: x{ratio:.2f}")
     finally:
         roles.stop()
     log.seek(0)
