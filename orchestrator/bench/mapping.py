@@ -117,23 +117,45 @@ def _wait_for_run(run_id: int, workers: list[int], peak: list[float]) -> tuple[s
     return state, peak
 
 
-def one_map(out, items: int, workers: list[int]) -> None:
+def _cpu_per_item(roles: Roles, measure) -> tuple[object, dict[str, float]]:
+    """What ``measure()`` returns, and the CPU microseconds per item it reports (its second value)
+    of each process kind: the benchmark database's backends, the worker parents, their children."""
+    from orchestrator.bench.statements import cpu_by_kind
+
+    before = cpu_by_kind(roles)
+    value, items = measure()
+    after = cpu_by_kind(roles)
+    backends = sum(s - before["backends"].get(pid, 0.0) for pid, s in after["backends"].items())
+    spent = {"backends": backends, "worker parents": after["worker"] - before["worker"],
+             "children": after["children"] - before["children"]}
+    return value, {kind: seconds / max(items, 1) * 1e6 for kind, seconds in spent.items()}
+
+
+def _cpu_text(cpu: dict[str, float]) -> str:
+    return ", ".join(f"{kind} {us:.0f}" for kind, us in cpu.items())
+
+
+def one_map(out, items: int, workers: list[int], roles: Roles) -> None:
     from django.db.models import Max, Min
     from django.urls import reverse
 
     from orchestrator.models import TaskRun
     from orchestrator.runs import create_run
 
-    plain = plain_rate()
+    plain, plain_cpu = _cpu_per_item(roles, lambda: (plain_rate(), PLAIN_JOBS))
     reset_runs()
     before = [rss_mib(pid) for pid in workers]
     peak = list(before)
     started = time.perf_counter()
-    run, _ = create_run(None, trigger="manual", params={"items": items}, tasks={
-        "listing": _spec("listing", mapped_by=["work"]),
-        "work": _spec("noop_item", ["listing"], map_over="listing"),
-    })
-    state, peak = _wait_for_run(run.pk, workers, peak)
+
+    def the_map():
+        run, _ = create_run(None, trigger="manual", params={"items": items}, tasks={
+            "listing": _spec("listing", mapped_by=["work"]),
+            "work": _spec("noop_item", ["listing"], map_over="listing"),
+        })
+        return (run, *_wait_for_run(run.pk, workers, peak)), items
+
+    (run, state, peak), map_cpu = _cpu_per_item(roles, the_map)
     wall = time.perf_counter() - started
     parent = TaskRun.objects.get(run=run, task="listing")
     instances = TaskRun.objects.filter(run=run, task="work", map_index__gte=0)
@@ -161,6 +183,8 @@ def one_map(out, items: int, workers: list[int]) -> None:
         f"{rate:>6,.0f} instances/s = {rate / high if high else 0:.0%}-{rate / low if low else 0:.0%} of the plain-job "
         f"rate ({low:,.0f}-{high:,.0f} jobs/s, {PLAIN_JOBS:,} jobs before and after); first instance started after "
         f"{first:.2f} s; {done:,} succeeded, run {state}; worker RSS MiB (before -> peak) {memory}")
+    out(f"    CPU per item (µs), the map's instances: {_cpu_text(map_cpu)}; the plain jobs before it: "
+        f"{_cpu_text(plain_cpu)}")
     for label, times in pages:
         out(f"    {label} of that run: median {statistics.median(times):.1f} ms, max {max(times):.1f} ms "
             f"over {len(times)} requests")
@@ -178,7 +202,7 @@ def run(out, sizes=SIZES, workers: int = 2, concurrency: int = 16) -> None:
         out(f"  {workers} worker process(es) x {concurrency} children, one dispatcher; each map beside "
             f"{PLAIN_JOBS:,} plain no-op jobs run by the same processes just before and just after it")
         for items in sizes:
-            one_map(out, items, worker_pids)
+            one_map(out, items, worker_pids, roles)
     finally:
         roles.stop()
         for key, value in saved.items():

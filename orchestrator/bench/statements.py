@@ -74,7 +74,7 @@ def _statements() -> list[tuple[str, bool, int, int, float]]:
         return cursor.fetchall()
 
 
-def _cpu(roles: core.Roles) -> dict[str, float]:
+def cpu_by_kind(roles: core.Roles) -> dict[str, float]:
     """CPU seconds so far per process kind: the worker parents, their children (forked children and
     hosts), the dispatcher, the benchmark database's backends (by pid) and this process."""
     dispatcher, workers = roles.procs[0].pid, [proc.pid for proc in roles.procs[1:]]
@@ -102,7 +102,7 @@ def measure(kind: str, n: int, processes: int, concurrency: int, places: int, st
         if statements:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_stat_statements_reset()")
-        before = _cpu(roles)
+        before = cpu_by_kind(roles)
         started = time.time()
         for offset in range(0, n, 500):
             core.enqueue_jobs(min(500, n - offset), ref=ref)
@@ -110,7 +110,7 @@ def measure(kind: str, n: int, processes: int, concurrency: int, places: int, st
         deadline = time.monotonic() + 180
         while core.unfinished() and time.monotonic() < deadline:
             time.sleep(0.05)
-        after = _cpu(roles)
+        after = cpu_by_kind(roles)
         done = core.count_done()
         elapsed = core.last_finish() - started
     finally:
