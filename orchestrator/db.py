@@ -83,18 +83,39 @@ class PreparedStatementsLost(ImproperlyConfigured):
 _LOST = (psycopg.errors.DuplicatePreparedStatement, psycopg.errors.InvalidSqlStatementName)
 
 
+def _lost(exc: BaseException) -> BaseException | None:
+    """The pooler's lost prepared statement behind ``exc``, if it is one: the error itself, or
+    what it was raised from or during (Django's wrapper of it; a transaction's end that failed
+    again after a pipeline was aborted by it)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, _LOST):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def explain_lost(exc: BaseException) -> None:
+    """Raise PreparedStatementsLost when ``exc`` comes from a prepared statement that the pooler
+    lost while the setting says it keeps them: a configuration error, not an outage to retry.
+    The loop asks it of every database error, wherever in a batch the error surfaced."""
+    lost = _lost(exc)
+    if lost is not None and _pooled():
+        raise PreparedStatementsLost(
+            f"ORCHESTRATOR_POOLER_PREPARED_STATEMENTS is on, but the pooler in front of the database lost a "
+            f"prepared statement ({type(lost).__name__}: {str(lost).strip().splitlines()[0]}). It needs PgBouncer "
+            f"1.21 or later with max_prepared_statements above 0 in pgbouncer.ini; with an older pooler, turn "
+            f"the setting off.") from exc
+
+
 @contextmanager
 def _explained():
     try:
         yield
     except _LOST as exc:
-        if not _pooled():
-            raise
-        raise PreparedStatementsLost(
-            f"ORCHESTRATOR_POOLER_PREPARED_STATEMENTS is on, but the pooler in front of the database lost a "
-            f"prepared statement ({type(exc).__name__}: {str(exc).strip().splitlines()[0]}). It needs PgBouncer "
-            f"1.21 or later with max_prepared_statements above 0 in pgbouncer.ini; with an older pooler, turn "
-            f"the setting off.") from exc
+        explain_lost(exc)
+        raise
 
 
 # A quoted literal (kept as it is), a comment (dropped) or a placeholder (numbered).

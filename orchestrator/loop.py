@@ -242,6 +242,7 @@ class Loop:
             self.wait(wait)
             self._recycle_connections()
         except DATABASE_ERRORS as exc:
+            db.explain_lost(exc)
             self.wait(self._database_error(exc), listen=False)
 
     def wait(self, timeout: float, listen: bool = True) -> None:
@@ -278,6 +279,7 @@ class Loop:
                 self._healthy()
                 return
             except DATABASE_ERRORS as exc:
+                db.explain_lost(exc)
                 self.wait(self._database_error(exc), listen=False)
 
     def _done(self) -> bool:
