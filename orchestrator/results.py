@@ -13,7 +13,7 @@ local run), after the value was masked (``secrets.Access.mask_reply``): it holds
 would have held. Every reader of the value goes through ``load``: a child's ``ctx.upstream``, a
 mapped task's list of instance results (each element may be a marker), ``wf.test``, the results
 tab, ``django.tasks``' ``get_result``. The API's answers never read it: they show a marker as its
-size and the URL of ``GET /api/task-runs/{id}/result/`` (``api.serializers.listed_result``; the
+size and the URL of ``GET /api/task-runs/{id}/result/`` (``api.result_fields.listed_result``; the
 marker's name holds the id of the task run that wrote it, ``task_run_of``), and that endpoint
 alone sends the value, streamed from the file (``open_stored``). Retention deletes the files with
 their runs (``names_of_runs``), clearing a task run deletes its own (``control.clear_task_runs``).

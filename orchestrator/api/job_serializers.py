@@ -16,7 +16,7 @@ from orchestrator.api.fields import (
     TextMatching,
     WholeNumber,
 )
-from orchestrator.api.serializers import STORED_RESULT_HELP, listed_result
+from orchestrator.api.result_fields import STORED_RESULT_HELP, listed_result
 from orchestrator.limits import (
     MAX_ATTEMPTS,
     MAX_REF_LENGTH,

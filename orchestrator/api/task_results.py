@@ -1,6 +1,6 @@
 """``GET /api/task-runs/{id}/result/``: a task run's result, whole, as the task returned it. The
 API's other answers show a result kept in the log storage as its size and this URL
-(``serializers.listed_result``); this is the one place that sends the value.
+(``result_fields.listed_result``); this is the one place that sends the value.
 
 A result kept in the row is sent as PostgreSQL has it (the jsonb's text, at most
 ``ORCHESTRATOR_MAX_RESULT_BYTES``); one kept in the log storage is streamed from its file
