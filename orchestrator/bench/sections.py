@@ -1,12 +1,14 @@
 """``manage.py bench``: the sections it runs, in order, on a benchmark database dropped and created
 for the purpose (``bench.core``).
 
-Sections (``--only pg,jobs,peers,statements,latency,steady,backlog,history,dag,fleet,io,scheduler,pages,cron,map,sensors,footprint``):
+Sections (``--only pg,jobs,peers,delays,statements,latency,steady,backlog,history,dag,fleet,io,scheduler,pages,cron,map,sensors,footprint``):
 
 - pg, jobs, latency, dag: PostgreSQL's own ceiling, jobs end to end, the start delay at light
   load, DAG wall time (see ``bench.core``).
 - peers: jobs/s beside PgQueuer's on the same server, same job and process counts, interleaved
   rounds with their ratios, and PostgreSQL's ceiling in the same run (see ``bench.peers``).
+- delays: start delay at 500 jobs/s beside PgQueuer's, quiet and with another process taking a
+  core, in interleaved turns (see ``bench.delays``).
 - statements: where a no-op job's time goes on both paths, per 1,000 jobs: each statement's calls,
   rows and time (``pg_stat_statements``, when the server loads it) and the CPU of each kind of
   process (see ``bench.statements``).
@@ -31,6 +33,7 @@ import os
 from orchestrator.bench import (
     core,
     cron,
+    delays,
     fleet,
     footprint,
     iobound,
@@ -44,7 +47,7 @@ from orchestrator.bench import (
 )
 from orchestrator.bench.core import BENCH_DB, Output
 
-SECTIONS = ("pg", "jobs", "peers", "statements", "latency", "steady", "backlog", "history", "dag", "fleet", "io", "scheduler",
+SECTIONS = ("pg", "jobs", "peers", "delays", "statements", "latency", "steady", "backlog", "history", "dag", "fleet", "io", "scheduler",
             "pages", "cron", "map", "sensors", "footprint")
 
 
@@ -64,6 +67,8 @@ def run(out, only: list[str] | None = None, jobs: int = 20000, concurrency: int 
         ("jobs", "Jobs end to end:", lambda: core.bench_jobs(out, jobs, concurrency)),
         ("peers", "Beside PgQueuer (same server, same job and process counts):",
          lambda: peers.run(out, jobs, concurrency, rounds, places=places)),
+        ("delays", "Start delay at a steady rate beside PgQueuer's, quiet and with a core taken:",
+         lambda: delays.run(out, rates[0], seconds)),
         ("statements", "Where a no-op job's time goes, per 1,000 jobs (pg_stat_statements and CPU per process kind):",
          lambda: statements.run(out, jobs, concurrency, places=places)),
         ("latency", "Start delay at light load:", lambda: core.bench_latency(out)),
