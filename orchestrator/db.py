@@ -33,7 +33,12 @@ These cursors share Django's connection and its transaction (``transaction.atomi
   mode, the outcomes' ``resolver.END_TASK_RUNS``, the claim) and a dispatcher's tick
   (``dispatcher``). Their parse, plan and round trip would otherwise be paid per unit of
   throughput. Each is declared at module level with ``prepared()``, and ``execute`` runs nothing
-  else.
+  else. The one exception to "module level": the producers' insert of new runs and their task
+  runs (``runs.insert_new_runs``, every enqueue and every run created), declared once per shape
+  of its columns. It is long, and through Django's cursor its text was parsed and every value
+  formatted into it in Python at each enqueue: more of a one-job producer's time than the
+  database's work. Django's ``execute_wrapper`` (and ``CaptureQueriesContext``) does not see
+  these statements; ``tests/support/sent.py`` sees both paths.
 * Django's cursor or the ORM for every other statement: what a batch runs only for part of its
   work (a workflow task's children and the end of its run, mapping, the task context, callbacks,
   dataset events), and all that the scheduler, the reaper, control actions, pages and commands

@@ -20,11 +20,11 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from psycopg import pq
 from psycopg.types.json import Jsonb
 
-from orchestrator import admission, clock, retries, tracing
+from orchestrator import admission, clock, db, retries, tracing
 from orchestrator.channels import DISPATCH_CHANNEL, MAX_TOKENS, WAKE_SEQUENCE, queue_channel, wake_due
 from orchestrator.conf import app_settings
 from orchestrator.limits import logical_date_error
@@ -330,8 +330,11 @@ def insert_new_runs(entries: list[NewRun], now: datetime) -> list[NewRun]:
         "queues": queues, "channels": [queue_channel(queue) for queue in queues],
         "every": app_settings.DEFAULT_QUEUE_LIMIT is not None or app_settings.DEFAULT_TENANT_LIMIT is not None,
     })
-    with connection.cursor() as cursor:
-        cursor.execute(_insert_new_sql(run_shape, task_shape), params)
+    # Prepared and bound on the server (``db.execute``): the statement is long, and Django's cursor
+    # would parse its text and format every value into it in Python at each enqueue, which cost
+    # a job's producer more than the database's work for it.
+    with connection.wrap_database_errors, db.cursor() as cursor:
+        db.execute(cursor, _insert_new_sql(run_shape, task_shape), params)
         rows = cursor.fetchall()
     created = []
     for number, pk in rows:
@@ -348,6 +351,7 @@ def _columns(prefix: str, fields, objs, params: dict) -> tuple[bool, ...]:
     """Each column's parameter (``params[prefix + i]``): one value when every row has the same, an
     array otherwise; returns which columns are arrays (the statement's shape)."""
     shape = []
+    wrapper = connections[DEFAULT_DB_ALIAS]  # once, not through the proxy for every value
     for i, f in enumerate(fields):
         if objs and (getattr(f, "auto_now_add", False) or getattr(f, "auto_now", False)):
             moment = f.pre_save(objs[0], add=True)  # created_at: one statement, one moment
@@ -362,7 +366,7 @@ def _columns(prefix: str, fields, objs, params: dict) -> tuple[bool, ...]:
             prep = Jsonb
         else:
             def prep(value, f=f):
-                return f.get_db_prep_save(value, connection)
+                return f.get_db_prep_save(value, wrapper)
         params[f"{prefix}{i}"] = [prep(value) for value in values] if varies else prep(first)
         shape.append(varies)
     return tuple(shape)
@@ -376,7 +380,7 @@ def _task_fields():
 
 
 @functools.lru_cache(maxsize=64)  # one text per shape (which columns vary): a handful in practice
-def _insert_new_sql(run_shape: tuple[bool, ...], task_shape: tuple[bool, ...]) -> str:
+def _insert_new_sql(run_shape: tuple[bool, ...], task_shape: tuple[bool, ...]) -> db.Prepared:
     qn = connection.ops.quote_name
     run_fields, task_fields = _run_fields(), _task_fields()
 
@@ -399,7 +403,7 @@ def _insert_new_sql(run_shape: tuple[bool, ...], task_shape: tuple[bool, ...]) -
                            for i, (f, varies) in enumerate(zip(run_fields, run_shape, strict=True)))
     task_values = ", ".join(value("t", i, f, varies) for i, (f, varies) in enumerate(zip(task_fields, task_shape, strict=True)))
     scheduled = f"'{TaskState.SCHEDULED}'"
-    return f"""
+    return db.prepared(f"""
 WITH input AS MATERIALIZED (
     -- Each run's id, drawn here so that its task runs can name it in the same statement.
     SELECT nextval(pg_get_serial_sequence('{Run._meta.db_table}', 'id')) AS id, u.*
@@ -432,7 +436,7 @@ WITH input AS MATERIALIZED (
 )
 SELECT input.number, input.id FROM (SELECT count(*) FROM woken) w
 LEFT JOIN (r JOIN input ON input.id = r.id) ON true
-"""
+""")
 
 
 def _graph(workflow: Workflow | None, version: WorkflowVersion | None,

@@ -110,21 +110,18 @@ def test_jobs_are_read_by_viewers_and_enqueued_by_operators(viewer_api, anonymou
 
 @pytest.mark.time_sensitive
 def test_a_list_of_jobs_is_enqueued_at_once_and_answered_in_order(api, viewer_api, operator):
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     from orchestrator.models import AuditEvent
+    from tests.support.sent import Sent
 
     items = [{"ref": REF, "kwargs": {"user_id": n}, "queue": "batch", "idempotency_key": f"w-{n}"} for n in range(5)]
-    with CaptureQueriesContext(connection) as queries:
+    with Sent() as queries:
         response = api.post("/api/jobs/", items, format="json")
     assert response.status_code == 201, response.json()
     answered = response.json()
     assert [job["kwargs"] for job in answered] == [{"user_id": n} for n in range(5)]
     assert {job["state"] for job in answered} == {"scheduled"}
     # One INSERT for the five runs and their task runs (the rest: the token, the audit, the read-back).
-    inserts = [q["sql"] for q in queries.captured_queries
-               if 'INSERT INTO "orchestrator_run"' in q["sql"] or 'INSERT INTO "orchestrator_taskrun"' in q["sql"]]
+    inserts = [sql for sql in queries.sql if 'INSERT INTO "orchestrator_run"' in sql or 'INSERT INTO "orchestrator_taskrun"' in sql]
     assert len(inserts) == 1
     assert Run.objects.filter(created_by=operator).count() == 5
     assert AuditEvent.objects.filter(action="enqueue").count() == 5

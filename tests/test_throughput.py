@@ -9,12 +9,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection
-from django.test.utils import CaptureQueriesContext
 
 from orchestrator.jobs import JobError, enqueue, enqueue_many
 from orchestrator.models import Run, TaskRun
 from orchestrator.runs import IdempotencyConflict
 from orchestrator.states import RunState, TaskState
+from tests.support.sent import Sent
 
 pytestmark = pytest.mark.django_db
 
@@ -22,21 +22,9 @@ NOW = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 REF = "workflows.jobs:send_welcome_email"
 
 
-class Statements:
-    """Every statement sent on the connection, and whether a transaction was open around it."""
-
-    def __init__(self):
-        self.sent: list[tuple[str, bool]] = []
-
-    def __call__(self, execute, sql, params, many, context):
-        self.sent.append((sql, connection.in_atomic_block))
-        return execute(sql, params, many, context)
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_job_is_created_by_one_statement_in_one_round_trip():
-    statements = Statements()
-    with connection.execute_wrapper(statements):
+    with Sent() as statements:
         run, created = enqueue(REF, kwargs={"user_id": 1}, now=NOW)
     assert created is True
     # One INSERT … RETURNING in autocommit: no BEGIN, no COMMIT, no second statement.
@@ -49,8 +37,7 @@ def test_a_job_is_created_by_one_statement_in_one_round_trip():
 @pytest.mark.django_db(transaction=True)
 def test_a_repeated_key_costs_one_more_statement_and_writes_nothing():
     first, _ = enqueue(REF, kwargs={"user_id": 1}, idempotency_key="k", now=NOW)
-    statements = Statements()
-    with connection.execute_wrapper(statements):
+    with Sent() as statements:
         again, created = enqueue(REF, kwargs={"user_id": 1}, idempotency_key="k", now=NOW)
     assert (created, again.pk) == (False, first.pk)
     assert len(statements.sent) == 2  # the insert the database declined, and the read of the job it kept
@@ -58,17 +45,17 @@ def test_a_repeated_key_costs_one_more_statement_and_writes_nothing():
 
 
 def test_the_rows_a_job_writes_at_its_creation_are_its_run_and_its_task_run():
-    with CaptureQueriesContext(connection) as queries:
+    with Sent() as queries:
         enqueue(REF, args=[1], now=NOW)
-    inserts = [q["sql"] for q in queries.captured_queries if "INSERT" in q["sql"]]
+    inserts = [sql for sql in queries.sql if "INSERT" in sql]
     assert len(inserts) == 1
     assert (Run.objects.count(), TaskRun.objects.count()) == (1, 1)
 
 
 def test_a_bad_job_is_refused_before_any_statement():
-    with CaptureQueriesContext(connection) as queries, pytest.raises(JobError):
+    with Sent() as queries, pytest.raises(JobError):
         enqueue(REF, run_after=NOW.replace(tzinfo=None) + timedelta(minutes=1), now=NOW)
-    assert queries.captured_queries == []
+    assert queries.sql == []
 
 
 # --- enqueue_many ---------------------------------------------------------------------------------
@@ -77,9 +64,9 @@ def test_a_bad_job_is_refused_before_any_statement():
 def test_n_jobs_are_created_by_one_statement():
     items = [{"ref": REF, "kwargs": {"user_id": n}, "queue": "batch" if n % 2 else "default", "priority": n % 3}
              for n in range(300)]
-    with CaptureQueriesContext(connection) as queries:
+    with Sent() as queries:
         results = enqueue_many(items, now=NOW)
-    assert len(queries.captured_queries) == 1
+    assert len(queries.sql) == 1
     assert [created for _, created in results] == [True] * 300
     assert len({run.pk for run, _ in results}) == 300
     # Each run has its own task run, with its own call, queue and priority.
@@ -131,11 +118,11 @@ def test_a_key_repeated_in_a_batch_with_the_same_request_is_one_job():
 def test_a_key_repeated_in_a_batch_with_another_request_refuses_the_batch_before_writing():
     items = [{"ref": REF, "kwargs": {"user_id": 1}, "idempotency_key": "a"},
              {"ref": REF, "kwargs": {"user_id": 2}, "idempotency_key": "a"}]
-    with CaptureQueriesContext(connection) as queries, pytest.raises(JobError) as caught:
+    with Sent() as queries, pytest.raises(JobError) as caught:
         enqueue_many(items, now=NOW)
     assert caught.value.field == "jobs[1].idempotency_key"
     assert "also the key of jobs[0]" in str(caught.value)
-    assert queries.captured_queries == []
+    assert queries.sql == []
     assert Run.objects.count() == 0
 
 
@@ -164,12 +151,12 @@ def test_a_key_of_a_stored_job_answers_that_job_or_refuses_the_whole_batch():
     ({"ref": REF}, "jobs", "must be a list"),
 ])
 def test_a_bad_item_is_refused_with_its_place_named_and_nothing_written(items, field, message):
-    with CaptureQueriesContext(connection) as queries, pytest.raises(JobError) as caught:
+    with Sent() as queries, pytest.raises(JobError) as caught:
         enqueue_many(items, now=NOW)
     assert caught.value.field == field
     assert message in str(caught.value)
     # (A reference may be looked up among the workflows' tasks: a read.)
-    assert not [q for q in queries.captured_queries if "INSERT" in q["sql"]]
+    assert not [sql for sql in queries.sql if "INSERT" in sql]
     assert Run.objects.count() == 0
 
 
@@ -212,10 +199,10 @@ def test_a_run_over_at_birth_is_one_row_and_a_pending_one_holds_its_tasks_back()
     from orchestrator.runs import create_run
     from orchestrator.states import RunState
 
-    with CaptureQueriesContext(connection) as queries:
+    with Sent() as queries:
         skipped, created = create_run(None, trigger="job", tasks={"a": {"kind": "python", "ref": REF}},
                                       state=RunState.SKIPPED, reason="overlap", now=NOW)
-    assert created is True and len(queries.captured_queries) == 1
+    assert created is True and len(queries.sql) == 1
     assert (Run.objects.get(pk=skipped.pk).state, Run.objects.get(pk=skipped.pk).finished_at) == (RunState.SKIPPED, NOW)
     assert not TaskRun.objects.filter(run=skipped).exists()
     held, _ = create_run(None, trigger="job", tasks={"a": {"kind": "python", "ref": REF},
