@@ -46,12 +46,17 @@ class AttemptLogFormatter(logging.Formatter):
         return f"{text} [trace_id={trace_id} span_id={getattr(record, 'span_id', '')}]" if trace_id else text
 
 
+@functools.cache  # one per process: a formatter keeps no state between records
 def log_formatter() -> logging.Formatter:
     """The format of ``logging`` records in an attempt's log: times in UTC whatever the project's
     TIME_ZONE, so the log view can show each line's time in the clock its reader chose."""
     formatter = AttemptLogFormatter(LOG_FORMAT)
     formatter.converter = time.gmtime
     return formatter
+
+
+# Copies the bound fields (run, task, attempt) onto each record of an attempt's log; keeps no state.
+CONTEXT_FILTER = logformat.ContextFilter()
 
 
 class TaskFailure(Exception):
@@ -395,7 +400,7 @@ def run(message: dict, log_stream=None, declared: dict | None = None, functions:
                                                      append=message.get("check") is not None), access.masker)
     handler = logging.StreamHandler(log)
     handler.setFormatter(log_formatter())
-    handler.addFilter(logformat.ContextFilter())
+    handler.addFilter(CONTEXT_FILTER)
     root = logging.getLogger()
     saved = sys.stdout, sys.stderr
     outcome, result, error, tb, metadata, exception_class = AttemptOutcome.SUCCEEDED, None, "", "", None, ""

@@ -82,8 +82,10 @@ def place(reply: tuple, run_id: int) -> tuple:
     written to the log storage and replaced by its marker; when the storage refuses it, the
     attempt fails saying so."""
     result = reply[3]
+    if result is None:
+        return reply
     inline = app_settings.MAX_RESULT_BYTES
-    if result is None or len(result) <= inline // 4:  # a character is at most 4 bytes of UTF-8
+    if len(result) <= inline // 4:  # a character is at most 4 bytes of UTF-8
         return reply
     data = result.encode()
     if len(data) <= inline:

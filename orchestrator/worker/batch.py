@@ -13,6 +13,7 @@ recorded outcomes are kept, to record again those a database crash lost (``recor
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -213,7 +214,15 @@ def chunks(endings: list[Ending]) -> list[list[Ending]]:
 
 
 def _json(value):
-    return json.loads(value) if isinstance(value, str) else value
+    """A claimed task run's spec (JSON text from the raw cursor): jobs of one kind share one text,
+    so the parse is kept for the next claims. Each message gets its own top-level dict; the values
+    inside (the arguments) are shared, and nothing in the worker writes to them."""
+    return dict(_parsed(value)) if isinstance(value, str) else value
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(text: str) -> dict:
+    return json.loads(text)
 
 
 class Batch:
