@@ -361,7 +361,9 @@ def _columns(prefix: str, fields, objs, params: dict) -> tuple[bool, ...]:
         else:
             values = [getattr(obj, f.attname) for obj in objs]
         first = values[0] if values else None
-        varies = any(value != first or type(value) is not type(first) for value in values)
+        # In C, not one Python comparison per value: equal to the first, and of one type (1 and True
+        # are equal, but not the same value to send).
+        varies = values.count(first) != len(values) or len(set(map(type, values))) > 1
         if f.name in ARRAY_COLUMNS:  # an array column travels as JSON: an array of arrays must be rectangular
             prep = Jsonb
         else:
