@@ -3,7 +3,7 @@
 - steady: jobs arrive at a steady rate (500 and 2,000 jobs/s by default) for a few seconds while
   a dispatcher and two workers run; the start delay of every job (enqueue to the job's own first
   instruction) as p50 / p99 / max, and per stage, from the timestamps the product writes:
-  enqueue (the producer's clock just before its INSERT) -> claimed (``started_at``: the clock of
+  enqueue (the producer's clock as it calls ``jobs.enqueue_many``) -> claimed (``started_at``: the clock of
   the worker's batch, taken before it sends the claim) -> child started (the job's return value,
   ``time.time()`` as its first instruction). The jobs are under no limit, so the workers claim
   them straight from ``scheduled``; work under a limit would add a dispatcher tick before.
@@ -118,6 +118,14 @@ def enqueue(n: int, ref: str = NOOP, priority: int = 0) -> None:
         wake_due({"default": n})
 
 
+def enqueue_jobs(n: int, ref: str) -> None:
+    """n jobs due now through the product's own bulk enqueue (``jobs.enqueue_many``: one statement
+    inserts the runs and their task runs and wakes the workers), as an application enqueues them."""
+    from orchestrator.jobs import enqueue_many
+
+    enqueue_many([{"ref": ref}] * n)
+
+
 def fill_backlog(n: int, delayed: bool = False) -> None:
     due = "now() + interval '1 day'" if delayed else "now() - interval '1 second'"
     with connection.cursor() as cursor:
@@ -195,7 +203,7 @@ def steady(out, rate: int, seconds: float, workers: int = 2, concurrency: int = 
         while sent < total:
             due = min(total, int((time.monotonic() - started) * rate) + 1)
             if due > sent:
-                enqueue(due - sent, STAMP)
+                enqueue_jobs(due - sent, STAMP)
                 sent = due
             else:
                 time.sleep(0.002)
