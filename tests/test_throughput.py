@@ -366,3 +366,28 @@ def test_ending_ten_times_the_jobs_in_one_statement_handles_about_ten_times_the_
     Run.objects.all().delete()
     large = ending_rows(clock, 500, generic)
     assert large <= 12 * small, (small, large)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_sends_its_commit_in_its_pipeline_and_never_commits_a_callers_transaction(clock):
+    """A worker's batch ends with its COMMIT in the pipeline (the closing sync carries it: one round
+    trip fewer than a commit after the pipeline). Run inside a caller's transaction, it commits
+    nothing: the caller's rollback undoes its claim."""
+    from django.db import transaction
+
+    from orchestrator.worker import Worker
+
+    enqueue_many([{"ref": REF, "kwargs": {"user_id": n}} for n in range(4)], now=clock.now())
+    loop = Worker(["default"], concurrency=4)
+    loop.register()
+    with Sent() as sent:
+        assert len(loop.batch.flush(claim=2)) == 2
+    assert sent.sql[-1] == "COMMIT"
+    assert not connection.in_atomic_block and connection.connection.info.transaction_status == 0  # idle
+    with transaction.atomic():
+        with Sent() as inside:
+            assert len(loop.batch.flush(claim=2)) == 2
+        assert "COMMIT" not in inside.sql
+        transaction.set_rollback(True)
+    assert TaskRun.objects.filter(state=TaskState.RUNNING).count() == 2
+    assert TaskRun.objects.filter(state=TaskState.SCHEDULED).count() == 2

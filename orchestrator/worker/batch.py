@@ -37,6 +37,13 @@ log = logging.getLogger(__package__)  # the worker's records under one name, orc
 # never that work is lost. It takes the disk's fsync latency out of every batch (and no JIT).
 ASYNC_COMMIT = SHORT_TRANSACTION
 
+# The batch's commit, sent in its pipeline behind the last statement: the sync that closes the
+# pipeline carries it, so the batch costs one round trip fewer than a commit of its own after the
+# pipeline (Django's, which then finds the transaction over and sends nothing). Left out when
+# something in the batch marked the transaction for a rollback (Django rolls it back instead), and
+# when the batch runs inside a caller's transaction (its atomic block is then a savepoint).
+COMMIT = db.prepared("COMMIT")
+
 # While other children still run, a worker's batches are at least this far apart: outcomes and
 # announced work that arrive meanwhile wait for the next one, so a busy worker records and claims
 # many per transaction; one that flushed longer ago (light load) flushes at once.
@@ -285,6 +292,8 @@ class Batch:
                 if sent and self.limited():
                     # Finished work frees concurrency-limit room: let the dispatchers look again.
                     wake_dispatchers()
+                if len(connection.atomic_blocks) == 1 and not connection.needs_rollback:
+                    db.execute(cursor, COMMIT)
         except BaseException:
             # The database is away (a restart, a failover): keep the outcomes for the next try
             # after the loop reconnected, or the task runs would stay "running" under a live
