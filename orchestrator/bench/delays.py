@@ -2,8 +2,9 @@
 machine and with another process taking a core, in interleaved turns on the same server.
 
 - this product: ``bench.load.steady`` (2 workers x 16 forked children, a dispatcher; the producer
-  inserts the jobs due at each moment in one transaction), enqueue to the job's first
-  instruction, and the two stages of it;
+  enqueues the jobs due at each moment with ``jobs.enqueue_many``), enqueue to the job's first
+  instruction; and the same with an ``async def`` job on the async executor (2 workers of 500
+  in-process places, as the peers section runs it);
 - PgQueuer: 2 worker processes of batch size 16 (as in the peers section), its producer enqueueing
   the same way (``Queries.enqueue`` of the jobs due at each moment); each job's payload is the
   producer's clock just before its enqueue, and its entrypoint takes ``time.time()`` as its first
@@ -25,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from orchestrator.bench import load, peers
+from orchestrator.bench import iobound, load, peers
 
 # One PgQueuer worker that records each job's start delay (its payload is the enqueue time) and
 # writes them to a file when terminated.
@@ -154,13 +155,25 @@ def run(out, rate: int = 500, seconds: float = 5.0, turns: int = 2) -> None:
         for taken in (False, True):
             label = "a core taken" if taken else "quiet       "
             with core_taken(taken):
-                since = load._now()
-                load.steady(lambda text: None, rate, seconds)
-                rows = load._stages(since, 0)
-            ours = [(started - created) * 1000 for created, _, _, started in rows]
+                ours = _ours(rate, seconds)
+            with core_taken(taken):
+                on_loop = _ours(rate, seconds, load.STAMP_ASYNC, places=iobound.ASYNC_PLACES)
             with core_taken(taken):
                 theirs = [d * 1000 for d in peer_steady(rate, seconds)]
-            out(f"  turn {turn}, {label}  this product {_figures(ours)}")
-            out(f"  turn {turn}, {label}  PgQueuer     {_figures(theirs)}")
-    out(f"  {rate} jobs/s for {seconds:g} s each; this product 2 workers x 16 forked children, PgQueuer 2 processes "
-        f"of batch 16; start delay = enqueue (the producer's clock) to the job's first instruction")
+            out(f"  turn {turn}, {label}  this product   {_figures(ours)}")
+            out(f"  turn {turn}, {label}  async executor {_figures(on_loop)}")
+            out(f"  turn {turn}, {label}  PgQueuer       {_figures(theirs)}")
+    out(f"  {rate} jobs/s for {seconds:g} s each; this product 2 workers x 16 forked children, its async executor "
+        f"2 workers x {iobound.ASYNC_PLACES} places, PgQueuer 2 processes of batch 16; start delay = enqueue (the "
+        f"producer's clock) to the job's first instruction")
+
+
+def _ours(rate: int, seconds: float, ref: str = load.STAMP, places: int = 0) -> list[float]:
+    """This product's start delays (ms) at ``rate``: the forked default, or with ``places`` the
+    async executor (one child and ``places`` in-process places per worker, as the peers section)."""
+    since = load._now()
+    if places:
+        load.steady(lambda text: None, rate, seconds, concurrency=1, ref=ref, inprocess=places)
+    else:
+        load.steady(lambda text: None, rate, seconds)
+    return [(started - created) * 1000 for created, _, _, started in load._stages(since, 0, ref)]

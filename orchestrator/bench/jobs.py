@@ -23,6 +23,12 @@ def stamp() -> float:
     return time.time()
 
 
+@job(executor="async")
+async def stamp_async() -> float:
+    """``stamp`` on the async executor."""
+    return time.time()
+
+
 @job
 def noop_task():
     """A workflow task that does nothing."""

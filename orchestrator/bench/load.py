@@ -36,6 +36,7 @@ from orchestrator.channels import wake_due
 
 NOOP = "orchestrator.bench.jobs:noop"
 STAMP = "orchestrator.bench.jobs:stamp"
+STAMP_ASYNC = "orchestrator.bench.jobs:stamp_async"
 # Due or running no-op jobs kept up while a window runs without a backlog: more than two workers
 # finish in 50 ms, fewer than a backlog.
 SUPPLY = 1000
@@ -152,9 +153,9 @@ def _quantiles(values: list[float]) -> tuple[float, float, float]:
     return q[49], q[98], max(values)
 
 
-def _stages(since: datetime, priority: int) -> list[tuple[float, float, float, float]]:
+def _stages(since: datetime, priority: int, ref: str = STAMP) -> list[tuple[float, float, float, float]]:
     with connection.cursor() as cursor:
-        cursor.execute(STAGES, {"ref": STAMP, "since": since, "priority": priority})
+        cursor.execute(STAGES, {"ref": ref, "since": since, "priority": priority})
         return [row for row in cursor.fetchall() if None not in row]
 
 
@@ -182,19 +183,21 @@ def _finished_since(since: datetime) -> int:
         return cursor.fetchone()[0]
 
 
-def _start(workers: int, concurrency: int) -> Roles:
+def _start(workers: int, concurrency: int, inprocess: int = 0) -> Roles:
     roles = Roles()
     roles.start("dispatcher")
-    roles.workers(workers, concurrency)
+    roles.workers(workers, concurrency, inprocess=inprocess)
     # Children of a fresh worker are still importing: the figures are of a running system.
     time.sleep(1.0)
     return roles
 
 
-def steady(out, rate: int, seconds: float, workers: int = 2, concurrency: int = 16) -> dict:
-    """Jobs arriving at ``rate`` per second (one INSERT every 10 ms or so) for ``seconds``."""
+def steady(out, rate: int, seconds: float, workers: int = 2, concurrency: int = 16, ref: str = STAMP,
+           inprocess: int = 0) -> dict:
+    """Jobs arriving at ``rate`` per second (one INSERT every 10 ms or so) for ``seconds``; ``ref``
+    and ``inprocess``: another stamping job (the async one) and the in-process places it needs."""
     reset_work()
-    roles = _start(workers, concurrency)
+    roles = _start(workers, concurrency, inprocess)
     try:
         since = _now()
         started = time.monotonic()
@@ -203,7 +206,7 @@ def steady(out, rate: int, seconds: float, workers: int = 2, concurrency: int = 
         while sent < total:
             due = min(total, int((time.monotonic() - started) * rate) + 1)
             if due > sent:
-                enqueue_jobs(due - sent, STAMP)
+                enqueue_jobs(due - sent, ref)
                 sent = due
             else:
                 time.sleep(0.002)
@@ -214,7 +217,7 @@ def steady(out, rate: int, seconds: float, workers: int = 2, concurrency: int = 
     finally:
         roles.stop()
     return _print_delays(out, f"{rate:,} jobs/s for {seconds:g} s ({workers} workers x {concurrency}, "
-                              f"arrival achieved {achieved:,.0f}/s)", _stages(since, 0))
+                              f"arrival achieved {achieved:,.0f}/s)", _stages(since, 0, ref))
 
 
 def claim_ms(repeat: int = 3) -> float:
