@@ -391,3 +391,18 @@ def test_a_batch_sends_its_commit_in_its_pipeline_and_never_commits_a_callers_tr
         transaction.set_rollback(True)
     assert TaskRun.objects.filter(state=TaskState.RUNNING).count() == 2
     assert TaskRun.objects.filter(state=TaskState.SCHEDULED).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_database_error_of_the_prepared_insert_is_djangos_and_writes_nothing():
+    """The insert of new runs goes through the prepared path, not Django's cursor; its errors still
+    reach the caller as Django's (an IntegrityError here: a creator that does not exist)."""
+    from django.contrib.auth import get_user_model
+    from django.db import IntegrityError
+
+    ghost = get_user_model()(pk=987654, username="ghost")
+    with pytest.raises(IntegrityError, match="created_by"):
+        enqueue_many([{"ref": REF}], created_by=ghost, now=NOW)
+    assert (Run.objects.count(), TaskRun.objects.count()) == (0, 0)
+    # The connection is usable afterwards.
+    assert enqueue_many([{"ref": REF}], now=NOW)[0][1] is True
