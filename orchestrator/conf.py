@@ -105,8 +105,8 @@ OPTIONS = [
            "`?pool_mode=transaction` sets). See Running in production."),
     Option("POOLER_PREPARED_STATEMENTS", "switch", False, "off",
            "Behind a pooler in transaction mode (`?pool_mode=transaction`), keep the prepared statements of the "
-           "hot path (a worker's claims and outcomes, a dispatcher's tick): `on` needs PgBouncer 1.21 or later with "
-           "`max_prepared_statements` above 0 (e.g. 200), which carries protocol-level prepared statements from one "
+           "hot path (a worker's claims and outcomes, a dispatcher's tick, the insert of new runs that every "
+           "enqueue makes): `on` needs PgBouncer 1.21 or later with `max_prepared_statements` above 0 (e.g. 200), which carries protocol-level prepared statements from one "
            "server connection to the next; `off`, the safe choice for older poolers (Debian 12's PgBouncer is 1.18), "
            "plans them at every execution. A pooler that loses a prepared statement stops the role with a message "
            "naming this setting. Without a transaction pooler they are always prepared."),
