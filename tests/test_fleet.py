@@ -276,8 +276,8 @@ def test_idle_workers_of_another_queue_make_no_claim_per_job(processes, logged_s
     elapsed = time.monotonic() - began
     # Only the fleet's poll, about once per second between all eight (it was once per second each:
     # 8 per second). The turns settle while the eight workers' first heartbeats put them on the ring,
-    # which may bring a turn forward a few times.
-    assert claims <= elapsed / 1.0 + 4, (claims, elapsed)
+    # which may bring a turn forward a few times (up to five in a full suite on a loaded machine).
+    assert claims <= elapsed / 1.0 + 6, (claims, elapsed)
     assert server.query("SELECT count(*) FROM orchestrator_taskrun WHERE state = 'scheduled'")[0][0] == JOBS
     assert processes.stop(fleet, timeout=60) == 0, processes.output(fleet)
 

@@ -144,12 +144,12 @@ def test_a_batch_of_instances_costs_the_same_whatever_the_number_of_items(big, c
     # mapped task done? is the run done?) and claims ten more: the same statements, and the same
     # rows read, in a map over 1,000 items and over 10,000.
     assert (large_claim.statements, large_outcomes.statements) == (small_claim.statements, small_outcomes.statements)
-    # Rows read: flat, to within a tenth (the second scenario runs beside the first one's cancelled
-    # rows, and a server that has not vacuumed them yet reads a few of their index entries); a
-    # cost that grew with the list would read several times more (before: 119 -> 442 and
-    # 1,181 -> 10,504).
-    assert large_claim.rows <= small_claim.rows * 1.1, (small_claim.rows, large_claim.rows)
-    assert large_outcomes.rows <= small_outcomes.rows * 1.1, (small_outcomes.rows, large_outcomes.rows)
+    # Rows read: flat, to within a quarter (the second scenario runs beside the first one's cancelled
+    # rows and what earlier tests left, and a server that has not vacuumed them yet reads a few of
+    # their index entries: in a full suite on a loaded two-core machine, 75 -> 87); a cost that grew
+    # with the list would read several times more (before: 119 -> 442 and 1,181 -> 10,504).
+    assert large_claim.rows <= small_claim.rows * 1.25, (small_claim.rows, large_claim.rows)
+    assert large_outcomes.rows <= small_outcomes.rows * 1.25, (small_outcomes.rows, large_outcomes.rows)
 
 
 def expansion_reads(big, clock, n) -> int:

@@ -97,7 +97,9 @@ def test_a_fan_out_fan_in_dag_runs_each_task_after_all_its_parents(processes, en
     graph["report"] = [f"publish_{i}" for i in range(3)]
     run = start_run({name: task("record", parents) for name, parents in graph.items()},
                     params={"record": str(record), "sleep": 0.2, "together": [f"transform_{i}" for i in range(4)]})
-    assert wait_finished(run) and run_state(run) == "succeeded"
+    # Five levels of 0.2 s, the four transforms waiting (up to 30 s) until all four have started:
+    # more than the default 20 s on a machine the rest of the suite is loading.
+    assert wait_finished(run, timeout=60.0) and run_state(run) == "succeeded"
     events = records(record)
     start = {e["task"]: e["at"] for e in events if e["event"] == "start"}
     end = {e["task"]: e["at"] for e in events if e["event"] == "end"}
