@@ -94,12 +94,7 @@ def peer_steady(rate: int, seconds: float, processes: int = 2, batch: int = 16) 
     try:
         for f in files:
             f.close()
-            proc = subprocess.Popen([sys.executable, "-c", PEER_WORKER, dsn, str(batch), f.name],
-                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-            procs.append(proc)
-        for proc in procs:
-            if proc.stdout.readline().strip() != "ready":
-                raise RuntimeError("a PgQueuer worker did not start")
+        peers.start_workers(procs, [[PEER_WORKER, dsn, str(batch), f.name] for f in files])
         time.sleep(1.0)  # as this product's workers are given (bench.load._start)
 
         async def produce() -> None:
@@ -124,15 +119,7 @@ def peer_steady(rate: int, seconds: float, processes: int = 2, batch: int = 16) 
 
         asyncio.run(produce())
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        peers.stop_workers(procs)
     delays = []
     for f in files:
         with open(f.name) as readable:

@@ -114,13 +114,7 @@ def peer_round(n: int, processes: int, batch: int) -> tuple[float, int]:
     _reset_peer(dsn)
     procs = []
     try:
-        for _ in range(processes):
-            proc = subprocess.Popen([sys.executable, "-c", PEER_WORKER, dsn, str(batch)], stdout=subprocess.PIPE,
-                                    stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-            procs.append(proc)
-        for proc in procs:
-            if proc.stdout.readline().strip() != "ready":
-                raise RuntimeError("a PgQueuer worker did not start")
+        start_workers(procs, [[PEER_WORKER, dsn, str(batch)]] * processes)
         time.sleep(0.5)  # its LISTEN and first dequeue
 
         async def enqueue_and_wait() -> tuple[float, int]:
@@ -144,18 +138,34 @@ def peer_round(n: int, processes: int, batch: int) -> tuple[float, int]:
 
         elapsed, done = asyncio.run(enqueue_and_wait())
     finally:
-        import signal
-
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_workers(procs)
     return done / elapsed, done
+
+
+def start_workers(procs: list, commands: list[list[str]]) -> None:
+    """Start a PgQueuer worker per command (``python -c`` and its arguments) into ``procs`` (the
+    caller stops them, ``stop_workers``, whatever happens), once each said it is ready."""
+    for command in commands:
+        procs.append(subprocess.Popen([sys.executable, "-c", *command], stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, text=True, start_new_session=True))
+    for proc in procs:
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("a PgQueuer worker did not start")
+
+
+def stop_workers(procs: list) -> None:
+    """SIGTERM each worker's session, SIGKILL what has not exited 10 s later."""
+    import signal
+
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def ours_round(n: int, processes: int, concurrency: int, places: int = 0) -> tuple[float, int]:
