@@ -300,19 +300,19 @@ def _checked_items(items) -> list[_Prepared]:
         raise JobError(f"jobs must be a list of dicts, got {type(items).__name__}", field="jobs")
     prepared: list[_Prepared] = []
     for index, item in enumerate(items):
+        where = f"jobs[{index}]"
         if not isinstance(item, dict):
-            raise JobError(f"jobs[{index}] must be a dict of enqueue's arguments, got {type(item).__name__}",
-                           field=f"jobs[{index}]")
+            raise JobError(f"{where} must be a dict of enqueue's arguments, got {type(item).__name__}", field=where)
         if not ITEM_KEYS.issuperset(item):
             unknown = sorted(str(key) for key in item if key not in ITEM_KEYS)
-            raise JobError(f"jobs[{index}] has unknown argument(s) {', '.join(unknown)}; "
-                           f"allowed: {', '.join(sorted(ITEM_KEYS))}", field=f"jobs[{index}]")
+            raise JobError(f"{where} has unknown argument(s) {', '.join(unknown)}; "
+                           f"allowed: {', '.join(sorted(ITEM_KEYS))}", field=where)
         if "ref" not in item:
-            raise JobError(f"jobs[{index}] needs a ref", field=f"jobs[{index}].ref")
+            raise JobError(f"{where} needs a ref", field=f"{where}.ref")
         try:
             prepared.append(_prepare(**item))
         except JobError as exc:
-            raise JobError(f"jobs[{index}]: {exc}", field=f"jobs[{index}].{exc.field}") from None
+            raise JobError(f"{where}: {exc}", field=f"{where}.{exc.field}") from None
     return prepared
 
 

@@ -222,9 +222,16 @@ def chunks(endings: list[Ending]) -> list[list[Ending]]:
 
 def _json(value):
     """A claimed task run's spec (JSON text from the raw cursor): jobs of one kind share one text,
-    so the parse is kept for the next claims. Each message gets its own top-level dict; the values
-    inside (the arguments) are shared, and nothing in the worker writes to them."""
-    return dict(_parsed(value)) if isinstance(value, str) else value
+    so the parse of a short one is kept for the next claims (a long one, large arguments, is not
+    kept in memory). Each message gets its own top-level dict; the values inside (the arguments)
+    are shared, and nothing in the worker writes to them."""
+    if not isinstance(value, str):
+        return value
+    return dict(_parsed(value)) if len(value) <= PARSED_SPEC_CHARS else json.loads(value)
+
+
+# The longest spec text whose parse is kept (``_json``): a job's spec without large arguments.
+PARSED_SPEC_CHARS = 4096
 
 
 @functools.lru_cache(maxsize=256)
