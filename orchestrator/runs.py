@@ -16,6 +16,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import operator
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -359,7 +360,7 @@ def _columns(prefix: str, fields, objs, params: dict) -> tuple[bool, ...]:
                 setattr(obj, f.attname, moment)
             values = [moment]
         else:
-            values = [getattr(obj, f.attname) for obj in objs]
+            values = list(map(operator.attrgetter(f.attname), objs))  # the loop in C
         first = values[0] if values else None
         # In C, not one Python comparison per value: equal to the first, and of one type (1 and True
         # are equal, but not the same value to send).

@@ -106,6 +106,23 @@ def test_n_jobs_build_n_model_instances_their_runs_and_no_task_run():
     assert TaskRun.objects.get(run=results[350][0]).spec["args"] == []
 
 
+def test_a_batch_s_runs_hold_what_the_model_s_constructor_gives_them():
+    from orchestrator.jobs import _run_instance
+
+    # enqueue_many builds its runs without Model.__init__ (_run_instance): the same values, the
+    # model's defaults for the rest, a new instance's state, a default made anew for each.
+    values = {"logical_date": NOW, "trigger": "job", "tenant": "t", "priority": 2, "state": RunState.RUNNING,
+              "idempotency_key": "k", "payload_hash": "h"}
+    fast, plain = _run_instance(**values), Run(**values)
+    fields = [f.attname for f in Run._meta.concrete_fields]
+    assert [getattr(fast, name) for name in fields] == [getattr(plain, name) for name in fields]
+    assert (fast._state.adding, fast._state.db, fast.pk) == (True, None, None)
+    other = _run_instance(**values)
+    assert fast.params == {} and fast.params is not other.params
+    fast.save()
+    assert Run.objects.get(pk=fast.pk).idempotency_key == "k"
+
+
 def test_a_key_repeated_in_a_batch_with_the_same_request_is_one_job():
     results = enqueue_many([{"ref": REF, "kwargs": {"user_id": 1}, "idempotency_key": "a"},
                             {"ref": REF, "kwargs": {"user_id": 2}},
