@@ -87,4 +87,11 @@
   });
   document.addEventListener("DOMContentLoaded", function () { setUp(document); });
   document.addEventListener("htmx:load", function (event) { setUp(event.target); });
+  // A live update gives the focus back to the node that had it (htmx finds it by its id) without
+  // scrolling, and the kept scroll may predate the browser's scroll to that node: bring it into
+  // view again, as a keyboard user left it.
+  document.addEventListener("htmx:afterSettle", function () {
+    var active = document.activeElement;
+    if (active && active.closest && active.closest("svg.dag")) active.scrollIntoView({ block: "nearest", inline: "nearest" });
+  });
 })();
