@@ -20,7 +20,7 @@ from datetime import datetime
 
 from django.db import transaction
 
-from orchestrator import clock, db, due, tracing
+from orchestrator import analyze, clock, db, due, tracing
 from orchestrator.channels import DISPATCH_CHANNEL, wake_queues
 from orchestrator.clock import system as system_clock
 from orchestrator.conf import app_settings
@@ -192,6 +192,7 @@ class Dispatcher(Role):
         self.last_tick = -1e9
         self.held_back = False
         self.announced = False
+        self.freshness = analyze.Freshness()  # the job tables' statistics, analyzed once they doubled
 
     def serve(self, max_seconds: float | None = None) -> None:
         log.info("dispatcher started", extra={"action": "dispatcher_start"})
@@ -206,6 +207,7 @@ class Dispatcher(Role):
             # A limit edited in the admin applies within one poll interval.
             self.limits, self.limits_at = load_limits(), time.monotonic()
         self.last_tick = time.monotonic()
+        self.freshness.check(self.last_tick)
         return tick(self.clock.now(), limits=self.limits) > 0  # more due work than one batch: again
 
     def notified(self, notifies: list) -> None:

@@ -21,7 +21,7 @@ from collections import deque
 
 from django.db import connection, transaction
 
-from orchestrator import clock, db, due, resolver, taskcontext, tracing
+from orchestrator import analyze, clock, db, due, resolver, taskcontext, tracing
 from orchestrator.channels import wake_dispatchers, wake_due
 from orchestrator.loop import SHORT_TRANSACTION
 from orchestrator.resolver import Ending
@@ -261,6 +261,7 @@ class Batch:
         # When the next waiting sensor's check of these queues is due (as the latest check claim found it).
         self.checks_next_due = None
         self.completed = 0
+        self.freshness = analyze.Freshness()  # the job tables' statistics, analyzed once they doubled
 
     def add(self, ending: Ending) -> None:
         self.endings.append(ending)
@@ -277,6 +278,7 @@ class Batch:
         """Record the outcomes gathered so far and claim up to ``claim`` task runs and up to
         ``checks`` waiting sensors' checks (their messages have a "check"), in one transaction
         that commits before anything claimed starts."""
+        self.freshness.check(time.monotonic())  # before this batch's statements are planned
         self.settle()  # what a failed try left (its transaction is its own)
         endings, self.endings = self.endings, []
         self.last_flush = time.monotonic()
