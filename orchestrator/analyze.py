@@ -13,8 +13,9 @@ So each role looks, at most once a second, whether one of these tables has doubl
 latest statistics (its size on disk against the pages its statistics counted), and analyzes the
 ones that have. The ANALYZE makes every session's plans of them anew, for their size then. One
 role does it at a time (an advisory lock, tried); the others find the statistics fresh at their
-next look. Doubling bounds the work: a table of a million rows has been analyzed about 15 times
-on its way there, and not again by this (autovacuum keeps it fresh)."""
+next look. Doubling bounds the work: from 16 pages to a million rows a table is analyzed about a
+dozen times, and every analyze by autovacuum on the way (after each tenth changed) moves the next
+doubling further off."""
 
 from __future__ import annotations
 
@@ -34,10 +35,6 @@ TABLES = ("orchestrator_run", "orchestrator_taskrun", "orchestrator_attempt")
 CHECK_SECONDS = 1.0
 MIN_PAGES = 16
 
-# The advisory lock that lets one role analyze at a time (any other number the project uses is
-# far from it).
-LOCK_KEY = 0x6F726368_616E6C7A  # "orch" "anlz"
-
 # The tables twice the size their statistics counted (never analyzed: counted as empty). Prepared,
 # as every statement of a worker's batch and a dispatcher's tick is (orchestrator.db).
 GROWN = db.prepared(f"""
@@ -46,7 +43,8 @@ WHERE c.oid = ANY (ARRAY[{", ".join(f"'{table}'::regclass" for table in TABLES)}
   AND pg_relation_size(c.oid) / current_setting('block_size')::int >= GREATEST(2 * c.relpages, {MIN_PAGES})
 ORDER BY c.relname
 """)
-TRY_LOCK = db.prepared(f"SELECT pg_try_advisory_xact_lock({LOCK_KEY})")
+# The advisory lock that lets one role analyze at a time (named as the project's other ones).
+TRY_LOCK = db.prepared("SELECT pg_try_advisory_xact_lock(hashtextextended('orchestrator.analyze', 0))")
 ANALYZE = {table: db.prepared(f"ANALYZE {table}") for table in TABLES}
 
 
