@@ -97,6 +97,18 @@ def pinned_process_clock(request):
             record.write(json.dumps({"test": request.node.nodeid, "reads": pinned.reads}) + "\n")
 
 
+@pytest.fixture(autouse=True)
+def no_look_at_table_growth(monkeypatch):
+    """A worker or dispatcher looks, at most once a second, whether the job tables doubled since
+    their statistics (orchestrator.analyze). In this process, where tests count a batch's
+    statements and rows, whether a second passed between two batches is not the test's to decide:
+    it never looks unless the test asks (tests/test_kept_plans.py). The roles that tests start as
+    processes do look."""
+    from orchestrator import analyze
+
+    monkeypatch.setattr(analyze.Freshness, "check", lambda self, now: [])
+
+
 # ORCHESTRATOR_CLOCK_AUDIT=<file>: each time-sensitive test appends to the file how often it read
 # the pinned clock, to tell which tests need the mark (a test that never reads it runs the same
 # at any instant, and need not run again at each instant of CI's clock pass).

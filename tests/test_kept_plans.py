@@ -94,9 +94,14 @@ def work_off(loop, rounds: int = 100) -> int:
     raise AssertionError(f"work left after {rounds} batches")
 
 
+# The look itself, which tests/conftest.py turns off for every other test.
+CHECK = analyze.Freshness.check
+
+
 @pytest.fixture(autouse=True)
 def every_batch_looks(monkeypatch):
     """A role looks at the tables' growth at most once a second: here at every batch."""
+    monkeypatch.setattr(analyze.Freshness, "check", CHECK)
     monkeypatch.setattr(analyze, "CHECK_SECONDS", 0.0)
 
 
