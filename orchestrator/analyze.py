@@ -60,7 +60,8 @@ class Freshness:
 
     def check(self, now: float) -> list[str]:
         """Analyze the tables that doubled since their statistics (``now``: time.monotonic());
-        returns their names (empty when it was not time to look, or none did)."""
+        returns the names of those whose statistics it renewed (empty when it was not time to
+        look, none had doubled, another role was at it, or PostgreSQL refused)."""
         if now - self.checked < CHECK_SECONDS:
             return []
         self.checked = now
@@ -75,7 +76,10 @@ class Freshness:
             for table in grown:
                 db.execute(cursor, ANALYZE[table])
             db.execute(cursor, GROWN)
-            self.tried.update((name, pages) for name, pages in cursor.fetchall() if name in grown)
-        log.info("analyzed %s: doubled since their statistics", ", ".join(grown),
-                 extra={"action": "tables_analyzed"})
-        return grown
+            still = {name: pages for name, pages in cursor.fetchall() if name in grown}
+        self.tried.update(still)
+        analyzed = [name for name in grown if name not in still]
+        if analyzed:
+            log.info("analyzed %s: doubled since their statistics", ", ".join(analyzed),
+                     extra={"action": "tables_analyzed"})
+        return analyzed

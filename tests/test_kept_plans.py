@@ -189,3 +189,25 @@ def test_a_role_analyzes_the_job_tables_once_they_doubled_and_looks_at_most_once
     now_counted = relpages()
     assert all(now_counted[table] >= 2 * counted[table] for table in TABLES), (counted, now_counted)
     assert freshness.check(2.0) == []  # fresh statistics: nothing more
+
+
+def test_a_role_that_does_not_own_the_tables_is_refused_once_per_doubling_not_every_second(clock, monkeypatch):
+    fresh_tables()
+    grow(clock)  # never analyzed, and well over the pages counted from
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE ROLE orchestrator_not_owner")
+        cursor.execute("SET LOCAL ROLE orchestrator_not_owner")
+    monkeypatch.setattr(analyze, "CHECK_SECONDS", 0.0)
+    freshness = analyze.Freshness()
+    # PostgreSQL refuses with a warning: nothing renewed, and not asked again at the same size.
+    assert freshness.check(0.0) == []
+    assert set(freshness.tried) == set(TABLES)
+    sent = []
+    execute = analyze.db.execute
+    monkeypatch.setattr(analyze.db, "execute", lambda cursor, statement, params=None: (
+        sent.append(statement), execute(cursor, statement, params))[1])
+    assert freshness.check(1.0) == []
+    assert sent == [analyze.GROWN]  # the look, and no lock or ANALYZE after it
+    with connection.cursor() as cursor:
+        cursor.execute("RESET ROLE")
+    assert relpages() == {table: 0 for table in TABLES}
