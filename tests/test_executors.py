@@ -9,6 +9,7 @@ import pytest
 from orchestrator.executor import READY
 from orchestrator.registry import executor_of, job
 from orchestrator.worker import Worker as WorkerRole
+from orchestrator.worker.batch import COALESCE_SECONDS
 from tests.support import inprocess_jobs
 
 REF = "tests.support.inprocess_jobs"
@@ -183,6 +184,34 @@ def test_with_a_deep_backlog_of_short_tasks_a_claim_takes_one_more_per_child_sta
     assert worker.capacity() == 0
     worker.held = []
     assert worker.capacity() == 0  # both children busy
+
+
+def test_outcomes_wait_a_moment_for_their_neighbours_but_work_a_notification_announced_does_not():
+    worker = ready_worker(children=2, places=0)
+    worker.place([message(1, "plain_job")])  # a child busy: its outcome would join the next batch
+    worker.want_claim = False
+    now = 1000.0
+    worker.batch.last_flush = now - COALESCE_SECONDS / 2  # the latest batch began a moment ago
+    # Outcomes alone wait for the busy child's.
+    assert worker.holding(now)
+    # A notification named this worker's place, and a child is free: the claim goes at once, as
+    # the wait would be the new job's start delay.
+    worker.wakeup.owed = 1
+    assert worker.wakeup.asked(now) and worker.capacity() == 1
+    assert not worker.holding(now)
+    # Claiming again while a backlog lasts still waits, so those batches stay large.
+    worker.want_claim = True
+    assert worker.holding(now)
+    # Announced work with no free child to take it waits with the outcomes.
+    worker.want_claim = False
+    worker.place([message(2, "plain_job")])
+    assert worker.capacity() == 0 and worker.holding(now)
+    # Past the window nothing waits, and with no child busy no outcome would join.
+    assert not worker.holding(now + COALESCE_SECONDS)
+    for slot in worker.pool.slots:
+        worker.pool.children.conns[slot.pid].inbox.append((slot.message["id"], 1, "succeeded", None, "", "", "", None, ""))
+        worker.loop.wake(slot.conn)
+    assert worker.pool.busy_count() == 0 and not worker.holding(now)
 
 
 def test_an_overdue_thread_job_retires_its_host_and_an_overdue_async_job_is_cancelled():

@@ -44,9 +44,12 @@ ASYNC_COMMIT = SHORT_TRANSACTION
 # when the batch runs inside a caller's transaction (its atomic block is then a savepoint).
 COMMIT = db.prepared("COMMIT")
 
-# While other children still run, a worker's batches are at least this far apart: outcomes and
-# announced work that arrive meanwhile wait for the next one, so a busy worker records and claims
-# many per transaction; one that flushed longer ago (light load) flushes at once.
+# While other children still run, a worker's batches are at least this far apart: outcomes that
+# arrive meanwhile, and its claims while a backlog lasts, wait for the next one, so a busy worker
+# records and claims many per transaction; one that flushed longer ago (light load) flushes at
+# once. Work a notification announces for a free place never waits (Worker.holding): at 500 jobs/s
+# the wait showed in the start delay's tail (p99 7.0-11.2 ms with it, 6.6-8.6 without), while
+# batches under a backlog kept their size (the no-op throughput did not move).
 COALESCE_SECONDS = 0.003
 
 # A batch's outcomes go to resolver.END_TASK_RUNS in statements of about this many, all in the

@@ -305,8 +305,15 @@ class Worker(Role):
 
     def holding(self, now: float) -> bool:
         """Whether the next batch waits: the latest one began less than COALESCE_SECONDS ago and
-        other children still run (their outcomes will join it). With none running, nothing would."""
-        return self.pool.busy_count() + self.inprocess.busy_count() > 0 and not self.drain.active and self.batch.coalescing(now)
+        other children still run (their outcomes will join it). With none running, nothing would.
+        Work a notification announced for a free place does not wait: the hold would be its start
+        delay (a worker that claims again while a backlog lasts still holds, so its batches stay
+        large)."""
+        if self.drain.active or not self.batch.coalescing(now):
+            return False
+        if not self.pool.busy_count() and not self.inprocess.busy_count():
+            return False
+        return self.want_claim or not self.wakeup.asked(now) or not self.capacity()
 
     def record_and_claim(self, now: float) -> bool:
         """Record the outcomes gathered so far and refill the idle children, in one transaction.
