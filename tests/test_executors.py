@@ -154,6 +154,10 @@ def test_default_jobs_claimed_for_in_process_places_wait_for_a_child_and_stop_fu
     assert worker.inprocess_share == 0.0
     # While a job waits for a child, a claim takes nothing: no idle child, no place offered.
     assert worker.capacity() == 0
+    # Not claimed ahead (no bet on short tasks): it waits for the child however long that takes.
+    assert worker.held_at == {}
+    worker.hand_back_held(1e12)
+    assert [m["id"] for m in worker.held] == [2]
     # The child's outcome frees it: the held job starts there, and places are offered again.
     worker.pool.children.conns[slot.pid].inbox.append((1, 1, "succeeded", None, "", "", "", None, ""))
     worker.loop.wake(slot.conn)
@@ -184,6 +188,21 @@ def test_with_a_deep_backlog_of_short_tasks_a_claim_takes_one_more_per_child_sta
     assert worker.capacity() == 0
     worker.held = []
     assert worker.capacity() == 0  # both children busy
+
+
+def test_nothing_is_claimed_ahead_before_a_task_ended_and_the_first_one_sets_the_average():
+    worker = ready_worker(children=1, places=0)
+    worker.backlog = True
+    # No task has ended in this worker: no evidence that tasks are short, no claim ahead.
+    assert worker.pool.task_seconds is None and worker.capacity() == 1
+    worker.place([message(1, "plain_job")])
+    [slot] = worker.pool.slots
+    slot.started -= 0.2  # the task ran for 0.2 s
+    worker.pool.children.conns[slot.pid].inbox.append((1, 1, "succeeded", None, "", "", "", None, ""))
+    worker.loop.wake(slot.conn)
+    # The average starts at that task's time (not a tenth of it, as from zero): still none ahead.
+    assert 0.2 <= worker.pool.task_seconds < 0.3
+    assert worker.prefetch() == 0 and worker.capacity() == 1
 
 
 def test_outcomes_wait_a_moment_for_their_neighbours_but_work_a_notification_announced_does_not():

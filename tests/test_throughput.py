@@ -212,6 +212,37 @@ def test_claiming_jobs_neither_reads_nor_locks_the_workers_row(clock):
     assert TaskRun.objects.filter(worker_id=loop.id, state=TaskState.RUNNING).count() == 40
 
 
+def test_a_job_claimed_ahead_that_waits_too_long_for_a_child_is_handed_back_to_any_worker(clock):
+    from orchestrator.clock import pinned
+    from orchestrator.models import Attempt
+    from orchestrator.worker.role import HELD_SECONDS
+    from tests.test_executors import ready_worker
+
+    enqueue_many([{"ref": REF, "kwargs": {"user_id": n}} for n in range(2)], now=clock.now())
+    worker = ready_worker(children=1, places=0)
+    worker.register()
+    # A backlog of short tasks: a claim takes one job beyond the idle child, held for it.
+    worker.backlog, worker.pool.task_seconds = True, 0.001
+    worker.place(worker.claim(worker.capacity(), clock.now()))
+    [held] = worker.held
+    allowance = TaskRun.objects.get(pk=held["id"]).max_attempts
+    began = worker.held_at[held["id"]]  # its wait for the child
+    worker.hand_back_held(began + HELD_SECONDS / 2)
+    assert worker.held == [held] and worker.next_wait() <= HELD_SECONDS / 2 + 0.01
+    # The child stayed busy far longer than the average said: the job goes back, for any worker.
+    with pinned(clock):
+        worker.hand_back_held(began + HELD_SECONDS)
+    assert worker.held == [] and worker.held_at == {}
+    task_run = TaskRun.objects.get(pk=held["id"])
+    # Due again now; the attempt it never started does not count against its allowance.
+    assert (task_run.state, task_run.due_at, task_run.attempts, task_run.max_attempts) == (
+        TaskState.SCHEDULED, clock.now(), 1, allowance + 1)
+    attempt = Attempt.objects.get(task_run_id=held["id"], number=held["number"])
+    assert attempt.outcome == "lost" and "claimed ahead" in attempt.error and "without counting" in attempt.error
+    # The average is forgotten: nothing more is claimed ahead until a task is seen to be short.
+    assert worker.pool.task_seconds is None and worker.prefetch() == 0 and worker.capacity() == 0
+
+
 def test_a_run_over_at_birth_is_one_row_and_a_pending_one_holds_its_tasks_back():
     from orchestrator.runs import create_run
     from orchestrator.states import RunState

@@ -111,8 +111,9 @@ class Pool:
                  on_reply: Callable[[dict, tuple], None], on_died: Callable[[dict, str], None],
                  children: ForkedChildren | None = None):
         self.concurrency = concurrency
-        # How long the latest tasks took in their children, a moving average (seconds).
-        self.task_seconds = 0.0
+        # How long the latest tasks took in their children, a moving average (seconds); None until
+        # a task ended (no evidence yet that tasks are short, see worker.role.PREFETCH_PER_CHILD).
+        self.task_seconds: float | None = None
         self.min_children = min(min_children or concurrency, concurrency)
         self.idle_seconds = idle_seconds
         self.max_tasks_per_child = max_tasks_per_child
@@ -194,7 +195,9 @@ class Pool:
         slot.deadline = None
         slot.tasks += 1
         slot.idle_since = time.monotonic()
-        self.task_seconds += TASK_SECONDS_WEIGHT * (slot.idle_since - slot.started - self.task_seconds)
+        took = slot.idle_since - slot.started
+        self.task_seconds = took if self.task_seconds is None else \
+            self.task_seconds + TASK_SECONDS_WEIGHT * (took - self.task_seconds)
         self.on_reply(message, reply)
 
     def child_died(self, slot: Slot) -> None:

@@ -38,7 +38,7 @@ from orchestrator.worker.batch import (
     COALESCE_SECONDS,
     Batch,
 )
-from orchestrator.worker.drain import Drain
+from orchestrator.worker.drain import Drain, hand_back
 from orchestrator.worker.inprocess import InProcess, runs_in_process, runs_on_loop
 from orchestrator.worker.pool import Pool, Slot
 from orchestrator.worker.wakeup import Wakeup
@@ -59,6 +59,11 @@ RECHECK_SECONDS = 0.005
 # (HEARTBEAT_TIMEOUT_SECONDS or more) is far beyond the wait of a task that waits for one this short.
 PREFETCH_PER_CHILD = 1
 PREFETCH_TASK_SECONDS = 0.05
+
+# A job claimed ahead that waited this long for a child is handed back (due again at once, for any
+# worker; its attempt never started and does not count): the tasks ahead of it ran far longer than
+# their average, and another worker may have a free child. The average is then forgotten.
+HELD_SECONDS = 1.0
 
 
 class Worker(Role):
@@ -109,6 +114,7 @@ class Worker(Role):
         # Claimed jobs that wait for a forked child: claimed for in-process places, they turned
         # out to be jobs of the default executor (a claim cannot tell them apart).
         self.held: list[dict] = []
+        self.held_at: dict[int, float] = {}  # claimed ahead: task run id -> time.monotonic() it began to wait
         # Whether the latest claim found more due than it took (see PREFETCH_PER_CHILD).
         self.backlog = False
         # The share of in-process jobs among the latest claims (a moving average): how many of the
@@ -206,6 +212,7 @@ class Worker(Role):
         self.pool.recycle(now)
         self.inprocess.recycle(self.pool.generation)
         self.start_held()
+        self.hand_back_held(now)
         if self.wakeup.stale:
             self.wakeup.refresh(self.id, self.queues)
             self.plan_poll(now, keep_sooner=True)
@@ -226,6 +233,8 @@ class Worker(Role):
             if self.wakeup.owed or self.wakeup.everyone:
                 timeout = min(timeout, self.wakeup.quiet_until - now)  # the end of the back-off
         deadlines = self.pool.deadlines(shrinking=not self.drain.active) + self.inprocess.deadlines()
+        if self.held_at and not self.drain.active:
+            deadlines.append(min(self.held_at.values()) + HELD_SECONDS)
         if deadlines:
             timeout = min(timeout, min(deadlines) - now)
         if not self.drain.active and self.check_room(self.pool.idle_slots()):
@@ -273,7 +282,7 @@ class Worker(Role):
     def prefetch(self) -> int:
         """How many task runs a claim may take beyond the idle children (PREFETCH_PER_CHILD): none
         unless the backlog is deep and tasks are short."""
-        if not self.backlog or self.pool.task_seconds > PREFETCH_TASK_SECONDS:
+        if not self.backlog or self.pool.task_seconds is None or self.pool.task_seconds > PREFETCH_TASK_SECONDS:
             return 0
         return PREFETCH_PER_CHILD * self.concurrency
 
@@ -284,6 +293,23 @@ class Worker(Role):
         for slot in self.pool.idle_slots()[:len(self.held)]:
             self.pool.start_task(slot, self.held.pop(0))
 
+    def hand_back_held(self, now: float) -> None:
+        """Hand back the jobs claimed ahead that waited HELD_SECONDS for a child of this worker (not
+        those claimed for an in-process place that wait for one: no bet on short tasks there)."""
+        if not self.held_at:
+            return
+        stale = [m for m in self.held if now - self.held_at.get(m["id"], now) >= HELD_SECONDS]
+        self.held = [m for m in self.held if m not in stale]
+        self.held_at = {m["id"]: self.held_at[m["id"]] for m in self.held if m["id"] in self.held_at}
+        if not stale:
+            return
+        self.pool.task_seconds = None  # nothing claimed ahead until tasks are seen to be short again
+        log.info("handing back %d job(s) claimed ahead: this worker's children stayed busy for %gs", len(stale),
+                 HELD_SECONDS, extra={"action": "worker_hand_back_held"})
+        hand_back(stale, f"handed back: claimed ahead for a child of this worker, it waited {HELD_SECONDS:g}s "
+                         "without one; it never started and runs again without counting this attempt",
+                  worker_id=self.id, queues=self.queues)
+
     def place(self, claimed: list[dict]) -> None:
         """Start each claimed task run where it runs: a job declared for the in-process executor
         there while it has places, everything else in an idle child, or held until one is free."""
@@ -293,6 +319,7 @@ class Worker(Role):
         idle = self.pool.idle_slots()
         free = self.inprocess.free()
         inprocess = []
+        ahead = self.prefetch() > 0
         for message in claimed:
             if len(inprocess) < free and runs_in_process(message):
                 inprocess.append(message)
@@ -300,15 +327,15 @@ class Worker(Role):
                 self.pool.start_task(idle.pop(0), message)
             else:
                 self.held.append(message)
+                if ahead:
+                    self.held_at[message["id"]] = time.monotonic()
         if inprocess:
             self.inprocess.run(inprocess)
 
     def holding(self, now: float) -> bool:
         """Whether the next batch waits: the latest one began less than COALESCE_SECONDS ago and
-        other children still run (their outcomes will join it). With none running, nothing would.
-        Work a notification announced for a free place does not wait: the hold would be its start
-        delay (a worker that claims again while a backlog lasts still holds, so its batches stay
-        large)."""
+        other children still run (their outcomes will join it; with none running, none would).
+        Work a notification announced for a free place never waits: that is its start delay."""
         if self.drain.active or not self.batch.coalescing(now):
             return False
         if not self.pool.busy_count() and not self.inprocess.busy_count():
