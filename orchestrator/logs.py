@@ -36,6 +36,13 @@ def local_path(name: str) -> str | None:
         return None
 
 
+def written_name(run_id: int, task_run_id: int, number: int) -> str:
+    """The attempt's log name if its log was written on this machine, else "" (a killed task's)."""
+    name = name_for(run_id, task_run_id, number)
+    path = local_path(name)
+    return name if path and os.path.exists(path) else ""
+
+
 def private_folders(folder: str) -> None:
     """Make ``folder`` (mode 0700), and close the folders between it and the storage's root to
     everyone but the service user, folders made by an earlier version included."""

@@ -243,6 +243,32 @@ def test_a_job_claimed_ahead_that_waits_too_long_for_a_child_is_handed_back_to_a
     assert worker.pool.task_seconds is None and worker.prefetch() == 0 and worker.capacity() == 0
 
 
+def test_a_job_claimed_after_a_sync_whose_notification_has_not_come_starts_in_a_fresh_child(clock):
+    from orchestrator import reload
+    from orchestrator.clock import pinned
+    from orchestrator.executor import READY
+    from tests.test_executors import ready_worker
+
+    worker = ready_worker(children=1, places=0)
+    worker.register()
+    worker.loop.listener = None
+    [old] = worker.pool.slots
+    # A sync commits (its NOTIFY still on its way), then a job is enqueued and claimed.
+    generation = reload.bump()
+    assert generation != worker.pool.generation
+    enqueue_many([{"ref": REF, "kwargs": {"user_id": 1}}], now=clock.now())
+    with pinned(clock):
+        assert worker.record_and_claim(0.0)
+    # The claim read the new generation: the old child is told to exit, the job waits for a fresh one.
+    assert worker.pool.generation == generation and old not in worker.pool.slots
+    assert [m["spec"]["kwargs"] for m in worker.held] == [{"user_id": 1}] and worker.held_at == {}
+    [fresh] = worker.pool.slots
+    worker.pool.children.conns[fresh.pid].inbox.append(READY)
+    worker.loop.wake(fresh.conn)
+    worker.start_held()
+    assert fresh.message["spec"]["kwargs"] == {"user_id": 1} and worker.held == []
+
+
 def test_a_run_over_at_birth_is_one_row_and_a_pending_one_holds_its_tasks_back():
     from orchestrator.runs import create_run
     from orchestrator.states import RunState

@@ -21,7 +21,7 @@ from collections import deque
 
 from django.db import connection, transaction
 
-from orchestrator import analyze, clock, db, due, resolver, taskcontext, tracing
+from orchestrator import analyze, clock, db, due, reload, resolver, taskcontext, tracing
 from orchestrator.channels import wake_dispatchers, wake_due
 from orchestrator.loop import SHORT_TRANSACTION
 from orchestrator.resolver import Ending
@@ -126,9 +126,11 @@ direct AS MATERIALIZED (
     -- wait until then, or to look again soon when it is due already (rows another worker held).
     {due.earliest(f"%(direct)s AND {due.UNLIMITED}", leaving_out="ARRAY(SELECT id FROM t)")}
 )
--- One row per claimed task run, each with the next due time; a single row of NULLs and the next
--- due time when nothing was claimed.
-SELECT t.id, t.run_id, t.task, t.attempts, t.spec, t.timeout, t.has_parents, upcoming.next_due
+-- One row per claimed task run, each with the next due time and the code generation now (a sync
+-- that committed before this claim, whose NOTIFY may not have come yet: Worker.place); a single row
+-- of NULLs and those two when nothing was claimed.
+SELECT t.id, t.run_id, t.task, t.attempts, t.spec, t.timeout, t.has_parents, upcoming.next_due,
+       {reload.CURRENT} AS generation
 FROM upcoming LEFT JOIN t ON true
 """)
 
@@ -257,8 +259,10 @@ class Batch:
         self.recorded_bytes = 0
         self.limits: due.Limits | None = None
         self.limits_checked = -1e9
-        # When the next task run this worker may claim itself is due (as the latest claim found it).
+        # When the next task run this worker may claim itself is due, and the code generation, as
+        # the latest claim found them.
         self.claimed_next_due = None
+        self.claimed_generation: int | None = None
         # Runs whose maps are settled after the batch that ended their instances (see settle).
         self.unsettled: set[int] = set()
         # When the next waiting sensor's check of these queues is due (as the latest check claim found it).
@@ -411,9 +415,9 @@ class Batch:
         """The claimed task runs' messages; the next due time goes to ``claimed_next_due``."""
         with cursor:
             rows = cursor.fetchall()
-        self.claimed_next_due = rows[0][-1] if rows else None
+        self.claimed_next_due, self.claimed_generation = rows[0][-2:] if rows else (None, None)
         messages = []
-        for task_run_id, run_id, task, number, spec, timeout, has_parents, _ in rows:
+        for task_run_id, run_id, task, number, spec, timeout, has_parents, _, _ in rows:
             if task_run_id is None:
                 continue
             spec = _json(spec)

@@ -256,7 +256,7 @@ class Worker(Role):
             self.batch.add(Ending(
                 message["id"], message["number"], AttemptOutcome.TIMED_OUT,
                 error=f"timed out after {message['timeout']:g}s: the task's process was killed",
-                log_path=self._existing_log(message), run_id=message["run_id"],
+                log_path=logs.written_name(message["run_id"], message["id"], message["number"]), run_id=message["run_id"],
             ))
         for message in self.inprocess.overdue(now):
             how = "the job was cancelled" if runs_on_loop(message) else \
@@ -264,7 +264,8 @@ class Worker(Role):
             self.batch.add(Ending(
                 message["id"], message["number"], AttemptOutcome.TIMED_OUT,
                 error=f"timed out after {message['timeout']:g}s: {how}",
-                log_path=self._existing_log(message), run_id=message["run_id"],
+                log_path=logs.written_name(message["run_id"], message["id"], message["number"]),
+                run_id=message["run_id"],
             ))
 
     def capacity(self) -> int:
@@ -319,7 +320,7 @@ class Worker(Role):
         idle = self.pool.idle_slots()
         free = self.inprocess.free()
         inprocess = []
-        ahead = self.prefetch() > 0
+        ahead = self.prefetch() > 0 and all(slot.ready for slot in self.pool.slots)  # not a child starting
         for message in claimed:
             if len(inprocess) < free and runs_in_process(message):
                 inprocess.append(message)
@@ -361,6 +362,11 @@ class Worker(Role):
         if not (self.batch.endings or claim or checks) or self.holding(now):
             return started
         claimed = self.batch.flush(claim, checks)
+        if claim and self.batch.claimed_generation not in (None, self.pool.generation):
+            # A sync committed before this claim, its NOTIFY not here yet: fresh children run it.
+            self.pool.saw_generation(self.batch.claimed_generation, read=True)
+            self.pool.recycle(now)
+            self.inprocess.recycle(self.pool.generation)
         ordinary = [m for m in claimed if "check" not in m]
         self.checks += [m for m in claimed if "check" in m]
         if checks:
@@ -515,12 +521,6 @@ class Worker(Role):
             return
         self.batch.add(Ending(message["id"], message["number"], AttemptOutcome.FAILED, run_id=message["run_id"],
                               error=f"the task's process ended unexpectedly ({how})", unlocked=settles_later(message)))
-
-    @staticmethod
-    def _existing_log(message: dict) -> str:
-        name = logs.name_for(message["run_id"], message["id"], message["number"])
-        path = logs.local_path(name)
-        return name if path and os.path.exists(path) else ""
 
     def notified(self, notifies: list) -> bool:
         """Take in the notifications; False when none of them calls for a tick (work that other
