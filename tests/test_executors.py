@@ -125,10 +125,18 @@ def test_a_worker_offers_in_process_places_as_far_as_its_claims_found_in_process
     host = worker.inprocess.host
     assert [[m["id"] for m in sent] for sent in host.conn.sent] == [[1, 2]]  # on the host in one message
     assert worker.pool.idle_slots()  # the child still idle
-    # Half the latest claims were in-process jobs: half the 8 free places, and the idle child.
-    assert worker.inprocess_share == 0.5 and worker.capacity() == 1 + 4
+    # Half the latest claims were in-process jobs: half the places one claim may fill (half of
+    # the 10, so that the host runs one half while the batch of the other goes; 8 are free), and
+    # the idle child.
+    assert worker.inprocess.free() == 8 and worker.inprocess.offer() == 5
+    assert worker.inprocess_share == 0.5 and worker.capacity() == 1 + round(5 * 0.5)
     worker.place([message(3, "pid_thread")] * 1)
-    assert worker.inprocess_share == 0.75 and worker.capacity() == 1 + round(7 * 0.75)
+    assert worker.inprocess_share == 0.75 and worker.capacity() == 1 + round(5 * 0.75)
+    # Only in-process jobs of late: still half the places per claim, the rest for the next one.
+    worker.inprocess_share = 1.0
+    assert worker.capacity() == 1 + 5
+    worker.place([message(n, "pid_async") for n in range(4, 9)])
+    assert worker.inprocess.free() == 2 and worker.capacity() == 1 + 2
 
 
 def test_without_places_a_worker_claims_for_its_idle_children_and_runs_every_job_there():

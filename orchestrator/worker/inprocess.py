@@ -40,6 +40,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import math
 import os
 import queue
 import sys
@@ -63,6 +64,13 @@ IN_PROCESS = ("async", "thread")
 
 # How long (in 10 ms polls) a host whose pipe closed is given to exit, to tell how it ended.
 DIED_POLLS = 50
+
+# One claim fills at most this share of the places (rounded up). With every place in one claim, the
+# batch that records all their outcomes and claims them again (40 ms for 500 no-op jobs on two
+# cores) runs while the host has nothing to do; with half, the host runs one half while the batch
+# of the other goes. bench --only peers, async executor, six rounds each way: 11,008-13,119 jobs/s
+# against 10,500-12,153; bench --only io the same (6,556-6,770 against 6,353-6,801).
+CLAIM_SHARE = 0.5
 UNKNOWN_END = "an unknown cause"  # pool.ForkedChildren.how_it_ended, for a child not ended (yet)
 
 
@@ -356,6 +364,10 @@ class InProcess:
         if not self.places or self.host is None or not self.host.ready:
             return 0
         return max(0, self.places - self.busy_count())
+
+    def offer(self) -> int:
+        """How many of the free places one claim may fill: at most CLAIM_SHARE of them all."""
+        return min(self.free(), math.ceil(self.places * CLAIM_SHARE))
 
     def busy_count(self) -> int:
         return sum(len(host.messages) for host in self.hosts)

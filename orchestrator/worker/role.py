@@ -277,7 +277,7 @@ class Worker(Role):
         one whose queues hold only in-process jobs soon offers every place."""
         ahead = self.prefetch()
         free_children = max(0, len(self.pool.idle_slots()) + ahead - len(self.held))
-        free = 0 if len(self.held) > ahead else self.inprocess.free()
+        free = 0 if len(self.held) > ahead else self.inprocess.offer()
         return free_children + (max(1, round(free * self.inprocess_share)) if free else 0)
 
     def prefetch(self) -> int:
