@@ -127,8 +127,8 @@ direct AS MATERIALIZED (
     {due.earliest(f"%(direct)s AND {due.UNLIMITED}", leaving_out="ARRAY(SELECT id FROM t)")}
 )
 -- One row per claimed task run, each with the next due time and the code generation now (a sync
--- that committed before this claim, whose NOTIFY may not have come yet: Worker.place); a single row
--- of NULLs and those two when nothing was claimed.
+-- that committed before this claim, its NOTIFY maybe not there yet: Worker.record_and_claim); a
+-- single row of NULLs and those two when nothing was claimed.
 SELECT t.id, t.run_id, t.task, t.attempts, t.spec, t.timeout, t.has_parents, upcoming.next_due,
        {reload.CURRENT} AS generation
 FROM upcoming LEFT JOIN t ON true

@@ -71,6 +71,7 @@ DIED_POLLS = 50
 # of the other goes. bench --only peers, async executor, six rounds each way: 11,008-13,119 jobs/s
 # against 10,500-12,153; bench --only io the same (6,556-6,770 against 6,353-6,801).
 CLAIM_SHARE = 0.5
+
 UNKNOWN_END = "an unknown cause"  # pool.ForkedChildren.how_it_ended, for a child not ended (yet)
 
 

@@ -270,11 +270,11 @@ class Worker(Role):
 
     def capacity(self) -> int:
         """How many task runs a claim may take now: one per ready idle child not promised to a held
-        job, and, while no job waits for a child, as many of the free in-process places as the
-        share of in-process jobs among the latest claims says (at least one, to find them). A
-        claim cannot choose the executor of what it takes, so a worker whose queues hold only
-        default jobs offers one place per claim and holds at most one job beyond its children;
-        one whose queues hold only in-process jobs soon offers every place."""
+        job, and, while no job waits for a child, as many of the places one claim may fill
+        (``InProcess.offer``) as the share of in-process jobs among the latest claims says (at
+        least one, to find them). A claim cannot choose the executor of what it takes, so a worker
+        of default jobs only offers one place per claim and holds at most one job beyond its
+        children; one of in-process jobs only soon offers all it may (half its places)."""
         ahead = self.prefetch()
         free_children = max(0, len(self.pool.idle_slots()) + ahead - len(self.held))
         free = 0 if len(self.held) > ahead else self.inprocess.offer()
