@@ -212,6 +212,30 @@ def test_claiming_jobs_neither_reads_nor_locks_the_workers_row(clock):
     assert TaskRun.objects.filter(worker_id=loop.id, state=TaskState.RUNNING).count() == 40
 
 
+def test_a_claim_answers_in_dispatch_order_and_what_waits_for_a_child_starts_in_that_order(clock):
+    from tests.test_executors import ready_worker
+
+    priorities = [-2, 20, 2, 5, 0, 20]
+    enqueued = enqueue_many([{"ref": REF, "kwargs": {"user_id": n}, "priority": p} for n, p in enumerate(priorities)],
+                            now=clock.now())
+    ids = [run.pk for run, _ in enqueued]
+    # Highest priority first, the older first among equals: not the order of the rows' ids.
+    expected = [ids[n] for n in sorted(range(len(ids)), key=lambda n: (-priorities[n], n))]
+    worker = ready_worker(children=1, places=0)
+    worker.register()
+    claimed = worker.claim(len(priorities), clock.now())  # all of them: one for the child, five held
+    assert [TaskRun.objects.get(pk=m["id"]).run_id for m in claimed] == expected
+    worker.place(claimed)
+    [slot] = worker.pool.slots
+    started = [slot.message["run_id"]]
+    while worker.held:
+        worker.pool.children.conns[slot.pid].inbox.append((slot.message["id"], 1, "succeeded", None, "", "", "", None, ""))
+        worker.loop.wake(slot.conn)
+        worker.start_held()
+        started.append(slot.message["run_id"])
+    assert started == expected
+
+
 def test_a_job_claimed_ahead_that_waits_too_long_for_a_child_is_handed_back_to_any_worker(clock):
     from orchestrator.clock import pinned
     from orchestrator.models import Attempt

@@ -97,6 +97,11 @@ direct AS MATERIALIZED (
         FOR UPDATE SKIP LOCKED
     ) l
     LIMIT %(n)s - (SELECT count(*) FROM admitted)
+), picked AS MATERIALIZED (
+    -- In dispatch order (admitted first, in theirs, then direct in place order): the answer comes
+    -- in this order, and the worker starts what it claimed ahead in the order it comes.
+    SELECT id, ord FROM unnest(ARRAY(SELECT id FROM admitted UNION ALL SELECT id FROM direct))
+        WITH ORDINALITY AS p(id, ord)
 ), t AS (
     UPDATE orchestrator_taskrun t
     SET state = '{TaskState.RUNNING}', attempts = t.attempts + 1, worker_id = %(worker)s, started_at = %(now)s,
@@ -104,7 +109,7 @@ direct AS MATERIALIZED (
         queued_at = CASE WHEN t.state = '{TaskState.SCHEDULED}' THEN %(now)s ELSE t.queued_at END
     -- Rows are found by id (an array, so no plan can join the candidates to every task run). They
     -- are locked in the state they were read in, which the guard repeats.
-    WHERE t.id = ANY (ARRAY(SELECT id FROM admitted UNION ALL SELECT id FROM direct))
+    WHERE t.id = ANY (ARRAY(SELECT id FROM picked))
       AND (t.state IN ('{TaskState.QUEUED}', '{TaskState.SCHEDULED}')) IS TRUE
     RETURNING t.id, t.run_id, t.task, t.attempts, t.spec, t.timeout, cardinality(t.upstream) > 0 AS has_parents
 ), a AS (
@@ -126,12 +131,13 @@ direct AS MATERIALIZED (
     -- wait until then, or to look again soon when it is due already (rows another worker held).
     {due.earliest(f"%(direct)s AND {due.UNLIMITED}", leaving_out="ARRAY(SELECT id FROM t)")}
 )
--- One row per claimed task run, each with the next due time and the code generation now (a sync
--- that committed before this claim, its NOTIFY maybe not there yet: Worker.record_and_claim); a
--- single row of NULLs and those two when nothing was claimed.
+-- One row per claimed task run, in dispatch order, each with the next due time and the code
+-- generation now (a sync that committed before this claim, its NOTIFY maybe not there yet:
+-- Worker.record_and_claim); a single row of NULLs and those two when nothing was claimed.
 SELECT t.id, t.run_id, t.task, t.attempts, t.spec, t.timeout, t.has_parents, upcoming.next_due,
        {reload.CURRENT} AS generation
-FROM upcoming LEFT JOIN t ON true
+FROM upcoming LEFT JOIN (t JOIN picked ON picked.id = t.id) ON true
+ORDER BY picked.ord
 """)
 
 # Waiting sensors' checks due now, of these queues, in due order: up to n, claimed without an
