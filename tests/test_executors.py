@@ -4,12 +4,15 @@ database). Their scenarios with real workers: tests/processes/test_executors_pro
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from orchestrator.executor import READY
 from orchestrator.registry import executor_of, job
 from orchestrator.worker import Worker as WorkerRole
-from orchestrator.worker.batch import COALESCE_SECONDS
+from orchestrator.worker.batch import COALESCE_SECONDS, QUEUED_COALESCE_SECONDS
+from orchestrator.worker.pool import PREFETCH_PER_CHILD, PREFETCH_SECONDS, PREFETCH_TASK_SECONDS
 from tests.support import inprocess_jobs
 
 REF = "tests.support.inprocess_jobs"
@@ -174,28 +177,57 @@ def test_default_jobs_claimed_for_in_process_places_wait_for_a_child_and_stop_fu
     assert worker.capacity() == 1  # one place, to find in-process jobs; the child is busy
 
 
-def test_with_a_deep_backlog_of_short_tasks_a_claim_takes_one_more_per_child_started_as_children_reply():
+def test_with_a_deep_backlog_of_short_tasks_a_claim_takes_about_a_tenth_of_a_second_of_work_per_child():
     worker = ready_worker(children=2, places=0)
     # No backlog known: the idle children only.
     assert worker.capacity() == 2
-    # The latest claim got all it asked for and more was due; tasks take about a millisecond.
-    worker.backlog, worker.pool.task_seconds = True, 0.001
-    assert worker.capacity() == 2 + 2
-    worker.place([message(n, "plain_job") for n in (1, 2, 3, 4)])
-    assert sorted(slot.message["id"] for slot in worker.pool.slots) == [1, 2] and [m["id"] for m in worker.held] == [3, 4]
-    assert worker.capacity() == 0  # one waits per child already
-    # A child's reply starts the next one there at once, before any transaction.
+    # The latest claim got all it asked for and more was due; tasks take 50 ms: two each ahead.
+    worker.backlog, worker.pool.task_seconds = True, PREFETCH_TASK_SECONDS
+    assert PREFETCH_SECONDS / PREFETCH_TASK_SECONDS == 2 and worker.capacity() == 2 + 2 * 2
+    # Tasks of 20 ms: five each; of a millisecond: as many as a child may have ahead, not a hundred.
+    worker.pool.task_seconds = 0.02
+    assert worker.capacity() == 2 + 2 * 5
+    worker.pool.task_seconds = 0.001
+    assert PREFETCH_PER_CHILD < 100 and worker.capacity() == 2 + 2 * PREFETCH_PER_CHILD
+    worker.pool.task_seconds = PREFETCH_TASK_SECONDS
+    worker.place([message(n, "plain_job") for n in range(1, 7)])
+    assert sorted(slot.message["id"] for slot in worker.pool.slots) == [1, 2]
+    assert [m["id"] for m in worker.held] == [3, 4, 5, 6] and list(worker.held_at) == [3, 4, 5, 6]
+    assert worker.capacity() == 0  # two wait per child already
+    # A child's reply starts the next one there at once, before any transaction; it waits no more.
     [first, _] = worker.pool.slots
     worker.pool.children.conns[first.pid].inbox.append((1, 1, "succeeded", None, "", "", "", None, ""))
     worker.loop.wake(first.conn)
     worker.start_held()
-    assert first.message["id"] == 3 and [m["id"] for m in worker.held] == [4]
+    assert first.message["id"] == 3 and [m["id"] for m in worker.held] == [4, 5, 6]
+    assert list(worker.held_at) == [4, 5, 6]
     assert worker.capacity() == 1
     # Long tasks: nothing is claimed ahead (a task would wait long for a child), whatever the backlog.
     worker.pool.task_seconds = 1.0
     assert worker.capacity() == 0
     worker.held = []
     assert worker.capacity() == 0  # both children busy
+
+
+def test_while_every_child_has_work_waiting_batches_are_further_apart():
+    worker = ready_worker(children=2, places=0)
+    worker.backlog, worker.pool.task_seconds = True, 0.001
+    worker.place([message(n, "plain_job") for n in range(1, 5)])  # both children busy, two held
+    worker.next_poll = worker.next_heartbeat = float("inf")  # nothing else to wake up for
+    now = time.monotonic()
+    worker.batch.last_flush = now - 2 * COALESCE_SECONDS  # past the short hold
+    # Each child has a job waiting: no child idles for the next batch, which waits longer.
+    assert len(worker.held) == worker.concurrency and worker.holding(now)
+    flushed = worker.batch.last_flush
+    assert worker.holding(flushed + QUEUED_COALESCE_SECONDS - 0.001)
+    assert not worker.holding(flushed + QUEUED_COALESCE_SECONDS + 0.000001)
+    assert 0 < worker.next_wait() <= QUEUED_COALESCE_SECONDS - 2 * COALESCE_SECONDS
+    # One child's reply takes a held job: a child may soon idle, so the short hold applies again.
+    [first, _] = worker.pool.slots
+    worker.pool.children.conns[first.pid].inbox.append((1, 1, "succeeded", None, "", "", "", None, ""))
+    worker.loop.wake(first.conn)
+    worker.start_held()
+    assert len(worker.held) < worker.concurrency and not worker.holding(now)
 
 
 def test_nothing_is_claimed_ahead_before_a_task_ended_and_the_first_one_sets_the_average():

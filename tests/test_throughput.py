@@ -245,7 +245,7 @@ def test_a_job_claimed_ahead_that_waits_too_long_for_a_child_is_handed_back_to_a
     enqueue_many([{"ref": REF, "kwargs": {"user_id": n}} for n in range(2)], now=clock.now())
     worker = ready_worker(children=1, places=0)
     worker.register()
-    # A backlog of short tasks: a claim takes one job beyond the idle child, held for it.
+    # A backlog of short tasks: a claim takes the second job too, held for the child.
     worker.backlog, worker.pool.task_seconds = True, 0.001
     worker.place(worker.claim(worker.capacity(), clock.now()))
     [held] = worker.held
@@ -253,9 +253,14 @@ def test_a_job_claimed_ahead_that_waits_too_long_for_a_child_is_handed_back_to_a
     began = worker.held_at[held["id"]]  # its wait for the child
     worker.hand_back_held(began + HELD_SECONDS / 2)
     assert worker.held == [held] and worker.next_wait() <= HELD_SECONDS / 2 + 0.01
-    # The child stayed busy far longer than the average said: the job goes back, for any worker.
+    # A child replied meanwhile (the worker's tasks move, slower than their average said): the
+    # queue still moves, and the job waits a second more since then.
+    worker.pool.last_reply = began + HELD_SECONDS / 2
+    worker.hand_back_held(began + HELD_SECONDS)
+    assert worker.held == [held]
+    # The children stayed busy a second with no reply (stuck): the job goes back, for any worker.
     with pinned(clock):
-        worker.hand_back_held(began + HELD_SECONDS)
+        worker.hand_back_held(began + HELD_SECONDS * 1.5)
     assert worker.held == [] and worker.held_at == {}
     task_run = TaskRun.objects.get(pk=held["id"])
     # Due again now; the attempt it never started does not count against its allowance.

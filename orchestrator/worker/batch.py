@@ -52,6 +52,11 @@ COMMIT = db.prepared("COMMIT")
 # batches under a backlog kept their size (the no-op throughput did not move).
 COALESCE_SECONDS = 0.003
 
+# While a worker's children each have a task claimed ahead waiting for them (a local queue, see
+# worker.pool.PREFETCH_PER_CHILD), its batches are at least this far apart instead: no child waits
+# for work meanwhile, and each batch records and claims many times more.
+QUEUED_COALESCE_SECONDS = 0.05
+
 # A batch's outcomes go to resolver.END_TASK_RUNS in statements of about this many, all in the
 # batch's one round trip. That statement's cost is linear in its endings (its answer joins
 # nothing): 1,000 job endings took 93-131 ms in statements of 50 and 94-125 ms in statements of
@@ -283,9 +288,13 @@ class Batch:
         """Drop the outcomes of a task run no longer this worker's (cancelled or reaped)."""
         self.endings = [e for e in self.endings if e.task_run_id != task_run_id]
 
-    def coalescing(self, now: float) -> bool:
-        """Whether the latest batch began less than COALESCE_SECONDS ago."""
-        return now - self.last_flush < COALESCE_SECONDS
+    def coalescing(self, now: float, queued: bool = False) -> bool:
+        """Whether the latest batch began less than its hold ago: COALESCE_SECONDS, or
+        QUEUED_COALESCE_SECONDS while every child has a job ``queued`` for it."""
+        return now < self.hold_until(queued)
+
+    def hold_until(self, queued: bool = False) -> float:
+        return self.last_flush + (QUEUED_COALESCE_SECONDS if queued else COALESCE_SECONDS)
 
     def flush(self, claim: int = 0, checks: int = 0) -> list[dict]:
         """Record the outcomes gathered so far and claim up to ``claim`` task runs and up to

@@ -34,6 +34,20 @@ log = logging.getLogger(__package__)  # the worker's records under one name, orc
 # killed: an idle child exits at once, unless it is still importing the job modules again.
 RETIRE_SECONDS = 5.0
 
+# A local queue (graphile-worker's localQueue): while the backlog is deep (the latest claim got
+# all it asked for and more was due at once) and tasks are short (PREFETCH_TASK_SECONDS or less
+# on average), a claim also takes task runs beyond the idle children: about PREFETCH_SECONDS of
+# work per child, at most PREFETCH_PER_CHILD (``Pool.ahead``). They wait in the worker (its
+# ``held``: claimed, their attempt begun) and start the moment a child replies, without waiting
+# for a transaction; the batches meanwhile wait longer for their outcomes (batch.
+# QUEUED_COALESCE_SECONDS), so each records and claims many. Order holds: a claim takes work in
+# dispatch order (priority, tenants in turn, live lane first), and what waits here is about a
+# tenth of a second of work. A drain hands it back at once, and so does a wait of HELD_SECONDS
+# (worker.role); the reaper's margin (HEARTBEAT_TIMEOUT_SECONDS or more) is far beyond both.
+PREFETCH_PER_CHILD = 32
+PREFETCH_TASK_SECONDS = 0.05
+PREFETCH_SECONDS = 0.1
+
 # The weight of the latest task in ``Pool.task_seconds``, a moving average of how long tasks take.
 TASK_SECONDS_WEIGHT = 0.1
 
@@ -112,8 +126,9 @@ class Pool:
                  children: ForkedChildren | None = None):
         self.concurrency = concurrency
         # How long the latest tasks took in their children, a moving average (seconds); None until
-        # a task ended (no evidence yet that tasks are short, see worker.role.PREFETCH_PER_CHILD).
+        # a task ended (no evidence yet that tasks are short, see PREFETCH_PER_CHILD).
         self.task_seconds: float | None = None
+        self.last_reply = 0.0  # time.monotonic() of the latest task outcome from a child
         self.min_children = min(min_children or concurrency, concurrency)
         self.idle_seconds = idle_seconds
         self.max_tasks_per_child = max_tasks_per_child
@@ -135,6 +150,14 @@ class Pool:
 
     def busy_count(self) -> int:
         return sum(1 for slot in self.slots if slot.message is not None)
+
+    def ahead(self) -> int:
+        """How many task runs claimed ahead keep a child busy for PREFETCH_SECONDS at the moving
+        average of task times: at least one, at most PREFETCH_PER_CHILD; none before a task
+        ended or while tasks take longer than PREFETCH_TASK_SECONDS."""
+        if self.task_seconds is None or self.task_seconds > PREFETCH_TASK_SECONDS:
+            return 0
+        return max(1, min(PREFETCH_PER_CHILD, int(PREFETCH_SECONDS / max(self.task_seconds, 1e-6))))
 
     def deadlines(self, shrinking: bool = True) -> list[float]:
         """When the pool has something to do by itself (time.monotonic()): a task's timeout, a
@@ -194,7 +217,7 @@ class Pool:
         slot.message = None
         slot.deadline = None
         slot.tasks += 1
-        slot.idle_since = time.monotonic()
+        slot.idle_since = self.last_reply = time.monotonic()
         took = slot.idle_since - slot.started
         self.task_seconds = took if self.task_seconds is None else \
             self.task_seconds + TASK_SECONDS_WEIGHT * (took - self.task_seconds)

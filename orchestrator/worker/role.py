@@ -35,7 +35,6 @@ from orchestrator.worker.batch import (
     CHECK_LEASE_SECONDS,
     CHECK_TIMEOUT_SECONDS,
     CHECKS_PER_CHILD,
-    COALESCE_SECONDS,
     Batch,
 )
 from orchestrator.worker.drain import Drain, hand_back
@@ -49,20 +48,9 @@ log = logging.getLogger(__package__)  # the worker's records under one name, orc
 # candidates it looked at): look again after this.
 RECHECK_SECONDS = 0.005
 
-# A local queue (graphile-worker's localQueue): while the backlog is deep (the latest claim got
-# all it asked for and more was due at once) and tasks are short, a claim also takes up to this
-# many task runs per child beyond the idle children. They wait in the worker (``held``: claimed,
-# their attempt begun) and start the moment a child replies, without waiting for the next
-# transaction, and each transaction records and claims about twice as many. Order holds: a claim
-# takes work in dispatch order (priority, tenants in turn, live lane first), and what waits here is
-# at most one task per child ahead. A drain hands it back at once; the reaper's timeout margin
-# (HEARTBEAT_TIMEOUT_SECONDS or more) is far beyond the wait of a task that waits for one this short.
-PREFETCH_PER_CHILD = 1
-PREFETCH_TASK_SECONDS = 0.05
-
-# A job claimed ahead that waited this long for a child is handed back (due again at once, for any
-# worker; its attempt never started and does not count): the tasks ahead of it ran far longer than
-# their average, and another worker may have a free child. The average is then forgotten.
+# A job claimed ahead that waited this long for a child while no child of the worker replied (its
+# tasks are stuck, e.g. on a sibling the worker holds) is handed back: due again at once for any
+# worker; its attempt never started and does not count. The average of task times is forgotten.
 HELD_SECONDS = 1.0
 
 
@@ -115,7 +103,7 @@ class Worker(Role):
         # out to be jobs of the default executor (a claim cannot tell them apart).
         self.held: list[dict] = []
         self.held_at: dict[int, float] = {}  # claimed ahead: task run id -> time.monotonic() it began to wait
-        # Whether the latest claim found more due than it took (see PREFETCH_PER_CHILD).
+        # Whether the latest claim found more due than it took (see Pool.ahead).
         self.backlog = False
         # The share of in-process jobs among the latest claims (a moving average): how many of the
         # free in-process places a claim offers (see capacity).
@@ -234,7 +222,7 @@ class Worker(Role):
                 timeout = min(timeout, self.wakeup.quiet_until - now)  # the end of the back-off
         deadlines = self.pool.deadlines(shrinking=not self.drain.active) + self.inprocess.deadlines()
         if self.held_at and not self.drain.active:
-            deadlines.append(min(self.held_at.values()) + HELD_SECONDS)
+            deadlines.append(self.held_since() + HELD_SECONDS)
         if deadlines:
             timeout = min(timeout, min(deadlines) - now)
         if not self.drain.active and self.check_room(self.pool.idle_slots()):
@@ -242,7 +230,7 @@ class Worker(Role):
             timeout = min(timeout, 0.0 if self.checks else self.next_check - now)
         asked = self.want_claim or self.wakeup.asked(now)
         if (self.batch.endings or (asked and self.capacity())) and not self.drain.active:
-            timeout = min(timeout, self.batch.last_flush + COALESCE_SECONDS - now) if self.holding(now) else 0.0
+            timeout = min(timeout, self.batch.hold_until(self.queue_full()) - now) if self.holding(now) else 0.0
         return max(0.0, timeout)
 
     def end_overdue_tasks(self, now: float) -> None:
@@ -281,23 +269,28 @@ class Worker(Role):
         return free_children + (max(1, round(free * self.inprocess_share)) if free else 0)
 
     def prefetch(self) -> int:
-        """How many task runs a claim may take beyond the idle children (PREFETCH_PER_CHILD): none
+        """How many task runs a claim may take beyond the idle children (``Pool.ahead``): none
         unless the backlog is deep and tasks are short."""
-        if not self.backlog or self.pool.task_seconds is None or self.pool.task_seconds > PREFETCH_TASK_SECONDS:
-            return 0
-        return PREFETCH_PER_CHILD * self.concurrency
+        return self.pool.ahead() * self.concurrency if self.backlog else 0
+
+    def queue_full(self) -> bool:
+        """Whether every child has a job waiting for it: the batches may then wait longer."""
+        return len(self.held) >= self.concurrency
 
     def start_held(self) -> None:
         """Give the held jobs the children that became free."""
         if not self.held:
             return
         for slot in self.pool.idle_slots()[:len(self.held)]:
-            self.pool.start_task(slot, self.held.pop(0))
+            message = self.held.pop(0)
+            self.held_at.pop(message["id"], None)
+            self.pool.start_task(slot, message)
 
     def hand_back_held(self, now: float) -> None:
-        """Hand back the jobs claimed ahead that waited HELD_SECONDS for a child of this worker (not
-        those claimed for an in-process place that wait for one: no bet on short tasks there)."""
-        if not self.held_at:
+        """Hand back the jobs claimed ahead that waited HELD_SECONDS for a child of this worker while
+        none of its children replied (not those claimed for an in-process place that wait for one:
+        no bet on short tasks there)."""
+        if not self.held_at or now - self.held_since() < HELD_SECONDS:
             return
         stale = [m for m in self.held if now - self.held_at.get(m["id"], now) >= HELD_SECONDS]
         self.held = [m for m in self.held if m not in stale]
@@ -310,6 +303,11 @@ class Worker(Role):
         hand_back(stale, f"handed back: claimed ahead for a child of this worker, it waited {HELD_SECONDS:g}s "
                          "without one; it never started and runs again without counting this attempt",
                   worker_id=self.id, queues=self.queues)
+
+    def held_since(self) -> float:
+        """Since when the local queue has not moved: the first held ahead (held_at is in claim
+        order) waits and no child replied."""
+        return max(next(iter(self.held_at.values())), self.pool.last_reply)
 
     def place(self, claimed: list[dict]) -> None:
         """Start each claimed task run where it runs: a job declared for the in-process executor
@@ -334,10 +332,10 @@ class Worker(Role):
             self.inprocess.run(inprocess)
 
     def holding(self, now: float) -> bool:
-        """Whether the next batch waits: the latest one began less than COALESCE_SECONDS ago and
+        """Whether the next batch waits: the latest one began less than its hold ago (Batch) and
         other children still run (their outcomes will join it; with none running, none would).
         Work a notification announced for a free place never waits: that is its start delay."""
-        if self.drain.active or not self.batch.coalescing(now):
+        if self.drain.active or not self.batch.coalescing(now, self.queue_full()):
             return False
         if not self.pool.busy_count() and not self.inprocess.busy_count():
             return False
@@ -564,6 +562,7 @@ class Worker(Role):
                  extra={"action": "task_killed"})
         if message in self.held:
             self.held.remove(message)
+            self.held_at.pop(message["id"], None)
         else:
             self.inprocess.give_up(message["id"])
         self.batch.forget(message["id"])
