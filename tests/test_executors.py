@@ -177,36 +177,52 @@ def test_default_jobs_claimed_for_in_process_places_wait_for_a_child_and_stop_fu
     assert worker.capacity() == 1  # one place, to find in-process jobs; the child is busy
 
 
-def test_with_a_deep_backlog_of_short_tasks_a_claim_takes_about_a_tenth_of_a_second_of_work_per_child():
+def test_with_a_deep_backlog_of_short_tasks_a_claim_takes_a_few_tens_of_milliseconds_of_work_per_child():
     worker = ready_worker(children=2, places=0)
     # No backlog known: the idle children only.
     assert worker.capacity() == 2
-    # The latest claim got all it asked for and more was due; tasks take 50 ms: two each ahead.
+    # The latest claim got all it asked for and more was due; tasks take 50 ms: one each ahead.
     worker.backlog, worker.pool.task_seconds = True, PREFETCH_TASK_SECONDS
-    assert PREFETCH_SECONDS / PREFETCH_TASK_SECONDS == 2 and worker.capacity() == 2 + 2 * 2
-    # Tasks of 20 ms: five each; of a millisecond: as many as a child may have ahead, not a hundred.
+    assert PREFETCH_SECONDS == 0.06 and worker.capacity() == 2 + 2 * 1
+    # Tasks of 20 ms: three each; of a millisecond: as many as a child may have ahead, not sixty.
     worker.pool.task_seconds = 0.02
-    assert worker.capacity() == 2 + 2 * 5
+    assert worker.capacity() == 2 + 2 * 3
     worker.pool.task_seconds = 0.001
-    assert PREFETCH_PER_CHILD < 100 and worker.capacity() == 2 + 2 * PREFETCH_PER_CHILD
-    worker.pool.task_seconds = PREFETCH_TASK_SECONDS
-    worker.place([message(n, "plain_job") for n in range(1, 7)])
+    assert PREFETCH_PER_CHILD == 8 and worker.capacity() == 2 + 2 * 8
+    worker.pool.task_seconds = 0.02
+    worker.place([message(n, "plain_job") for n in range(1, 9)])
     assert sorted(slot.message["id"] for slot in worker.pool.slots) == [1, 2]
-    assert [m["id"] for m in worker.held] == [3, 4, 5, 6] and list(worker.held_at) == [3, 4, 5, 6]
-    assert worker.capacity() == 0  # two wait per child already
+    assert [m["id"] for m in worker.held] == [3, 4, 5, 6, 7, 8] and list(worker.held_at) == [3, 4, 5, 6, 7, 8]
+    assert worker.capacity() == 0  # three wait per child already
     # A child's reply starts the next one there at once, before any transaction; it waits no more.
     [first, _] = worker.pool.slots
     worker.pool.children.conns[first.pid].inbox.append((1, 1, "succeeded", None, "", "", "", None, ""))
     worker.loop.wake(first.conn)
     worker.start_held()
-    assert first.message["id"] == 3 and [m["id"] for m in worker.held] == [4, 5, 6]
-    assert list(worker.held_at) == [4, 5, 6]
+    assert first.message["id"] == 3 and [m["id"] for m in worker.held] == [4, 5, 6, 7, 8]
+    assert list(worker.held_at) == [4, 5, 6, 7, 8]
     assert worker.capacity() == 1
     # Long tasks: nothing is claimed ahead (a task would wait long for a child), whatever the backlog.
     worker.pool.task_seconds = 1.0
     assert worker.capacity() == 0
     worker.held = []
     assert worker.capacity() == 0  # both children busy
+
+
+def test_a_job_a_later_claim_took_goes_ahead_of_the_held_jobs_it_outranks_and_behind_its_equals():
+    worker = ready_worker(children=1, places=0)
+    worker.backlog, worker.pool.task_seconds = True, 0.001
+
+    def ranked(task_run_id, priority, lane=0):
+        return {**message(task_run_id, "plain_job"), "rank": (lane, -priority)}
+
+    # The first claim: the child takes one, three wait (a backfill's among them, last).
+    worker.place([ranked(1, 0), ranked(2, 0), ranked(3, 0), ranked(4, 50, lane=1)])
+    # A later claim took what was enqueued meanwhile: a priority job goes ahead of the
+    # lower-ranked ones, behind none of them; one of their priority goes behind them; a live job
+    # of the lowest priority still goes ahead of the backfill's.
+    worker.place([ranked(5, 10), ranked(6, 0), ranked(7, -5), ranked(8, 10)])
+    assert [m["id"] for m in worker.held] == [5, 8, 2, 3, 6, 7, 4]
 
 
 def test_while_every_child_has_work_waiting_batches_are_further_apart():
@@ -222,6 +238,10 @@ def test_while_every_child_has_work_waiting_batches_are_further_apart():
     assert worker.holding(flushed + QUEUED_COALESCE_SECONDS - 0.001)
     assert not worker.holding(flushed + QUEUED_COALESCE_SECONDS + 0.000001)
     assert 0 < worker.next_wait() <= QUEUED_COALESCE_SECONDS - 2 * COALESCE_SECONDS
+    # A notification asks for new work (it may outrank what waits): the short hold applies.
+    worker.wakeup.owed = 1
+    assert not worker.holding(now)
+    worker.wakeup.owed = 0
     # One child's reply takes a held job: a child may soon idle, so the short hold applies again.
     [first, _] = worker.pool.slots
     worker.pool.children.conns[first.pid].inbox.append((1, 1, "succeeded", None, "", "", "", None, ""))

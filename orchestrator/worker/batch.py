@@ -55,7 +55,7 @@ COALESCE_SECONDS = 0.003
 # While a worker's children each have a task claimed ahead waiting for them (a local queue, see
 # worker.pool.PREFETCH_PER_CHILD), its batches are at least this far apart instead: no child waits
 # for work meanwhile, and each batch records and claims many times more.
-QUEUED_COALESCE_SECONDS = 0.05
+QUEUED_COALESCE_SECONDS = 0.03
 
 # A batch's outcomes go to resolver.END_TASK_RUNS in statements of about this many, all in the
 # batch's one round trip. That statement's cost is linear in its endings (its answer joins
@@ -116,7 +116,8 @@ direct AS MATERIALIZED (
     -- are locked in the state they were read in, which the guard repeats.
     WHERE t.id = ANY (ARRAY(SELECT id FROM picked))
       AND (t.state IN ('{TaskState.QUEUED}', '{TaskState.SCHEDULED}')) IS TRUE
-    RETURNING t.id, t.run_id, t.task, t.attempts, t.spec, t.timeout, cardinality(t.upstream) > 0 AS has_parents
+    RETURNING t.id, t.run_id, t.task, t.attempts, t.spec, t.timeout, cardinality(t.upstream) > 0 AS has_parents,
+              t.lane, t.priority
 ), a AS (
     -- The attempt row of each claim, in the same statement (one round trip per batch).
     INSERT INTO orchestrator_attempt (task_run_id, number, worker_id, outcome, started_at, error, traceback, log_path)
@@ -139,8 +140,8 @@ direct AS MATERIALIZED (
 -- One row per claimed task run, in dispatch order, each with the next due time and the code
 -- generation now (a sync that committed before this claim, its NOTIFY maybe not there yet:
 -- Worker.record_and_claim); a single row of NULLs and those two when nothing was claimed.
-SELECT t.id, t.run_id, t.task, t.attempts, t.spec, t.timeout, t.has_parents, upcoming.next_due,
-       {reload.CURRENT} AS generation
+SELECT t.id, t.run_id, t.task, t.attempts, t.spec, t.timeout, t.has_parents, t.lane, t.priority,
+       upcoming.next_due, {reload.CURRENT} AS generation
 FROM upcoming LEFT JOIN (t JOIN picked ON picked.id = t.id) ON true
 ORDER BY picked.ord
 """)
@@ -432,13 +433,13 @@ class Batch:
             rows = cursor.fetchall()
         self.claimed_next_due, self.claimed_generation = rows[0][-2:] if rows else (None, None)
         messages = []
-        for task_run_id, run_id, task, number, spec, timeout, has_parents, _, _ in rows:
+        for task_run_id, run_id, task, number, spec, timeout, has_parents, lane, priority, _, _ in rows:
             if task_run_id is None:
                 continue
             spec = _json(spec)
             messages.append({
                 "id": task_run_id, "run_id": run_id, "task": task, "number": number, "spec": spec,
-                "timeout": timeout or spec.get("timeout"), "has_parents": has_parents,
+                "timeout": timeout or spec.get("timeout"), "has_parents": has_parents, "rank": (lane, -priority),
             })
         if any(m["spec"].get("call") != "job" for m in messages):
             taskcontext.fill(messages)

@@ -39,7 +39,7 @@ from orchestrator.worker.batch import (
 )
 from orchestrator.worker.drain import Drain, hand_back
 from orchestrator.worker.inprocess import InProcess, runs_in_process, runs_on_loop
-from orchestrator.worker.pool import Pool, Slot
+from orchestrator.worker.pool import Pool, Slot, queue_by_rank
 from orchestrator.worker.wakeup import Wakeup
 
 log = logging.getLogger(__package__)  # the worker's records under one name, orchestrator.worker
@@ -230,7 +230,7 @@ class Worker(Role):
             timeout = min(timeout, 0.0 if self.checks else self.next_check - now)
         asked = self.want_claim or self.wakeup.asked(now)
         if (self.batch.endings or (asked and self.capacity())) and not self.drain.active:
-            timeout = min(timeout, self.batch.hold_until(self.queue_full()) - now) if self.holding(now) else 0.0
+            timeout = min(timeout, self.batch.hold_until(self.queue_full(now)) - now) if self.holding(now) else 0.0
         return max(0.0, timeout)
 
     def end_overdue_tasks(self, now: float) -> None:
@@ -273,9 +273,10 @@ class Worker(Role):
         unless the backlog is deep and tasks are short."""
         return self.pool.ahead() * self.concurrency if self.backlog else 0
 
-    def queue_full(self) -> bool:
-        """Whether every child has a job waiting for it: the batches may then wait longer."""
-        return len(self.held) >= self.concurrency
+    def queue_full(self, now: float) -> bool:
+        """Whether every child has a job waiting for it and no notification asks for new work (it
+        may outrank them): the batches may then wait longer."""
+        return len(self.held) >= self.concurrency and not self.wakeup.asked(now)
 
     def start_held(self) -> None:
         """Give the held jobs the children that became free."""
@@ -325,7 +326,7 @@ class Worker(Role):
             elif idle:
                 self.pool.start_task(idle.pop(0), message)
             else:
-                self.held.append(message)
+                queue_by_rank(self.held, message)
                 if ahead:
                     self.held_at[message["id"]] = time.monotonic()
         if inprocess:
@@ -335,7 +336,7 @@ class Worker(Role):
         """Whether the next batch waits: the latest one began less than its hold ago (Batch) and
         other children still run (their outcomes will join it; with none running, none would).
         Work a notification announced for a free place never waits: that is its start delay."""
-        if self.drain.active or not self.batch.coalescing(now, self.queue_full()):
+        if self.drain.active or not self.batch.coalescing(now, self.queue_full(now)):
             return False
         if not self.pool.busy_count() and not self.inprocess.busy_count():
             return False
