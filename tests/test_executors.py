@@ -328,3 +328,31 @@ def test_after_a_sync_the_host_is_replaced_once_its_jobs_ended():
     first.conn.inbox.append([(1, 1, "succeeded", "7", "", "", "", None, "")])
     worker.loop.wake(first.conn)
     assert first.pid in worker.inprocess.children.killed and worker.inprocess.hosts == [worker.inprocess.host]
+
+
+def test_the_jobs_a_hand_back_leaves_are_timed_from_the_oldest_of_them(monkeypatch):
+    worker = ready_worker(children=1, places=0)
+    worker.backlog, worker.pool.task_seconds = True, 0.001
+    handed = []
+    monkeypatch.setattr("orchestrator.worker.role.hand_back",
+                        lambda messages, *args, **kwargs: handed.extend(m["id"] for m in messages))
+
+    def ranked(task_run_id, priority):
+        return {**message(task_run_id, "plain_job"), "rank": (0, -priority)}
+
+    worker.place([ranked(1, 0), ranked(2, 0)])  # the child runs 1; 2 waits
+    worker.place([ranked(3, 0), ranked(4, 10)])  # a later claim: 4 outranks 2 and goes first
+    assert [m["id"] for m in worker.held] == [4, 2, 3]
+    worker.held_at.update({2: 100.0, 3: 100.5, 4: 100.7})  # when each began to wait
+    worker.pool.last_reply = 0.0  # no child replied since
+    worker.hand_back_held(101.0)
+    # 2 waited a second: handed back. The others wait on, timed from the older of them (3), not
+    # from the first in the queue (4).
+    assert handed == [2] and [m["id"] for m in worker.held] == [4, 3]
+    assert worker.held_since() == 100.5
+    worker.hand_back_held(101.4)
+    assert handed == [2]
+    worker.hand_back_held(101.5)
+    assert handed == [2, 3] and [m["id"] for m in worker.held] == [4] and worker.held_since() == 100.7
+    worker.hand_back_held(101.7)
+    assert handed == [2, 3, 4] and worker.held == [] and worker.held_at == {}

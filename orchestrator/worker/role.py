@@ -288,14 +288,14 @@ class Worker(Role):
             self.pool.start_task(slot, message)
 
     def hand_back_held(self, now: float) -> None:
-        """Hand back the jobs claimed ahead that waited HELD_SECONDS for a child of this worker while
-        none of its children replied (not those claimed for an in-process place that wait for one:
-        no bet on short tasks there)."""
+        """Hand back the jobs claimed ahead that waited HELD_SECONDS while no child replied (not those
+        claimed for an in-process place that wait for a child: no bet on short tasks there)."""
         if not self.held_at or now - self.held_since() < HELD_SECONDS:
             return
         stale = [m for m in self.held if now - self.held_at.get(m["id"], now) >= HELD_SECONDS]
         self.held = [m for m in self.held if m not in stale]
-        self.held_at = {m["id"]: self.held_at[m["id"]] for m in self.held if m["id"] in self.held_at}
+        waiting = {m["id"] for m in self.held}
+        self.held_at = {i: began for i, began in self.held_at.items() if i in waiting}  # in claim order still
         if not stale:
             return
         self.pool.task_seconds = None  # nothing claimed ahead until tasks are seen to be short again
