@@ -37,6 +37,8 @@ from orchestrator.channels import wake_due
 NOOP = "orchestrator.bench.jobs:noop"
 STAMP = "orchestrator.bench.jobs:stamp"
 STAMP_ASYNC = "orchestrator.bench.jobs:stamp_async"
+NOOP_ASYNC = "orchestrator.bench.jobs:noop_async"
+ASYNC_PLACES = 500  # in-process places per worker for the async jobs, as the peers and io sections
 # Due or running no-op jobs kept up while a window runs without a backlog: more than two workers
 # finish in 50 ms, fewer than a backlog.
 SUPPLY = 1000
@@ -127,10 +129,10 @@ def enqueue_jobs(n: int, ref: str) -> None:
     enqueue_many([{"ref": ref}] * n)
 
 
-def fill_backlog(n: int, delayed: bool = False) -> None:
+def fill_backlog(n: int, delayed: bool = False, ref: str = NOOP) -> None:
     due = "now() + interval '1 day'" if delayed else "now() - interval '1 second'"
     with connection.cursor() as cursor:
-        cursor.execute(FILL_BACKLOG.replace("%(due)s", due), {"n": n, "ref": NOOP, "spec": _spec(NOOP)})
+        cursor.execute(FILL_BACKLOG.replace("%(due)s", due), {"n": n, "ref": ref, "spec": _spec(ref)})
         if n:
             # What autovacuum does within a minute of such an insert; the windows measure the
             # backlog, not the minute after it arrived.
@@ -250,12 +252,14 @@ SELECT (SELECT count(*) FROM orchestrator_taskrun WHERE state = 'scheduled' AND 
 """
 
 
-def window(out, label: str, seconds: float, workers: int = 2, concurrency: int = 16, supply: int = 0) -> dict:
+def window(out, label: str, seconds: float, workers: int = 2, concurrency: int = 16, supply: int = 0,
+           inprocess: int = 0, stamp: str = STAMP) -> dict:
     """Workers run for ``seconds`` on what is waiting; a priority-10 job every 50 ms measures the
     start delay. With ``supply``, no-op jobs are added every 50 ms so that about that many are due or
-    running at any time (work for the workers without a backlog that grows)."""
+    running at any time (work for the workers without a backlog that grows). ``inprocess`` and
+    ``stamp``: the in-process places of each worker and the priority job (the async one there)."""
     claim = claim_ms()
-    roles = _start(workers, concurrency)
+    roles = _start(workers, concurrency, inprocess)
     try:
         since = _now()
         started = time.monotonic()
@@ -266,7 +270,7 @@ def window(out, label: str, seconds: float, workers: int = 2, concurrency: int =
                     missing = supply - cursor.fetchone()[0]
                 if missing > 0:
                     enqueue(missing)
-            enqueue(1, STAMP, priority=10)
+            enqueue(1, stamp, priority=10)
             time.sleep(0.05)
         done = _finished_since(since)
         elapsed = time.monotonic() - started
@@ -275,7 +279,7 @@ def window(out, label: str, seconds: float, workers: int = 2, concurrency: int =
         while time.monotonic() < deadline:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT count(*) FROM orchestrator_taskrun WHERE task = %s AND priority = 10 "
-                               "AND state IN ('scheduled', 'queued', 'running')", [STAMP])
+                               "AND state IN ('scheduled', 'queued', 'running')", [stamp])
                 if cursor.fetchone()[0] == 0:
                     break
             time.sleep(0.05)
@@ -283,7 +287,7 @@ def window(out, label: str, seconds: float, workers: int = 2, concurrency: int =
         roles.stop()
     rate = done / elapsed
     out(f"  {label}: one claim of 16 {claim:.1f} ms; {rate:,.0f} jobs/s over {elapsed:.1f} s")
-    figures = _print_delays(out, "    priority job every 50 ms", _stages(since, 10), stages=False)
+    figures = _print_delays(out, "    priority job every 50 ms", _stages(since, 10, stamp), stages=False)
     return {"claim_ms": claim, "jobs_per_s": rate, **figures}
 
 
@@ -302,6 +306,14 @@ def run_backlog(out, sizes=(0, 100_000, 1_000_000), delayed: int = 1_000_000, se
         what = f"filled in {filled:.0f} s" if size else f"{SUPPLY:,} kept due or running"
         figures[size] = window(out, f"{size:>9,} due waiting ({what})", seconds,
                                supply=SUPPLY if size == 0 else 0)
+    size = next((size for size in sizes if size), 0)
+    if size:
+        # The async executor's no-op jobs with the same backlog, on 2 workers of 500 places each.
+        reset_work()
+        fill_backlog(size, ref=NOOP_ASYNC)
+        figures[f"async {size}"] = window(out, f"{size:>9,} async jobs due waiting (async executor, 2 workers x "
+                                               f"{ASYNC_PLACES} places)", seconds, concurrency=1,
+                                          inprocess=ASYNC_PLACES, stamp=STAMP_ASYNC)
     if delayed:
         reset_work()
         fill_backlog(delayed, delayed=True)

@@ -13,7 +13,8 @@ Sections (``--only pg,jobs,peers,delays,statements,latency,steady,backlog,histor
   rows and time (``pg_stat_statements``, when the server loads it) and the CPU of each kind of
   process (see ``bench.statements``).
 - steady, backlog, history: start delay under a steady arrival rate with a per-stage breakdown,
-  and cost with a due backlog, a delayed backlog and a finished history (see ``bench.load``).
+  and cost with a due backlog (for the first one also on the async executor), a delayed backlog
+  and a finished history (see ``bench.load``).
 - fleet: database transactions per job with 1 to 64 mostly idle workers at a steady arrival rate
   (see ``bench.fleet``).
 - io: 10,000 jobs that each wait 50 ms on one worker process, async and thread executors beside the
