@@ -146,34 +146,61 @@ def test_without_places_a_worker_claims_for_its_idle_children_and_runs_every_job
     worker = ready_worker(children=2, places=0)
     assert worker.inprocess.host is None and worker.capacity() == 2
     worker.place([message(1, "pid_async"), message(2, "pid_thread")])
-    assert sorted(slot.message["id"] for slot in worker.pool.slots) == [1, 2] and worker.held == []
+    assert sorted(slot.message["id"] for slot in worker.pool.slots) == [1, 2] and worker.held.jobs == []
     assert worker.capacity() == 0
 
 
-def test_an_in_process_job_beyond_the_free_places_takes_an_idle_child():
+def test_an_in_process_job_beyond_the_free_places_waits_for_one_not_for_a_child(monkeypatch):
     worker = ready_worker(children=1, places=1)
-    worker.place([message(1, "pid_async"), message(2, "pid_async")])
-    assert [[m["id"] for m in sent] for sent in worker.inprocess.host.conn.sent] == [[1]]
-    assert [slot.message["id"] for slot in worker.pool.slots] == [2]
+    handed = []
+    monkeypatch.setattr("orchestrator.worker.role.hand_back",
+                        lambda messages, *args, **kwargs: handed.extend(m["id"] for m in messages))
+    worker.place([message(1, "pid_async"), message(2, "pid_thread")])
+    host = worker.inprocess.host
+    assert [[m["id"] for m in sent] for sent in host.conn.sent] == [[1]]
+    # 2 runs where it declared, in the host: it waits for the place, and the child stays idle.
+    # While it waits, a claim takes nothing: the child is promised to it, and no place is free.
+    [slot] = worker.pool.slots
+    assert slot.message is None and [m["id"] for m in worker.held.jobs] == [2]
+    assert worker.capacity() == 0
+    # Not claimed ahead (no bet on short tasks): it waits for the place however long that takes.
+    worker.hand_back_held(1e12)
+    assert handed == [] and [m["id"] for m in worker.held.jobs] == [2]
+    # The host's outcome frees the place: 2 goes there, and the child is offered again.
+    worker.inprocess.children.conns[host.pid].inbox.append([(1, 1, "succeeded", None, "", "", "", None, "")])
+    worker.loop.wake(host.conn)
+    worker.start_held()
+    assert [[m["id"] for m in sent] for sent in host.conn.sent] == [[1], [2]] and worker.held.jobs == []
+    assert slot.message is None and worker.capacity() == 1
+    # Claimed ahead of a deep backlog of short tasks, one that waited a second while nothing of
+    # the worker ended is handed back (the host is stuck).
+    worker.backlog, worker.pool.task_seconds = True, 0.001
+    worker.place([message(3, "plain_job"), message(4, "pid_async")])
+    assert slot.message["id"] == 3 and [m["id"] for m in worker.held.jobs] == [4]
+    began = worker.held.since[4]
+    worker.hand_back_held(began + 0.5)
+    assert handed == [] and [m["id"] for m in worker.held.jobs] == [4]
+    worker.hand_back_held(began + 1.0)
+    assert handed == [4] and worker.held.jobs == []
 
 
 def test_default_jobs_claimed_for_in_process_places_wait_for_a_child_and_stop_further_offers():
     worker = ready_worker(children=1, places=10)
     worker.place([message(1, "plain_job"), message(2, "plain_job")])
     [slot] = worker.pool.slots
-    assert slot.message["id"] == 1 and [m["id"] for m in worker.held] == [2]
+    assert slot.message["id"] == 1 and [m["id"] for m in worker.held.jobs] == [2]
     assert worker.inprocess_share == 0.0
     # While a job waits for a child, a claim takes nothing: no idle child, no place offered.
     assert worker.capacity() == 0
     # Not claimed ahead (no bet on short tasks): it waits for the child however long that takes.
-    assert worker.held_at == {}
+    assert worker.held.since == {}
     worker.hand_back_held(1e12)
-    assert [m["id"] for m in worker.held] == [2]
+    assert [m["id"] for m in worker.held.jobs] == [2]
     # The child's outcome frees it: the held job starts there, and places are offered again.
     worker.pool.children.conns[slot.pid].inbox.append((1, 1, "succeeded", None, "", "", "", None, ""))
     worker.loop.wake(slot.conn)
     worker.start_held()
-    assert slot.message["id"] == 2 and worker.held == []
+    assert slot.message["id"] == 2 and worker.held.jobs == []
     assert worker.capacity() == 1  # one place, to find in-process jobs; the child is busy
 
 
@@ -192,20 +219,20 @@ def test_with_a_deep_backlog_of_short_tasks_a_claim_takes_a_few_tens_of_millisec
     worker.pool.task_seconds = 0.02
     worker.place([message(n, "plain_job") for n in range(1, 9)])
     assert sorted(slot.message["id"] for slot in worker.pool.slots) == [1, 2]
-    assert [m["id"] for m in worker.held] == [3, 4, 5, 6, 7, 8] and list(worker.held_at) == [3, 4, 5, 6, 7, 8]
+    assert [m["id"] for m in worker.held.jobs] == [3, 4, 5, 6, 7, 8] and list(worker.held.since) == [3, 4, 5, 6, 7, 8]
     assert worker.capacity() == 0  # three wait per child already
     # A child's reply starts the next one there at once, before any transaction; it waits no more.
     [first, _] = worker.pool.slots
     worker.pool.children.conns[first.pid].inbox.append((1, 1, "succeeded", None, "", "", "", None, ""))
     worker.loop.wake(first.conn)
     worker.start_held()
-    assert first.message["id"] == 3 and [m["id"] for m in worker.held] == [4, 5, 6, 7, 8]
-    assert list(worker.held_at) == [4, 5, 6, 7, 8]
+    assert first.message["id"] == 3 and [m["id"] for m in worker.held.jobs] == [4, 5, 6, 7, 8]
+    assert list(worker.held.since) == [4, 5, 6, 7, 8]
     assert worker.capacity() == 1
     # Long tasks: nothing is claimed ahead (a task would wait long for a child), whatever the backlog.
     worker.pool.task_seconds = 1.0
     assert worker.capacity() == 0
-    worker.held = []
+    worker.held.clear()
     assert worker.capacity() == 0  # both children busy
 
 
@@ -222,7 +249,7 @@ def test_a_job_a_later_claim_took_goes_ahead_of_the_held_jobs_it_outranks_and_be
     # lower-ranked ones, behind none of them; one of their priority goes behind them; a live job
     # of the lowest priority still goes ahead of the backfill's.
     worker.place([ranked(5, 10), ranked(6, 0), ranked(7, -5), ranked(8, 10)])
-    assert [m["id"] for m in worker.held] == [5, 8, 2, 3, 6, 7, 4]
+    assert [m["id"] for m in worker.held.jobs] == [5, 8, 2, 3, 6, 7, 4]
 
 
 def test_while_every_child_has_work_waiting_batches_are_further_apart():
@@ -342,17 +369,17 @@ def test_the_jobs_a_hand_back_leaves_are_timed_from_the_oldest_of_them(monkeypat
 
     worker.place([ranked(1, 0), ranked(2, 0)])  # the child runs 1; 2 waits
     worker.place([ranked(3, 0), ranked(4, 10)])  # a later claim: 4 outranks 2 and goes first
-    assert [m["id"] for m in worker.held] == [4, 2, 3]
-    worker.held_at.update({2: 100.0, 3: 100.5, 4: 100.7})  # when each began to wait
+    assert [m["id"] for m in worker.held.jobs] == [4, 2, 3]
+    worker.held.since.update({2: 100.0, 3: 100.5, 4: 100.7})  # when each began to wait
     worker.pool.last_reply = 0.0  # no child replied since
     worker.hand_back_held(101.0)
     # 2 waited a second: handed back. The others wait on, timed from the older of them (3), not
     # from the first in the queue (4).
-    assert handed == [2] and [m["id"] for m in worker.held] == [4, 3]
+    assert handed == [2] and [m["id"] for m in worker.held.jobs] == [4, 3]
     assert worker.held_since() == 100.5
     worker.hand_back_held(101.4)
     assert handed == [2]
     worker.hand_back_held(101.5)
-    assert handed == [2, 3] and [m["id"] for m in worker.held] == [4] and worker.held_since() == 100.7
+    assert handed == [2, 3] and [m["id"] for m in worker.held.jobs] == [4] and worker.held_since() == 100.7
     worker.hand_back_held(101.7)
-    assert handed == [2, 3, 4] and worker.held == [] and worker.held_at == {}
+    assert handed == [2, 3, 4] and worker.held.jobs == [] and worker.held.since == {}

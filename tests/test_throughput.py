@@ -239,7 +239,7 @@ def test_a_claim_answers_in_dispatch_order_and_what_waits_for_a_child_starts_in_
 def test_a_job_claimed_ahead_that_waits_too_long_for_a_child_is_handed_back_to_any_worker(clock):
     from orchestrator.clock import pinned
     from orchestrator.models import Attempt
-    from orchestrator.worker.role import HELD_SECONDS
+    from orchestrator.worker.local_queue import HELD_SECONDS
     from tests.test_executors import ready_worker
 
     enqueue_many([{"ref": REF, "kwargs": {"user_id": n}} for n in range(2)], now=clock.now())
@@ -248,20 +248,20 @@ def test_a_job_claimed_ahead_that_waits_too_long_for_a_child_is_handed_back_to_a
     # A backlog of short tasks: a claim takes the second job too, held for the child.
     worker.backlog, worker.pool.task_seconds = True, 0.001
     worker.place(worker.claim(worker.capacity(), clock.now()))
-    [held] = worker.held
+    [held] = worker.held.jobs
     allowance = TaskRun.objects.get(pk=held["id"]).max_attempts
-    began = worker.held_at[held["id"]]  # its wait for the child
+    began = worker.held.since[held["id"]]  # its wait for the child
     worker.hand_back_held(began + HELD_SECONDS / 2)
-    assert worker.held == [held] and worker.next_wait() <= HELD_SECONDS / 2 + 0.01
+    assert worker.held.jobs == [held] and worker.next_wait() <= HELD_SECONDS / 2 + 0.01
     # A child replied meanwhile (the worker's tasks move, slower than their average said): the
     # queue still moves, and the job waits a second more since then.
     worker.pool.last_reply = began + HELD_SECONDS / 2
     worker.hand_back_held(began + HELD_SECONDS)
-    assert worker.held == [held]
+    assert worker.held.jobs == [held]
     # The children stayed busy a second with no reply (stuck): the job goes back, for any worker.
     with pinned(clock):
         worker.hand_back_held(began + HELD_SECONDS * 1.5)
-    assert worker.held == [] and worker.held_at == {}
+    assert worker.held.jobs == [] and worker.held.since == {}
     task_run = TaskRun.objects.get(pk=held["id"])
     # Due again now; the attempt it never started does not count against its allowance.
     assert (task_run.state, task_run.due_at, task_run.attempts, task_run.max_attempts) == (
@@ -290,12 +290,12 @@ def test_a_job_claimed_after_a_sync_whose_notification_has_not_come_starts_in_a_
         assert worker.record_and_claim(0.0)
     # The claim read the new generation: the old child is told to exit, the job waits for a fresh one.
     assert worker.pool.generation == generation and old not in worker.pool.slots
-    assert [m["spec"]["kwargs"] for m in worker.held] == [{"user_id": 1}] and worker.held_at == {}
+    assert [m["spec"]["kwargs"] for m in worker.held.jobs] == [{"user_id": 1}] and worker.held.since == {}
     [fresh] = worker.pool.slots
     worker.pool.children.conns[fresh.pid].inbox.append(READY)
     worker.loop.wake(fresh.conn)
     worker.start_held()
-    assert fresh.message["spec"]["kwargs"] == {"user_id": 1} and worker.held == []
+    assert fresh.message["spec"]["kwargs"] == {"user_id": 1} and worker.held.jobs == []
 
 
 def test_a_run_over_at_birth_is_one_row_and_a_pending_one_holds_its_tasks_back():

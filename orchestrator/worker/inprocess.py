@@ -357,6 +357,7 @@ class InProcess:
         self.hosts: list[HostProcess] = []  # it and the retiring ones
         self.generation = 0
         self.loop = None
+        self.last_reply = 0.0  # time.monotonic() of the latest job outcome from a host
 
     # --- what it holds -----------------------------------------------------------------------
 
@@ -413,6 +414,7 @@ class InProcess:
                 if message is None or message["number"] != reply[1]:
                     continue  # ended already (timed out, cancelled): the late outcome is not recorded
                 host.deadlines.pop(reply[0], None)
+                self.last_reply = time.monotonic()
                 self.on_reply(message, reply)
         if host.retiring and not host.messages:
             self.end(host)

@@ -37,34 +37,23 @@ RETIRE_SECONDS = 5.0
 # A local queue (graphile-worker's localQueue): while the backlog is deep (the latest claim got
 # all it asked for and more was due at once) and tasks are short (PREFETCH_TASK_SECONDS or less
 # on average), a claim also takes task runs beyond the idle children: about PREFETCH_SECONDS of
-# work per child, at most PREFETCH_PER_CHILD (``Pool.ahead``). They wait in the worker (its
-# ``held``: claimed, their attempt begun) and start the moment a child replies, without waiting
-# for a transaction; the batches meanwhile wait longer for their outcomes (batch.
+# work per child, at most PREFETCH_PER_CHILD (``Pool.ahead``). They wait in the worker
+# (worker.local_queue: claimed, their attempt begun) and start the moment a child replies, without
+# waiting for a transaction; the batches meanwhile wait longer for their outcomes (batch.
 # QUEUED_COALESCE_SECONDS), so each records and claims many. Order holds: a claim takes work in
 # dispatch order (priority, tenants in turn, live lane first), a job a later claim took goes ahead
-# of the held ones it outranks (``queue_by_rank``), and what waits here is a few tens of
+# of the held ones it outranks (``LocalQueue.add``), and what waits here is a few tens of
 # milliseconds of work. The cap keeps each claim short (one of 512 took 23 ms on two cores), since
 # a job that outranks the rest waits for the worker's batch in flight: at most 8, a priority job's
 # start delay behind a deep backlog was 35-50 ms at p99; at most 32, 94-156 ms (bench --only
 # backlog). A drain hands the held jobs back at once, and so does a wait of HELD_SECONDS
-# (worker.role); the reaper's margin (HEARTBEAT_TIMEOUT_SECONDS or more) is far beyond both.
+# (worker.local_queue); the reaper's margin (HEARTBEAT_TIMEOUT_SECONDS or more) is far beyond both.
 PREFETCH_PER_CHILD = 8
 PREFETCH_TASK_SECONDS = 0.05
 PREFETCH_SECONDS = 0.06
 
 # The weight of the latest task in ``Pool.task_seconds``, a moving average of how long tasks take.
 TASK_SECONDS_WEIGHT = 0.1
-
-
-def queue_by_rank(held: list[dict], message: dict) -> None:
-    """Queue a claimed job for the next free child: behind every held job that ranks as high (its
-    "rank": lane, then priority, as the claim's dispatch order), ahead of the ones it outranks,
-    which an earlier claim took while it was not there yet."""
-    rank = message.get("rank", (0, 0))
-    at = len(held)
-    while at and held[at - 1].get("rank", (0, 0)) > rank:
-        at -= 1
-    held.insert(at, message)
 
 
 @dataclass

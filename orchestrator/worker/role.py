@@ -39,7 +39,8 @@ from orchestrator.worker.batch import (
 )
 from orchestrator.worker.drain import Drain, hand_back
 from orchestrator.worker.inprocess import InProcess, runs_in_process, runs_on_loop
-from orchestrator.worker.pool import Pool, Slot, queue_by_rank
+from orchestrator.worker.local_queue import HELD_SECONDS, LocalQueue
+from orchestrator.worker.pool import Pool, Slot
 from orchestrator.worker.wakeup import Wakeup
 
 log = logging.getLogger(__package__)  # the worker's records under one name, orchestrator.worker
@@ -47,11 +48,6 @@ log = logging.getLogger(__package__)  # the worker's records under one name, orc
 # A claim that came back short while due work remained (rows another worker held, beyond the
 # candidates it looked at): look again after this.
 RECHECK_SECONDS = 0.005
-
-# A job claimed ahead that waited this long for a child while no child of the worker replied (its
-# tasks are stuck, e.g. on a sibling the worker holds) is handed back: due again at once for any
-# worker; its attempt never started and does not count. The average of task times is forgotten.
-HELD_SECONDS = 1.0
 
 
 class Worker(Role):
@@ -99,10 +95,10 @@ class Worker(Role):
         # Places for the jobs declared @job(executor="async"/"thread"), in one host process
         # (worker.inprocess); with none, such jobs run in forked children like any other.
         self.inprocess = InProcess(places=inprocess, on_reply=self.child_replied, on_died=self.child_died)
-        # Claimed jobs that wait for a forked child: claimed for in-process places, they turned
-        # out to be jobs of the default executor (a claim cannot tell them apart).
-        self.held: list[dict] = []
-        self.held_at: dict[int, float] = {}  # claimed ahead: task run id -> time.monotonic() it began to wait
+        # Claimed jobs that wait for a child or a place of the host (worker.local_queue): claimed
+        # ahead, or for in-process places while they turned out to be jobs of the default executor
+        # (a claim cannot tell them apart).
+        self.held = LocalQueue()
         # Whether the latest claim found more due than it took (see Pool.ahead).
         self.backlog = False
         # The share of in-process jobs among the latest claims (a moving average): how many of the
@@ -189,8 +185,7 @@ class Worker(Role):
         self.end_overdue_tasks(now)
         if self.loop.stop_requests and not self.drain.active:
             self.drain.begin(now)
-            self.drain.interrupted += self.held  # never started: handed back at once
-            self.held = []
+            self.drain.interrupted += self.held.clear()  # never started: handed back at once
             self.batch.release_checks(self.checks)  # claimed, not started: due again for any worker
             self.checks = []
         if self.drain.active:
@@ -221,7 +216,7 @@ class Worker(Role):
             if self.wakeup.owed or self.wakeup.everyone:
                 timeout = min(timeout, self.wakeup.quiet_until - now)  # the end of the back-off
         deadlines = self.pool.deadlines(shrinking=not self.drain.active) + self.inprocess.deadlines()
-        if self.held_at and not self.drain.active:
+        if self.held.since and not self.drain.active:
             deadlines.append(self.held_since() + HELD_SECONDS)
         if deadlines:
             timeout = min(timeout, min(deadlines) - now)
@@ -257,15 +252,19 @@ class Worker(Role):
             ))
 
     def capacity(self) -> int:
-        """How many task runs a claim may take now: one per ready idle child not promised to a held
-        job, and, while no job waits for a child, as many of the places one claim may fill
-        (``InProcess.offer``) as the share of in-process jobs among the latest claims says (at
-        least one, to find them). A claim cannot choose the executor of what it takes, so a worker
-        of default jobs only offers one place per claim and holds at most one job beyond its
-        children; one of in-process jobs only soon offers all it may (half its places)."""
+        """How many task runs a claim may take now: one per ready idle child (and per job it may
+        claim ahead) not promised to a held job, and, while no job waits for a child beyond those,
+        as many of the places one claim may fill (``InProcess.offer``, less those promised to held
+        jobs) as the share of in-process jobs among the latest claims says (at least one, to find
+        them). A claim cannot choose the executor of what it takes, and a job claimed for the other
+        kind of place waits for its own (worker.local_queue): a worker of default jobs only offers
+        one place per claim and holds at most one job beyond its children; one of in-process jobs
+        only soon offers all it may (half its places) and claims nothing for its children while
+        one of them waits for a place."""
         ahead = self.prefetch()
         free_children = max(0, len(self.pool.idle_slots()) + ahead - len(self.held))
-        free = 0 if len(self.held) > ahead else self.inprocess.offer()
+        waiting = len(self.held.for_host)
+        free = 0 if self.held.for_children() > ahead else max(0, self.inprocess.offer() - waiting)
         return free_children + (max(1, round(free * self.inprocess_share)) if free else 0)
 
     def prefetch(self) -> int:
@@ -276,26 +275,24 @@ class Worker(Role):
     def queue_full(self, now: float) -> bool:
         """Whether every child has a job waiting for it and no notification asks for new work (it
         may outrank them): the batches may then wait longer."""
-        return len(self.held) >= self.concurrency and not self.wakeup.asked(now)
+        return self.held.for_children() >= self.concurrency and not self.wakeup.asked(now)
 
     def start_held(self) -> None:
-        """Give the held jobs the children that became free."""
+        """Give the held jobs the children and the host's places that became free."""
         if not self.held:
             return
-        for slot in self.pool.idle_slots()[:len(self.held)]:
-            message = self.held.pop(0)
-            self.held_at.pop(message["id"], None)
+        idle = self.pool.idle_slots()
+        children, host = self.held.take(len(idle), self.inprocess.free())
+        for slot, message in zip(idle, children, strict=False):
             self.pool.start_task(slot, message)
+        if host:
+            self.inprocess.run(host)
 
     def hand_back_held(self, now: float) -> None:
-        """Hand back the jobs claimed ahead that waited HELD_SECONDS while no child replied (not those
-        claimed for an in-process place that wait for a child: no bet on short tasks there)."""
-        if not self.held_at or now - self.held_since() < HELD_SECONDS:
-            return
-        stale = [m for m in self.held if now - self.held_at.get(m["id"], now) >= HELD_SECONDS]
-        self.held = [m for m in self.held if m not in stale]
-        waiting = {m["id"] for m in self.held}
-        self.held_at = {i: began for i, began in self.held_at.items() if i in waiting}  # in claim order still
+        """Hand back the jobs claimed ahead that waited HELD_SECONDS while nothing of this worker
+        ended (not those claimed for a place that wait for the other kind: no bet on short tasks
+        there)."""
+        stale = self.held.stale(now, max(self.pool.last_reply, self.inprocess.last_reply))
         if not stale:
             return
         self.pool.task_seconds = None  # nothing claimed ahead until tasks are seen to be short again
@@ -306,31 +303,22 @@ class Worker(Role):
                   worker_id=self.id, queues=self.queues)
 
     def held_since(self) -> float:
-        """Since when the local queue has not moved: the first held ahead (held_at is in claim
-        order) waits and no child replied."""
-        return max(next(iter(self.held_at.values())), self.pool.last_reply)
+        """Since when the local queue has not moved (LocalQueue.waited_since)."""
+        return self.held.waited_since(max(self.pool.last_reply, self.inprocess.last_reply))
 
     def place(self, claimed: list[dict]) -> None:
         """Start each claimed task run where it runs: a job declared for the in-process executor
-        there while it has places, everything else in an idle child, or held until one is free."""
+        in the host when the worker has places for it (held until one is free), everything else in
+        an idle child, or held until one is free; held in rank order with those held already."""
         if claimed and self.inprocess.places:
             share = sum(1 for message in claimed if runs_in_process(message)) / len(claimed)
             self.inprocess_share = (self.inprocess_share + share) / 2
-        idle = self.pool.idle_slots()
-        free = self.inprocess.free()
-        inprocess = []
+        now = time.monotonic()
         ahead = self.prefetch() > 0 and all(slot.ready for slot in self.pool.slots)  # not a child starting
         for message in claimed:
-            if len(inprocess) < free and runs_in_process(message):
-                inprocess.append(message)
-            elif idle:
-                self.pool.start_task(idle.pop(0), message)
-            else:
-                queue_by_rank(self.held, message)
-                if ahead:
-                    self.held_at[message["id"]] = time.monotonic()
-        if inprocess:
-            self.inprocess.run(inprocess)
+            host = bool(self.inprocess.places) and runs_in_process(message)
+            self.held.add(message, host=host, began=now if ahead else None)
+        self.start_held()
 
     def holding(self, now: float) -> bool:
         """Whether the next batch waits: the latest one began less than its hold ago (Batch) and
@@ -465,8 +453,8 @@ class Worker(Role):
 
     def resize_pool(self, now: float) -> None:
         """Grow when work waits and no child is free; shrink to the minimum after idling."""
-        if len(self.held) > self.prefetch():
-            self.pool.grow(len(self.held) + len(self.pool.idle_slots()))
+        if self.held.for_children() > self.prefetch():
+            self.pool.grow(self.held.for_children() + len(self.pool.idle_slots()))
             return
         room = self.pool.room_to_grow() if self.want_claim or self.wakeup.asked(now) else 0
         if room:
@@ -491,7 +479,7 @@ class Worker(Role):
         (``worker.reconnect``), then look for work at once (NOTIFYs sent during the outage were
         lost)."""
         reconnect.reconcile(self.pool, self.batch, self.drain,
-                            also={message["id"] for message in self.inprocess.messages() + self.held})
+                            also={message["id"] for message in self.inprocess.messages() + self.held.jobs})
         self.want_claim = True
         self.wakeup.stale = True  # workers may have come and gone meanwhile
 
@@ -552,7 +540,7 @@ class Worker(Role):
         for slot in self.pool.busy():
             if slot.message["id"] in ids:
                 self.abandon(slot, "cancelled")
-        for message in self.inprocess.messages() + self.held:
+        for message in self.inprocess.messages() + self.held.jobs:
             if message["id"] in ids:
                 self.give_up(message, "cancelled")
 
@@ -561,10 +549,7 @@ class Worker(Role):
         this worker's (cancelled or reaped)."""
         log.info("stopping task run %s attempt %s: %s", message["id"], message["number"], why,
                  extra={"action": "task_killed"})
-        if message in self.held:
-            self.held.remove(message)
-            self.held_at.pop(message["id"], None)
-        else:
+        if self.held.remove(message["id"]) is None:
             self.inprocess.give_up(message["id"])
         self.batch.forget(message["id"])
 
@@ -587,7 +572,7 @@ class Worker(Role):
         """Kill the tasks whose attempts are no longer this worker's (cancelled or reaped)."""
         # A batch of checks is no attempt: a check claimed again meanwhile is recorded once anyway.
         busy = [slot for slot in self.pool.busy() if "checks" not in slot.message]
-        elsewhere = self.inprocess.messages() + self.held
+        elsewhere = self.inprocess.messages() + self.held.jobs
         if not busy and not elsewhere:
             return
         mine = heartbeat.still_mine(self.id, [slot.message for slot in busy] + elsewhere)

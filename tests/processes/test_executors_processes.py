@@ -201,7 +201,13 @@ def test_without_in_process_places_async_and_thread_jobs_run_in_forked_children(
 @pytest.mark.slow
 def test_a_worker_with_in_process_places_runs_each_job_where_it_declared(processes, env):
     proc = start_worker(processes, env, inprocess=10, concurrency=1)
-    runs = {name: [enqueue(f"{REF}:{name}")[0] for _ in range(6)] for name in ("plain_job", "pid_async", "pid_thread")}
+    # Interleaved, so that claims ahead of the child (short tasks, a backlog) take in-process jobs
+    # beyond the host's free places too: those wait for a place, never for the child.
+    names = ("plain_job", "pid_async", "pid_thread")
+    runs = {name: [] for name in names}
+    for _ in range(20):
+        for name in names:
+            runs[name].append(enqueue(f"{REF}:{name}")[0])
     pids = {}
     for name, group in runs.items():
         for run in group:
