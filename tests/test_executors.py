@@ -12,6 +12,7 @@ from orchestrator.executor import READY
 from orchestrator.registry import executor_of, job
 from orchestrator.worker import Worker as WorkerRole
 from orchestrator.worker.batch import COALESCE_SECONDS, QUEUED_COALESCE_SECONDS
+from orchestrator.worker.inprocess import BATCH_SECONDS, CLAIM_LEAST
 from orchestrator.worker.pool import PREFETCH_PER_CHILD, PREFETCH_SECONDS, PREFETCH_TASK_SECONDS
 from tests.support import inprocess_jobs
 
@@ -140,6 +141,25 @@ def test_a_worker_offers_in_process_places_as_far_as_its_claims_found_in_process
     assert worker.capacity() == 1 + 5
     worker.place([message(n, "pid_async") for n in range(4, 9)])
     assert worker.inprocess.free() == 2 and worker.capacity() == 1 + 2
+
+
+def test_what_one_claim_may_take_follows_how_long_the_batches_take():
+    inprocess = ready_worker(children=1, places=500).inprocess
+    assert inprocess.claim_most == 250 and inprocess.offer() == 250  # half the places
+    inprocess.batch_took(BATCH_SECONDS * 2)  # twice as long as the batches should take: half
+    assert inprocess.claim_most == 125 and inprocess.offer() == 125
+    inprocess.batch_took(1.0)  # a stall: at most half at once
+    assert inprocess.claim_most == 62
+    for _ in range(20):
+        inprocess.batch_took(5.0)
+    assert inprocess.claim_most == CLAIM_LEAST
+    inprocess.batch_took(BATCH_SECONDS / 4)  # short ones: at most 1.5 times as many at once
+    assert inprocess.claim_most == 24
+    for _ in range(20):
+        inprocess.batch_took(0.001)
+    assert inprocess.claim_most == 250  # never beyond half the places
+    inprocess.batch_took(BATCH_SECONDS)
+    assert inprocess.claim_most == 250 and inprocess.offer() == 250
 
 
 def test_without_places_a_worker_claims_for_its_idle_children_and_runs_every_job_there():

@@ -93,6 +93,37 @@ def test_reading_the_rings_again_never_puts_off_a_planned_poll():
         assert worker.next_poll == pytest.approx(mono + 1.0 - 0.3)
 
 
+def test_answers_never_put_off_the_poll_and_a_look_that_found_the_rows_held_looks_again_soon():
+    start = datetime.fromtimestamp(1000.3, UTC)
+    with clock.pinned(FakeClock(start)) as fake:
+        worker = WorkerLoop(["default"], poll=1.0)
+        worker.loop = SimpleNamespace(listener=object())
+        worker.wakeup.rings = {queue_channel("default"): _fleet([1, 1])[0]}
+        mono = 50.0
+        worker.plan_poll(mono)
+        planned = worker.next_poll
+        worker.batch.claimed_next_due = fake.now()  # more is due: a backlog
+        # It answers a notification of one job every 50 ms (the rest of the backlog is named by
+        # none): each answer looked at what it named, not at the queue, so the poll, which will
+        # find the backlog, stays planned rather than moving on at every answer.
+        answers = 0
+        while mono + 0.05 < planned:
+            mono += 0.05
+            fake.advance(0.05)
+            worker.after_claim(mono, 1, 1, answering=True)
+            answers += 1
+            assert worker.next_poll == pytest.approx(planned)
+        assert answers >= 10
+        # A look of its own that found every row it read held by another worker's claim in
+        # flight, while more is due: it looks again after the back-off, not at its next turn.
+        worker.after_claim(mono, 90, 0, answering=False)
+        assert not worker.want_claim and mono < worker.next_due <= mono + BACKOFF_MAX_SECONDS
+        # An answer that found none leaves the rows to their holders (and backs off).
+        worker.next_due = float("inf")
+        worker.after_claim(mono, 1, 0, answering=True)
+        assert worker.next_due == float("inf")
+
+
 def test_a_notification_that_counted_nothing_or_a_ring_unknown_wakes_everyone():
     channel = queue_channel("default")
     wakeup = Wakeup(concurrency=2, poll=1.0)

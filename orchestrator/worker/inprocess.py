@@ -72,6 +72,16 @@ DIED_POLLS = 50
 # against 10,500-12,153; bench --only io the same (6,556-6,770 against 6,353-6,801).
 CLAIM_SHARE = 0.5
 
+# A batch holds the worker's one connection: a job enqueued meanwhile (one that outranks the rest)
+# waits for it and for the next one, which claims it. Claims of half of 500 places made batches of
+# 35-40 ms (at most 108: 200 outcomes recorded and 200 jobs claimed) behind a deep backlog on two
+# cores, and a priority job's start delay p99 190-255 ms (bench --only backlog). So what one
+# claim may take follows how long the batches take: fewer while they take longer than
+# BATCH_SECONDS, more (up to CLAIM_SHARE of the places) while they take less, never below
+# CLAIM_LEAST.
+BATCH_SECONDS = 0.02
+CLAIM_LEAST = 16
+
 UNKNOWN_END = "an unknown cause"  # pool.ForkedChildren.how_it_ended, for a child not ended (yet)
 
 
@@ -358,6 +368,7 @@ class InProcess:
         self.generation = 0
         self.loop = None
         self.last_reply = 0.0  # time.monotonic() of the latest job outcome from a host
+        self.claim_most = math.ceil(places * CLAIM_SHARE)  # what one claim may take (batch_took)
 
     # --- what it holds -----------------------------------------------------------------------
 
@@ -368,8 +379,16 @@ class InProcess:
         return max(0, self.places - self.busy_count())
 
     def offer(self) -> int:
-        """How many of the free places one claim may fill: at most CLAIM_SHARE of them all."""
-        return min(self.free(), math.ceil(self.places * CLAIM_SHARE))
+        """How many of the free places one claim may fill: at most CLAIM_SHARE of them all, fewer
+        while batches take longer than BATCH_SECONDS (``batch_took``)."""
+        return min(self.free(), self.claim_most)
+
+    def batch_took(self, seconds: float) -> None:
+        """A batch of the worker took this long: the next claims may take more, or fewer, so that
+        batches take about BATCH_SECONDS (at most half as many, or 1.5 times as many, as now)."""
+        most = math.ceil(self.places * CLAIM_SHARE)
+        factor = min(1.5, max(0.5, BATCH_SECONDS / max(seconds, 1e-6)))
+        self.claim_most = max(min(CLAIM_LEAST, most), min(most, round(self.claim_most * factor)))
 
     def busy_count(self) -> int:
         return sum(len(host.messages) for host in self.hosts)

@@ -348,7 +348,10 @@ class Worker(Role):
         claim, answering, checks = self.claim_sizes(now)
         if not (self.batch.endings or claim or checks) or self.holding(now):
             return started
+        began = time.monotonic()
         claimed = self.batch.flush(claim, checks)
+        if self.inprocess.places:
+            self.inprocess.batch_took(time.monotonic() - began)
         if claim and self.batch.claimed_generation not in (None, self.pool.generation):
             # A sync committed before this claim, its NOTIFY not here yet: fresh children run it.
             self.pool.saw_generation(self.batch.claimed_generation, read=True)
@@ -431,13 +434,18 @@ class Worker(Role):
                                 later=wait is not None and wait > 0)
         if wait is not None and wait > 0:
             self.next_due = now + wait  # the next due work (a delayed job, a retry)
-        elif due_now and 0 < claimed < asked:
+        elif due_now and claimed < asked and (claimed or not answering):
             # Due rows past the candidates this claim read, or held by other workers' claims in
-            # flight: a backlog; look again soon. A claim that found none leaves them to their
-            # holders (and what it owes to the back-off, ``worker.wakeup``): a fleet that claimed
-            # again at once would claim as often as it has workers.
-            self.next_due = now + RECHECK_SECONDS
-        self.plan_poll(now)
+            # flight: a backlog; look again soon. A look of its own that found none (the rows it
+            # read were held) looks again after the back-off (``worker.wakeup``), since the rows
+            # past them are nobody's: it would otherwise sit idle beside a backlog until its poll.
+            # An answer to a notification that found none leaves them to their holders (and what
+            # it owes to the back-off): a fleet that claimed again at once would claim as often as
+            # it has workers.
+            self.next_due = now + (RECHECK_SECONDS if claimed else self.wakeup.backoff.next())
+        # An answer to a notification looked at what it named, not at the queue: the next poll
+        # stays where it was (answers every 50 ms would otherwise push it on forever).
+        self.plan_poll(now, keep_sooner=answering)
 
     def plan_poll(self, now: float, keep_sooner: bool = False) -> None:
         """When to look for work unasked: a poll interval after the latest claim, or, while
