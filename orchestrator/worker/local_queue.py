@@ -34,7 +34,7 @@ class LocalQueue:
     def add(self, message: dict, *, host: bool = False, began: float | None = None) -> None:
         """Queue a claimed job behind every waiting job that ranks as high (its "rank": lane, then
         priority, as the claim's dispatch order), ahead of the ones it outranks. ``host``: it runs
-        in the host; ``began``: it was claimed ahead (or waits for the host), at this time."""
+        in the host; ``began``: it was claimed ahead, at this time (only those are handed back)."""
         rank = message.get("rank", (0, 0))
         at = len(self.jobs)
         while at and self.jobs[at - 1].get("rank", (0, 0)) > rank:

@@ -96,8 +96,8 @@ class Worker(Role):
         # (worker.inprocess); with none, such jobs run in forked children like any other.
         self.inprocess = InProcess(places=inprocess, on_reply=self.child_replied, on_died=self.child_died)
         # Claimed jobs that wait for a child or a place of the host (worker.local_queue): claimed
-        # ahead, or for in-process places while they turned out to be jobs of the default executor
-        # (a claim cannot tell them apart).
+        # ahead, or claimed for one kind of place while they run in the other (a claim cannot tell
+        # a default job from an in-process one).
         self.held = LocalQueue()
         # Whether the latest claim found more due than it took (see Pool.ahead).
         self.backlog = False
