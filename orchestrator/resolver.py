@@ -67,6 +67,9 @@ class Ending:
     # message, ``settles_later``): recorded without its run's lock, the map settled after (see
     # SentEndings.deferred). False: the run is locked first, as for any ending.
     unlocked: bool = False
+    # When its claim began the run, when the worker has not written that yet (worker.batch.RUN_STARTS):
+    # a one-task job's run start is written with its end, one row version fewer.
+    started: datetime | None = None
 
 
 def settles_later(message: dict) -> bool:
@@ -100,6 +103,12 @@ LOCK_RUNS = _LOCK_RUNS.format("%s")
 TRY_LOCK_RUNS = db.prepared("SELECT id FROM orchestrator_run WHERE id = ANY (%s) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED")
 # The runs of some task runs, to lock them (LOCK_RUNS) before touching the task runs.
 RUNS_OF = "SELECT DISTINCT run_id FROM orchestrator_taskrun WHERE id = ANY (%s)"
+
+# A run's schedule_delay when it starts at {} (its first task's claim): counted from when it was
+# due, the fire time of a scheduled run or a job's run_after (its logical date), the creation of
+# any other (a manual or backfill run's logical date can be any date in the past or future).
+RUN_STARTED = (f"EXTRACT(EPOCH FROM {{}} - CASE WHEN trigger IN ('{Trigger.SCHEDULE}', '{Trigger.JOB}') "
+               "THEN logical_date ELSE created_at END)")
 
 # The answer of END_TASK_RUNS and END_CHECKS, in kinds of rows that ``_answers`` puts together:
 # each accepted task run (an id); each run of them that maps or branches (no id, ``dynamic``);
@@ -137,8 +146,8 @@ WITH l AS MATERIALIZED (
     SELECT *, outcome = '{AttemptOutcome.RESCHEDULED}' AS not_yet, outcome = '{AttemptOutcome.ASKED}' AS asked
     FROM unnest(%(ids)s::bigint[], %(numbers)s::int[], %(outcomes)s::text[], %(results)s::text[],
                 %(errors)s::text[], %(tracebacks)s::text[], %(log_paths)s::text[], %(exception_classes)s::text[],
-                %(jobs)s::bool[])
-        AS d(id, number, outcome, result, error, traceback, log_path, exception_class, job)
+                %(jobs)s::bool[], %(starts)s::timestamptz[])
+        AS d(id, number, outcome, result, error, traceback, log_path, exception_class, job, started)
 ), t AS (
 UPDATE orchestrator_taskrun t SET
     state = CASE WHEN d.outcome = '{AttemptOutcome.SUCCEEDED}' THEN '{TaskState.SUCCEEDED}'
@@ -165,7 +174,7 @@ WHERE (SELECT count(*) FROM l) >= 0
   AND (%(worker)s::bigint IS NULL OR t.worker_id = %(worker)s::bigint)) IS TRUE
 RETURNING t.id, t.run_id, t.state, t.spec ? 'produces' AS produces, t.spec ? 'callbacks' AS calls,
     t.map_index >= 0 AS instance, d.number, d.outcome, d.not_yet, d.error, d.traceback, d.exception_class,
-    d.log_path, d.job
+    d.log_path, d.job, d.started
 ), a AS (
     -- The attempt rows of the task runs whose end was accepted above, in the same round trip. A
     -- sensor's try stays open while its checks say "not yet" (rescheduled, no end time).
@@ -175,12 +184,23 @@ RETURNING t.id, t.run_id, t.state, t.spec ? 'produces' AS produces, t.spec ? 'ca
         log_path = CASE WHEN t.log_path <> '' THEN t.log_path ELSE a.log_path END
     FROM t
     WHERE a.task_run_id = t.id AND a.number = t.number AND (a.outcome = '{AttemptOutcome.RUNNING}') IS TRUE
+), s AS (
+    -- A job's start its worker had not written (Ending.started), when this ending does not end
+    -- its run (a retry, an approval asked, a sensor's "not yet"); j writes it with the run's end.
+    UPDATE orchestrator_run r SET started_at = t.started, schedule_delay = {RUN_STARTED.format("t.started")}
+    FROM t
+    WHERE t.job AND t.started IS NOT NULL AND t.state NOT IN ({sql_list(FINISHED_TASK_STATES)})
+      AND r.id = t.run_id AND r.started_at IS NULL
 ), e AS (
-    SELECT id, run_id, state IN ({sql_list(SUCCESSFUL_TASK_STATES)}) AS ok FROM t
+    SELECT id, run_id, state IN ({sql_list(SUCCESSFUL_TASK_STATES)}) AS ok, started FROM t
     WHERE job AND state IN ({sql_list(FINISHED_TASK_STATES)})
 ), j AS (
     UPDATE orchestrator_run r
-    SET state = CASE WHEN e.ok THEN '{RunState.SUCCEEDED}' ELSE '{RunState.FAILED}' END, finished_at = %(now)s
+    SET state = CASE WHEN e.ok THEN '{RunState.SUCCEEDED}' ELSE '{RunState.FAILED}' END, finished_at = %(now)s,
+        -- Its start, when the worker that claimed it has not written it yet (Ending.started).
+        started_at = COALESCE(r.started_at, e.started),
+        schedule_delay = CASE WHEN r.started_at IS NULL AND e.started IS NOT NULL
+                              THEN {RUN_STARTED.format("e.started")} ELSE r.schedule_delay END
     FROM e
     WHERE r.id = e.run_id AND (r.state = '{RunState.RUNNING}') IS TRUE
       AND NOT EXISTS (SELECT 1 FROM orchestrator_taskrun x WHERE x.run_id = r.id AND x.id <> e.id
@@ -340,7 +360,8 @@ def _columns(endings: Sequence[Ending]) -> dict:
     return {"ids": [e.task_run_id for e in endings], "numbers": [e.number for e in endings],
             "outcomes": [e.outcome for e in endings], "results": [e.result for e in endings],
             "errors": [e.error for e in endings], "tracebacks": [e.traceback for e in endings],
-            "log_paths": [e.log_path for e in endings], "exception_classes": [e.exception_class for e in endings]}
+            "log_paths": [e.log_path for e in endings], "exception_classes": [e.exception_class for e in endings],
+            "starts": [e.started for e in endings]}
 
 
 def receive_endings(sent: SentEndings) -> list[tuple[int, int, str]]:

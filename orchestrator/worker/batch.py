@@ -18,6 +18,7 @@ import json
 import logging
 import time
 from collections import deque
+from datetime import datetime
 
 from django.db import connection, transaction
 
@@ -25,7 +26,7 @@ from orchestrator import analyze, clock, db, due, reload, resolver, taskcontext,
 from orchestrator.channels import wake_dispatchers, wake_due
 from orchestrator.loop import SHORT_TRANSACTION
 from orchestrator.resolver import Ending
-from orchestrator.states import AttemptOutcome, TaskState, Trigger
+from orchestrator.states import AttemptOutcome, TaskState
 
 log = logging.getLogger(__package__)  # the worker's records under one name, orchestrator.worker
 
@@ -70,6 +71,11 @@ ENDINGS_PER_STATEMENT = 50
 # this at any throughput one worker reaches; the byte budget bounds the memory (results are JSON).
 RECENT_OUTCOMES = 1000
 RECENT_OUTCOMES_BYTES = 8 * 1024 * 1024
+
+# A run's schedule_delay when it starts at {} (a first task start): counted from when it was due,
+# the fire time of a scheduled run or a job's run_after (its logical date), the creation of any
+# other (a manual or backfill run's logical date can be any date in the past or future).
+RUN_STARTED = resolver.RUN_STARTED
 
 # Claim up to n task runs of these queues: first the admitted ones (queued by the dispatcher under
 # a limit), highest priority first, then due ones that no limit holds back straight from
@@ -123,13 +129,11 @@ direct AS MATERIALIZED (
     INSERT INTO orchestrator_attempt (task_run_id, number, worker_id, outcome, started_at, error, traceback, log_path)
     SELECT id, attempts, %(worker)s, '{AttemptOutcome.RUNNING}', %(now)s, '', '', '' FROM t
 ), r AS (
-    -- The first task start of a run is the run's start; schedule_delay counts from when it was due:
-    -- the fire time of a scheduled run or a job's run_after (its logical date), the creation of any
-    -- other (a manual or backfill run's logical date can be any date in the past or future).
-    -- Run rows are locked in id order, like every other writer does (see resolver.LOCK_RUNS).
-    UPDATE orchestrator_run SET started_at = %(now)s, schedule_delay = EXTRACT(EPOCH FROM %(now)s
-        - CASE WHEN trigger IN ('{Trigger.SCHEDULE}', '{Trigger.JOB}') THEN logical_date ELSE created_at END)
-    WHERE id = ANY (ARRAY(SELECT id FROM orchestrator_run WHERE id = ANY (ARRAY(SELECT run_id FROM t))
+    -- The first task start of a run is the run's start (RUN_STARTED). Run rows are locked in id
+    -- order, like every other writer does (see resolver.LOCK_RUNS). Not with %(start)s false: a
+    -- worker writes its claims' run starts later, with their ends (RUN_STARTS).
+    UPDATE orchestrator_run SET started_at = %(now)s, schedule_delay = {RUN_STARTED.format("%(now)s")}
+    WHERE id = ANY (ARRAY(SELECT id FROM orchestrator_run WHERE %(start)s AND id = ANY (ARRAY(SELECT run_id FROM t))
                           AND started_at IS NULL ORDER BY id FOR NO KEY UPDATE))
 ), upcoming AS (
     -- When the next task run this worker may claim itself is due, the claimed ones left out (the
@@ -145,6 +149,32 @@ SELECT t.id, t.run_id, t.task, t.attempts, t.spec, t.timeout, t.has_parents, t.l
 FROM upcoming LEFT JOIN (t JOIN picked ON picked.id = t.id) ON true
 ORDER BY picked.ord
 """)
+
+# The starts of the runs of task runs this worker claimed (Batch.starts), written after the claim:
+# a claimed task run's state, attempt and start time are written by its claim, its run's start
+# (started_at: the claim's time, and schedule_delay) by the end of a one-task job when that comes
+# within START_SECONDS (resolver.END_TASK_RUNS, one row version of the run fewer per job), else by
+# this statement in a batch after START_SECONDS, or in the batch that records the end of another
+# task of the run. Only while the claim is still this worker's (a task run handed back is not
+# started), and only a run not started yet (the earliest claim of its first tasks); run rows
+# locked in id order, after the endings' (as the claim's were).
+RUN_STARTS = db.prepared(f"""
+WITH s AS (
+    SELECT s.run_id, min(s.at) AS at
+    FROM unnest(%(runs)s::bigint[], %(task_runs)s::bigint[], %(numbers)s::int[], %(ats)s::timestamptz[])
+        AS s(run_id, task_run_id, number, at)
+    JOIN orchestrator_taskrun t ON t.id = s.task_run_id AND t.attempts = s.number AND t.worker_id = %(worker)s
+    GROUP BY s.run_id
+)
+UPDATE orchestrator_run r SET started_at = s.at, schedule_delay = {RUN_STARTED.format("s.at")}
+FROM s
+WHERE r.id = s.run_id AND r.id = ANY (ARRAY(SELECT id FROM orchestrator_run WHERE id = ANY (ARRAY(SELECT run_id FROM s))
+                                           AND started_at IS NULL ORDER BY id FOR NO KEY UPDATE))
+""")
+
+# How long a claimed task run's run start waits to be written with its end (RUN_STARTS): no-op
+# jobs end within a batch or two; one that runs longer shows its run's start after this.
+START_SECONDS = 0.2
 
 # Waiting sensors' checks due now, of these queues, in due order: up to n, claimed without an
 # attempt (a check is not an attempt) and with a lease instead of a state change. The sensor stays
@@ -279,6 +309,10 @@ class Batch:
         self.unsettled: set[int] = set()
         # When the next waiting sensor's check of these queues is due (as the latest check claim found it).
         self.checks_next_due = None
+        # The claimed task runs whose run start is not written yet (RUN_STARTS), by id, in claim
+        # order: (run id, attempt number, the claim's time, when to write it at the latest, in
+        # time.monotonic()).
+        self.starts: dict[int, tuple[int, int, datetime, float]] = {}
         self.completed = 0
         self.freshness = analyze.Freshness()  # the job tables' statistics, analyzed once they doubled
 
@@ -288,6 +322,20 @@ class Batch:
     def forget(self, task_run_id: int) -> None:
         """Drop the outcomes of a task run no longer this worker's (cancelled or reaped)."""
         self.endings = [e for e in self.endings if e.task_run_id != task_run_id]
+        self.starts.pop(task_run_id, None)
+
+    def handed_back(self, messages: list[dict]) -> None:
+        """These claimed task runs never started here: their runs did not start (RUN_STARTS)."""
+        for message in messages:
+            self.starts.pop(message["id"], None)
+
+    def starts_due(self, now: float) -> bool:
+        """Whether a claimed task run's run start waited START_SECONDS for its end (RUN_STARTS)."""
+        return bool(self.starts) and now >= self.starts_due_at()
+
+    def starts_due_at(self) -> float:
+        """When the oldest claim's run start is due (``starts`` keeps claim order)."""
+        return next(iter(self.starts.values()))[3] if self.starts else float("inf")
 
     def coalescing(self, now: float, queued: bool = False) -> bool:
         """Whether the latest batch began less than its hold ago: COALESCE_SECONDS, or
@@ -306,13 +354,17 @@ class Batch:
         endings, self.endings = self.endings, []
         self.last_flush = time.monotonic()
         now = clock.now()
+        carried, starting = self.starts_to_write(endings, self.last_flush)
         try:
-            # One round trip sends the whole batch (db.pipeline): the outcomes' statements and the
-            # claim; what the answers call for (children to release, callbacks) follows.
+            # One round trip sends the whole batch (db.pipeline): the outcomes' statements, the
+            # run starts and the claim; what the answers call for (children to release, callbacks)
+            # follows.
             with transaction.atomic(), db.pipeline(), db.cursor() as cursor:
                 db.execute(cursor, ASYNC_COMMIT)
                 sent = [resolver.send_endings(chunk, worker_id=self.worker_id, now=now) for chunk in chunks(endings)]
-                claiming = self.send_claim(claim, now) if claim else None
+                if starting:
+                    self.send_starts(cursor, starting)
+                claiming = self.send_claim(claim, now, start=False) if claim else None
                 checking = self.send_checks(checks, now) if checks else None
                 # The claim's answer (and its context) first: a map's instances' endings take
                 # their run's lock only now (resolver.TRY_LOCK_RUNS), so it is held to the commit
@@ -334,6 +386,13 @@ class Batch:
             raise
         for each in sent:
             self.unsettled.update(each.deferred)
+        for task_run_id in carried + starting:
+            self.starts.pop(task_run_id, None)
+        for message in claimed:
+            if "check" not in message:
+                self.starts.pop(message["id"], None)  # (kept in claim order)
+                self.starts[message["id"]] = (message["run_id"], message["number"], now,
+                                              self.last_flush + START_SECONDS)
         tracing.claimed([m for m in claimed if "check" not in m], now, self.worker_id)
         self.completed += len(endings)
         self.remember(endings)
@@ -343,6 +402,33 @@ class Batch:
                             ending.error.splitlines()[0] if ending.error else "",
                             extra={"action": "attempt_" + ending.outcome, "task_run_id": ending.task_run_id})
         return claimed
+
+    def starts_to_write(self, endings: list[Ending], now: float) -> tuple[list[int], list[int]]:
+        """The claimed task runs whose run start this batch writes: those whose one-task job's
+        ending carries it (Ending.started: resolver.END_TASK_RUNS writes it, with the run's end
+        when the job ended), and, by RUN_STARTS, the other ended ones and those whose start waited
+        START_SECONDS."""
+        carried, ended = [], set()
+        for ending in endings:
+            start = self.starts.get(ending.task_run_id)
+            if start is None or ending.number != start[1] or ending.check is not None:
+                continue
+            if ending.job and ending.run_id is not None:
+                ending.started = start[2]
+                carried.append(ending.task_run_id)
+            else:
+                ended.add(ending.task_run_id)
+        for task_run_id, (*_, due) in self.starts.items():  # in claim order: the due ones first
+            if due > now:
+                break
+            ended.add(task_run_id)
+        return carried, sorted(ended.difference(carried))
+
+    def send_starts(self, cursor, task_runs: list[int]) -> None:
+        starts = [self.starts[task_run_id] for task_run_id in task_runs]
+        db.execute(cursor, RUN_STARTS, {"runs": [s[0] for s in starts], "task_runs": task_runs,
+                                        "numbers": [s[1] for s in starts], "ats": [s[2] for s in starts],
+                                        "worker": self.worker_id})
 
     def settle(self) -> None:
         """Settle the maps whose instances' endings committed while another transaction held
@@ -421,10 +507,11 @@ class Batch:
             taskcontext.fill(messages)
         return messages
 
-    def send_claim(self, n: int, now):
+    def send_claim(self, n: int, now, start: bool = True):
+        """CLAIM; ``start`` False: the claimed task runs' run starts are left to RUN_STARTS."""
         cursor = db.cursor()
         db.execute(cursor, CLAIM, {"queues": self.queues, "n": n, "candidates": n * CANDIDATES_PER_SLOT,
-                                   "worker": self.worker_id, "now": now, **self.limit_params()})
+                                   "worker": self.worker_id, "now": now, "start": start, **self.limit_params()})
         return cursor
 
     def receive_claim(self, cursor) -> list[dict]:

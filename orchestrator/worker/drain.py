@@ -83,6 +83,7 @@ class Drain:
         self.batch.release_checks([c for m in self.interrupted for c in m.get("checks", ())])
         attempts = [m for m in self.interrupted if "checks" not in m]
         if attempts:
+            self.batch.handed_back(attempts)
             hand_back(attempts, "interrupted: the worker shut down before the task finished; it runs "
                                 "again without counting this attempt",
                       worker_id=self.batch.worker_id, queues=self.batch.queues)
@@ -107,7 +108,7 @@ class Drain:
             for runner in self.runners:
                 self.interrupted += runner.interrupt()
         did = False
-        if self.batch.endings:
+        if self.batch.endings or self.batch.starts_due(now):
             self.batch.flush()
             did = True
         if self.interrupted:

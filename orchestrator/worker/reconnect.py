@@ -47,6 +47,7 @@ def reconcile(pool: Pool, batch: Batch, drain: Drain, also: set[int] = frozenset
                     extra={"action": "worker_outcomes_again"})
         batch.endings.extend(lost_outcomes)
     if never_started:
+        batch.handed_back(never_started)
         hand_back(never_started, "the worker lost its database connection while claiming this task run; "
                                  "it never started and runs again without counting this attempt",
                   worker_id=batch.worker_id, queues=batch.queues)

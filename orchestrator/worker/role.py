@@ -218,13 +218,16 @@ class Worker(Role):
         deadlines = self.pool.deadlines(shrinking=not self.drain.active) + self.inprocess.deadlines()
         if self.held.since and not self.drain.active:
             deadlines.append(self.held_since() + HELD_SECONDS)
+        if self.batch.starts and not self.batch.starts_due(now):
+            deadlines.append(self.batch.starts_due_at())  # a run start to write (worker.batch.RUN_STARTS)
         if deadlines:
             timeout = min(timeout, min(deadlines) - now)
         if not self.drain.active and self.check_room(self.pool.idle_slots()):
             # Only while a child may take checks: otherwise a freed child's reply wakes the loop.
             timeout = min(timeout, 0.0 if self.checks else self.next_check - now)
         asked = self.want_claim or self.wakeup.asked(now)
-        if (self.batch.endings or (asked and self.capacity())) and not self.drain.active:
+        due = self.batch.endings or self.batch.starts_due(now) or (asked and self.capacity())
+        if due and not self.drain.active:
             timeout = min(timeout, self.batch.hold_until(self.queue_full(now)) - now) if self.holding(now) else 0.0
         return max(0.0, timeout)
 
@@ -296,6 +299,7 @@ class Worker(Role):
         if not stale:
             return
         self.pool.task_seconds = None  # nothing claimed ahead until tasks are seen to be short again
+        self.batch.handed_back(stale)
         log.info("handing back %d job(s) claimed ahead: this worker's children stayed busy for %gs", len(stale),
                  HELD_SECONDS, extra={"action": "worker_hand_back_held"})
         hand_back(stale, f"handed back: claimed ahead for a child of this worker, it waited {HELD_SECONDS:g}s "
@@ -346,7 +350,7 @@ class Worker(Role):
         # the claim then counts the children still idle.
         started = bool(self.checks) and self.start_checks()
         claim, answering, checks = self.claim_sizes(now)
-        if not (self.batch.endings or claim or checks) or self.holding(now):
+        if not (self.batch.endings or claim or checks or self.batch.starts_due(now)) or self.holding(now):
             return started
         began = time.monotonic()
         claimed = self.batch.flush(claim, checks)
