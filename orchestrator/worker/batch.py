@@ -418,8 +418,8 @@ class Batch:
                 carried.append(ending.task_run_id)
             else:
                 ended.add(ending.task_run_id)
-        for task_run_id, (*_, due) in self.starts.items():  # in claim order: the due ones first
-            if due > now:
+        for task_run_id, (*_, due_at) in self.starts.items():  # in claim order: the due ones first
+            if due_at > now:
                 break
             ended.add(task_run_id)
         return carried, sorted(ended.difference(carried))
