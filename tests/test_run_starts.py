@@ -127,3 +127,34 @@ def test_an_ending_that_does_not_end_its_run_in_place_writes_the_start_in_its_ba
     assert (died.state, died.started_at, died.finished_at) == (RunState.FAILED, claimed_at,
                                                                 claimed_at + timedelta(seconds=1))
     assert retried.schedule_delay is not None and died.schedule_delay is not None
+
+
+def test_only_the_claim_of_a_run_s_first_task_waits_to_start_the_run(tmp_path, clock):
+    """A run of many tasks starts at its first task's claim; the tasks claimed after that (a map's
+    instances, the task that joins them) find it started and leave nothing for RUN_STARTS."""
+    from orchestrator import executor, resolver
+    from orchestrator.resolver import Ending
+    from orchestrator.runs import trigger_workflow
+    from tests.support.features_support import sync_module, worker_loop
+    from tests.test_mapping_scale import MODULE
+
+    big = sync_module(tmp_path, MODULE)["big"]
+    loop = worker_loop()
+    run, _ = trigger_workflow(big, {"n": 5}, now=clock.now())
+    pending, claimed, first_claim = [], [], None
+    for _ in range(50):
+        for message in claimed:
+            loop.batch.add(Ending(*executor.run(message), run_id=message["run_id"],
+                                  unlocked=resolver.settles_later(message)))
+        had = bool(claimed)
+        clock.advance(1)
+        claimed = loop.batch.flush(claim=10)
+        first_claim = first_claim or (claimed and clock.now())
+        pending.append([(m["task"], m["id"] in loop.batch.starts) for m in claimed])
+        if not claimed and not had:
+            break
+    run.refresh_from_db()
+    assert (run.state, run.started_at) == (RunState.SUCCEEDED, first_claim)
+    assert run.schedule_delay is not None
+    assert [each for each in pending if each] == [[("listing", True)], [("one", False)] * 5, [("total", False)]]
+    assert loop.batch.starts == {}

@@ -145,6 +145,10 @@ direct AS MATERIALIZED (
 -- generation now (a sync that committed before this claim, its NOTIFY maybe not there yet:
 -- Worker.record_and_claim); a single row of NULLs and those two when nothing was claimed.
 SELECT t.id, t.run_id, t.task, t.attempts, t.spec, t.timeout, t.has_parents, t.lane, t.priority,
+       -- Whether its run may not have started yet (a job's never has at its first claim; a task
+       -- of a run of many, when no task of it started before): a start for RUN_STARTS.
+       (t.spec->>'call') = 'job' OR NOT EXISTS (
+           SELECT FROM orchestrator_run s WHERE s.id = t.run_id AND s.started_at IS NOT NULL) AS unstarted,
        upcoming.next_due, {reload.CURRENT} AS generation
 FROM upcoming LEFT JOIN (t JOIN picked ON picked.id = t.id) ON true
 ORDER BY picked.ord
@@ -305,6 +309,7 @@ class Batch:
         # the latest claim found them.
         self.claimed_next_due = None
         self.claimed_generation: int | None = None
+        self.unstarted: set[int] = set()  # the latest claim's task runs whose run may not have started (CLAIM)
         # Runs whose maps are settled after the batch that ended their instances (see settle).
         self.unsettled: set[int] = set()
         # When the next waiting sensor's check of these queues is due (as the latest check claim found it).
@@ -389,7 +394,7 @@ class Batch:
         for task_run_id in carried + starting:
             self.starts.pop(task_run_id, None)
         for message in claimed:
-            if "check" not in message:
+            if message["id"] in self.unstarted and "check" not in message:
                 self.starts.pop(message["id"], None)  # (kept in claim order)
                 self.starts[message["id"]] = (message["run_id"], message["number"], now,
                                               self.last_flush + START_SECONDS)
@@ -520,9 +525,12 @@ class Batch:
             rows = cursor.fetchall()
         self.claimed_next_due, self.claimed_generation = rows[0][-2:] if rows else (None, None)
         messages = []
-        for task_run_id, run_id, task, number, spec, timeout, has_parents, lane, priority, _, _ in rows:
+        self.unstarted = set()
+        for task_run_id, run_id, task, number, spec, timeout, has_parents, lane, priority, unstarted, _, _ in rows:
             if task_run_id is None:
                 continue
+            if unstarted:
+                self.unstarted.add(task_run_id)
             spec = _json(spec)
             messages.append({
                 "id": task_run_id, "run_id": run_id, "task": task, "number": number, "spec": spec,
