@@ -60,15 +60,18 @@ def _prepare_extension() -> None:
         cursor.execute(f"ALTER DATABASE \"{core.BENCH_DB}\" SET pg_stat_statements.track = 'all'")
 
 
-# Per statement of the benchmark database since the reset: (query, top level, calls, rows, ms).
+# Per statement of the benchmark database since the reset: (query, top level, calls, rows, ms,
+# shared buffers touched, bytes of WAL). The last two are counts, which a busy machine does not
+# move as it moves the time: read them when the times of two versions overlap.
 READ = """
-SELECT query, toplevel, sum(calls)::bigint, sum(rows)::bigint, sum(total_exec_time)
+SELECT query, toplevel, sum(calls)::bigint, sum(rows)::bigint, sum(total_exec_time),
+       sum(shared_blks_hit + shared_blks_read)::bigint, sum(wal_bytes)::bigint
 FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
 GROUP BY 1, 2
 """
 
 
-def _statements() -> list[tuple[str, bool, int, int, float]]:
+def _statements() -> list[tuple[str, bool, int, int, float, int, int]]:
     with connection.cursor() as cursor:
         cursor.execute(READ)
         return cursor.fetchall()
@@ -142,14 +145,15 @@ def run(out, n: int = 20000, concurrency: int = 16, processes: int = 2, places: 
         if not m["statements"]:
             continue
         merged: dict[tuple[str, bool], list] = {}
-        for query, toplevel, calls, rows, ms in m["statements"]:
-            figures = merged.setdefault((_name(query), toplevel), [0, 0, 0.0])
-            figures[0] += calls
-            figures[1] += rows
-            figures[2] += ms
-        total = sum(ms for (_, toplevel), (_, _, ms) in merged.items() if toplevel)
-        calls = sum(c for (_, toplevel), (c, _, _) in merged.items() if toplevel)
-        out(f"    statements per 1,000 jobs: {calls * per:,.0f} top-level calls, {total * per:,.0f} ms executing; "
-            f"the {top} costliest (calls, rows, ms):")
-        for (name, toplevel), (c, r, ms) in sorted(merged.items(), key=lambda item: -item[1][2])[:top]:
-            out(f"      {c * per:>8,.0f} {r * per:>9,.0f} {ms * per:>8,.1f}  {name}{'' if toplevel else ' (nested)'}")
+        for query, toplevel, *counted in m["statements"]:
+            figures = merged.setdefault((_name(query), toplevel), [0, 0, 0.0, 0, 0])
+            for i, value in enumerate(counted):
+                figures[i] += value or 0
+        top_level = [figures for (_, toplevel), figures in merged.items() if toplevel]
+        calls, _, total, buffers, wal = (sum(f[i] for f in top_level) for i in range(5))
+        out(f"    statements per 1,000 jobs: {calls * per:,.0f} top-level calls, {total * per:,.0f} ms executing, "
+            f"{buffers * per:,.0f} buffers touched, {wal * per / 1024:,.0f} kB of WAL; the {top} costliest "
+            f"(calls, rows, ms, buffers, kB of WAL):")
+        for (name, toplevel), (c, r, ms, b, w) in sorted(merged.items(), key=lambda item: -item[1][2])[:top]:
+            out(f"      {c * per:>8,.0f} {r * per:>9,.0f} {ms * per:>8,.1f} {b * per:>9,.0f} {w * per / 1024:>7,.0f}  "
+                f"{name}{'' if toplevel else ' (nested)'}")
