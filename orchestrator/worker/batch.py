@@ -72,11 +72,6 @@ ENDINGS_PER_STATEMENT = 50
 RECENT_OUTCOMES = 1000
 RECENT_OUTCOMES_BYTES = 8 * 1024 * 1024
 
-# A run's schedule_delay when it starts at {} (a first task start): counted from when it was due,
-# the fire time of a scheduled run or a job's run_after (its logical date), the creation of any
-# other (a manual or backfill run's logical date can be any date in the past or future).
-RUN_STARTED = resolver.RUN_STARTED
-
 # Claim up to n task runs of these queues: first the admitted ones (queued by the dispatcher under
 # a limit), highest priority first, then due ones that no limit holds back straight from
 # scheduled, in dispatch order (orchestrator.due: live lane first, tenants in turn, priority).
@@ -129,10 +124,10 @@ direct AS MATERIALIZED (
     INSERT INTO orchestrator_attempt (task_run_id, number, worker_id, outcome, started_at, error, traceback, log_path)
     SELECT id, attempts, %(worker)s, '{AttemptOutcome.RUNNING}', %(now)s, '', '', '' FROM t
 ), r AS (
-    -- The first task start of a run is the run's start (RUN_STARTED). Run rows are locked in id
-    -- order, like every other writer does (see resolver.LOCK_RUNS). Not with %(start)s false: a
-    -- worker writes its claims' run starts later, with their ends (RUN_STARTS).
-    UPDATE orchestrator_run SET started_at = %(now)s, schedule_delay = {RUN_STARTED.format("%(now)s")}
+    -- The first task start of a run is the run's start (resolver.RUN_STARTED). Run rows are
+    -- locked in id order, like every other writer does (see resolver.LOCK_RUNS). Not when "start"
+    -- is false: a worker writes its claims' run starts later, with their ends (RUN_STARTS).
+    UPDATE orchestrator_run SET started_at = %(now)s, schedule_delay = {resolver.RUN_STARTED.format("%(now)s")}
     WHERE id = ANY (ARRAY(SELECT id FROM orchestrator_run WHERE %(start)s AND id = ANY (ARRAY(SELECT run_id FROM t))
                           AND started_at IS NULL ORDER BY id FOR NO KEY UPDATE))
 ), upcoming AS (
@@ -170,7 +165,7 @@ WITH s AS (
     JOIN orchestrator_taskrun t ON t.id = s.task_run_id AND t.attempts = s.number AND t.worker_id = %(worker)s
     GROUP BY s.run_id
 )
-UPDATE orchestrator_run r SET started_at = s.at, schedule_delay = {RUN_STARTED.format("s.at")}
+UPDATE orchestrator_run r SET started_at = s.at, schedule_delay = {resolver.RUN_STARTED.format("s.at")}
 FROM s
 WHERE r.id = s.run_id AND r.id = ANY (ARRAY(SELECT id FROM orchestrator_run WHERE id = ANY (ARRAY(SELECT run_id FROM s))
                                            AND started_at IS NULL ORDER BY id FOR NO KEY UPDATE))

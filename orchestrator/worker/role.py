@@ -205,8 +205,8 @@ class Worker(Role):
         return did
 
     def next_wait(self) -> float:
-        """Until the heartbeat, the poll, a task's deadline, the end of the grace period, or the
-        end of the short hold that batches outcomes, whichever is first."""
+        """Until the heartbeat, the poll, a task's deadline, the end of the grace period, a run
+        start to write, or the end of the short hold that batches outcomes, whichever is first."""
         now = time.monotonic()
         timeout = self.next_heartbeat - now
         if self.drain.active:
@@ -218,7 +218,7 @@ class Worker(Role):
         deadlines = self.pool.deadlines(shrinking=not self.drain.active) + self.inprocess.deadlines()
         if self.held.since and not self.drain.active:
             deadlines.append(self.held_since() + HELD_SECONDS)
-        if self.batch.starts and not self.batch.starts_due(now):
+        if self.batch.starts and (self.drain.active or not self.batch.starts_due(now)):
             deadlines.append(self.batch.starts_due_at())  # a run start to write (worker.batch.RUN_STARTS)
         if deadlines:
             timeout = min(timeout, min(deadlines) - now)
