@@ -158,3 +158,26 @@ def test_only_the_claim_of_a_run_s_first_task_waits_to_start_the_run(tmp_path, c
     assert run.schedule_delay is not None
     assert [each for each in pending if each] == [[("listing", True)], [("one", False)] * 5, [("total", False)]]
     assert loop.batch.starts == {}
+
+
+def test_a_worker_wakes_for_a_run_start_and_writes_it_with_nothing_else_to_do(clock):
+    import time
+
+    from orchestrator.worker import Worker, batch
+
+    enqueue_many([{"ref": REF, "kwargs": {"user_id": 1}}], now=clock.now())
+    worker = Worker(["default"], concurrency=1)
+    worker.register()
+    worker.next_poll = worker.next_heartbeat = float("inf")  # nothing else to do: no poll, no heartbeat
+    claimed_at = clock.now()
+    (claimed,) = claimed_by(worker, 1, clock)
+    assert 0 < worker.next_wait() <= batch.START_SECONDS  # its loop wakes when the start is due
+    assert worker.record_and_claim(time.monotonic()) is False  # not due yet: no batch
+    assert Run.objects.get(pk=claimed["run_id"]).started_at is None
+
+    # Its START_SECONDS passed (what the loop's wait ends at).
+    worker.batch.starts = {key: (*start[:3], time.monotonic()) for key, start in worker.batch.starts.items()}
+    assert worker.next_wait() == 0
+    assert worker.record_and_claim(time.monotonic()) is True
+    assert Run.objects.get(pk=claimed["run_id"]).started_at == claimed_at
+    assert worker.batch.starts == {} and worker.next_wait() > batch.START_SECONDS
