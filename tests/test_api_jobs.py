@@ -264,3 +264,20 @@ def test_backfills_are_read_by_viewers_and_started_by_operators(viewer_api, anon
     assert viewer_api.get("/api/backfills/").status_code == 200
     assert api.get("/api/backfills/777/").status_code == 404
     assert not Backfill.objects.exists()
+
+
+def test_a_running_job_s_start_is_its_task_run_s_until_its_worker_writes_its_run_s(api):
+    """A worker writes a run's start up to 0.2 s after its claim (worker.batch.RUN_STARTS); a
+    job's start meanwhile is its running task run's, never nothing."""
+    job = enqueue(api).json()
+    assert job["started_at"] is None
+    claimed = clock.now().replace(microsecond=0) - timedelta(seconds=5)
+    TaskRun.objects.filter(run_id=job["id"]).update(state=TaskState.RUNNING, started_at=claimed)
+    assert datetime.fromisoformat(api.get(f"/api/jobs/{job['id']}/").json()["started_at"]) == claimed
+    Run.objects.filter(pk=job["id"]).update(started_at=claimed - timedelta(seconds=1))
+    assert datetime.fromisoformat(api.get(f"/api/jobs/{job['id']}/").json()["started_at"]) == \
+        claimed - timedelta(seconds=1)
+    # Handed back (due again, not running): no start until a claim.
+    Run.objects.filter(pk=job["id"]).update(started_at=None)
+    TaskRun.objects.filter(run_id=job["id"]).update(state=TaskState.SCHEDULED)
+    assert api.get(f"/api/jobs/{job['id']}/").json()["started_at"] is None

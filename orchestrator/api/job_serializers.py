@@ -31,6 +31,7 @@ from orchestrator.models import Run
 from orchestrator.states import TaskState
 
 PRIORITY_RANGE = (PRIORITY_MIN, PRIORITY_MAX)
+_DATETIME = serializers.DateTimeField()  # a model's datetime as the API writes it
 
 
 class JobRequestSerializer(serializers.Serializer):
@@ -65,6 +66,9 @@ class JobSerializer(serializers.ModelSerializer):
     result = serializers.SerializerMethodField(help_text=STORED_RESULT_HELP)
     error = serializers.SerializerMethodField()
     task_run = serializers.SerializerMethodField()
+    started_at = serializers.SerializerMethodField(
+        help_text="when it started: its run's start, or, while its worker has not written that yet (at most "
+                  "0.2 s after its claim), its running task run's")
 
     class Meta:
         model = Run
@@ -125,6 +129,14 @@ class JobSerializer(serializers.ModelSerializer):
     def get_error(self, run) -> str:
         task_run = self._task_run(run)
         return task_run.error if task_run else ""
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_started_at(self, run):
+        started = run.started_at
+        if started is None:
+            task_run = self._task_run(run)
+            started = task_run.started_at if task_run and task_run.state == TaskState.RUNNING else None
+        return _DATETIME.to_representation(started) if started else None
 
     @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_task_run(self, run):
