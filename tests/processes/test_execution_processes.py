@@ -307,6 +307,22 @@ def test_cancel_kills_a_running_task(processes, env, tmp_path):
     assert wait_finished(after) and run_state(after) == "succeeded"
 
 
+def test_a_job_that_runs_on_shows_its_run_s_start_while_it_runs(processes, env, tmp_path):
+    """A worker writes a run's start with its end when the job ends within 0.2 s, else in a batch
+    soon after the claim (worker.batch.RUN_STARTS): a job that runs on shows its run's start while
+    it runs, the claim's time."""
+    marker = tmp_path / "pid"
+    start_worker(processes, env, concurrency=1)
+    run = start_run({"sleep": job("sleeper", 30, str(marker))})
+    wait_for(marker.exists, 20, message="the task to start")
+    started = wait_for(lambda: Run.objects.values_list("started_at", flat=True).get(pk=run.pk), 10,
+                       message="the run's start")
+    task_run = TaskRun.objects.get(run=run)
+    assert (task_run.state, task_run.started_at) == ("running", started)
+    assert Run.objects.get(pk=run.pk).schedule_delay is not None
+    assert control.cancel_run(run, reason="seen")
+
+
 def test_a_worker_declared_lost_kills_the_tasks_it_no_longer_owns(processes, env, tmp_path):
     """A worker that was only paused (not dead) must not keep running a task the reaper has
     already handed to another attempt."""
