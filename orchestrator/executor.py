@@ -92,9 +92,11 @@ def child_setup(parent_pid: int) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
-def child_main(conn, parent_pid: int) -> None:
+def child_main(conn, parent_pid: int, gate=None) -> None:
     """The child's loop: receive a task message, run it, send the outcome; never returns. A fresh
-    child first reads anew the project code that changed on disk (``reload.refresh``)."""
+    child first reads anew the project code that changed on disk (``reload.refresh``). A batch
+    (``{"batch": number, "jobs": [...]}``) is run in its order, each job only once ``gate`` (its
+    ``worker.gate.Gate``) lets it begin, and each outcome sent as it comes."""
     code = 0
     try:
         child_setup(parent_pid)
@@ -113,6 +115,13 @@ def child_main(conn, parent_pid: int) -> None:
                 with contextlib.suppress(Exception):
                     connections.close_all()
                 break
+            if "jobs" in message:
+                for job in message["jobs"]:
+                    if not gate.begin(message["batch"]):
+                        break  # the worker took back the rest
+                    conn.send(run(job))
+                    close_old_connections()
+                continue
             conn.send(run_checks(message) if "checks" in message else run(message))
             close_old_connections()  # a task that used the ORM must not leave a broken connection
     except BaseException:  # noqa: B036 - a child must never unwind into the worker's loop

@@ -72,11 +72,12 @@ class FakeConn:
 
 class FakeChildren:
     def __init__(self, first_pid):
-        self.next_pid, self.conns, self.killed = first_pid, {}, []
+        self.next_pid, self.conns, self.killed, self.gates = first_pid, {}, [], {}
 
-    def fork(self):
+    def fork(self, gate=None):
         self.next_pid += 1
         self.conns[self.next_pid] = FakeConn()
+        self.gates[self.next_pid] = gate  # what the child would begin through (worker.gate)
         return self.next_pid, self.conns[self.next_pid]
 
     def kill(self, pid):
@@ -103,10 +104,13 @@ class FakeLoop:
         self.watched[id(conn)](conn)
 
 
-def ready_worker(children=1, places=10):
-    """A worker whose children and in-process host are forked (fakes) and said they are ready."""
+def ready_worker(children=1, places=10, gated=False):
+    """A worker whose children and in-process host are forked (fakes) and said they are ready;
+    ``gated``: its children may be sent several tasks at once (see tests/test_child_batches.py),
+    else one at a time."""
     worker = WorkerRole(["default"], concurrency=children, inprocess=places)
     worker.pool.children, worker.inprocess.children = FakeChildren(100), FakeChildren(900)
+    worker.pool.gated = gated
     worker.loop = loop = FakeLoop()
     worker.pool.start(loop)
     worker.inprocess.start(loop)

@@ -38,7 +38,7 @@ class FakeChildren:
         self.next_pid = 100
         self.conns, self.killed, self.gone = {}, [], set()
 
-    def fork(self):
+    def fork(self, gate=None):
         self.next_pid += 1
         self.conns[self.next_pid] = FakeConn()
         return self.next_pid, self.conns[self.next_pid]

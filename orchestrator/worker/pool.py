@@ -7,6 +7,11 @@ The pool is elastic: it starts with ``min_children`` children, forks more (up to
 ``concurrency``) when work waits and no child is free, and lets a child above the minimum that
 idled ``idle_seconds`` exit, so an idle worker holds little memory.
 
+While tasks are short and work waits, a child is sent several at once (``start_tasks``, see
+SENT_AHEAD_SECONDS): it runs them one after the other and wakes once for them all. What it has
+not begun yet is taken back (``worker.gate``) when its running task turns out slow, a job claimed
+later outranks it, it is cancelled, or a drain or a sync calls for it.
+
 Children are recycled, never while they run a task: after a sync (a new code generation, see
 ``orchestrator.reload``) every idle child is replaced at once and every busy one when its task
 ends, and a child that ran ``max_tasks_per_child`` tasks is replaced once its outcome is in. A
@@ -27,6 +32,7 @@ from multiprocessing.connection import Pipe
 from django.db import connections
 
 from orchestrator import executor, reload
+from orchestrator.worker.gate import Gate
 
 log = logging.getLogger(__package__)  # the worker's records under one name, orchestrator.worker
 
@@ -55,6 +61,16 @@ PREFETCH_SECONDS = 0.06
 # The weight of the latest task in ``Pool.task_seconds``, a moving average of how long tasks take.
 TASK_SECONDS_WEIGHT = 0.1
 
+# While jobs are claimed ahead (PREFETCH_PER_CHILD), an idle child is sent about this much work at
+# once (at most PREFETCH_PER_CHILD jobs, at the moving average of task times), and a share of what
+# waits: it runs them one after the other without a round trip to the worker between them. A
+# child woken per job cost 0.18-0.23 s of CPU per 1,000 no-op jobs, one sent them in batches 0.07
+# (bench --only statements, forked default: 4,647-5,136 jobs/s against 3,032-3,592). What a
+# child has not begun is taken back when its running task has run TAKE_BACK_SECONDS (it is not
+# short after all: the rest goes to other children), and when a job claimed later outranks it.
+SENT_AHEAD_SECONDS = 0.02
+TAKE_BACK_SECONDS = 0.1
+
 
 @dataclass
 class Slot:
@@ -68,6 +84,10 @@ class Slot:
     tasks: int = 0  # tasks it completed
     ready: bool = False  # it said it is ready (set up, code read): only then is it given a task
     idle_since: float = 0.0
+    gate: Gate | None = None  # what it has begun of a batch (None: it is given one task at a time)
+    batch: int = 0  # the number of the batch it runs (0: a single task)
+    replied: int = 0  # outcomes of that batch received
+    queued: list = field(default_factory=list)  # sent with its task, not known to have begun, in order
 
 
 class ForkedChildren:
@@ -77,7 +97,7 @@ class ForkedChildren:
     def __init__(self, main: Callable[[object, int], None] | None = None):
         self.main = main or executor.child_main
 
-    def fork(self) -> tuple[int, object]:
+    def fork(self, gate: Gate | None = None) -> tuple[int, object]:
         # Django's connection is closed before forking: a child must not share its socket (its
         # exit would otherwise end the parent's session). The LISTEN connection stays referenced
         # by the loop in the child, which never closes it and leaves with os._exit().
@@ -87,7 +107,10 @@ class ForkedChildren:
         pid = os.fork()
         if pid == 0:
             parent_conn.close()
-            self.main(child_conn, parent)
+            if gate is None:
+                self.main(child_conn, parent)
+            else:
+                self.main(child_conn, parent, gate=gate)
         child_conn.close()
         return pid, parent_conn
 
@@ -127,7 +150,8 @@ class Pool:
 
     def __init__(self, *, concurrency: int, min_children: int, idle_seconds: float, max_tasks_per_child: int,
                  on_reply: Callable[[dict, tuple], None], on_died: Callable[[dict, str], None],
-                 children: ForkedChildren | None = None):
+                 on_returned: Callable[[list[dict]], None] = lambda messages: None,
+                 children: ForkedChildren | None = None, gated: bool = True):
         self.concurrency = concurrency
         # How long the latest tasks took in their children, a moving average (seconds); None until
         # a task ended (no evidence yet that tasks are short, see PREFETCH_PER_CHILD).
@@ -137,7 +161,10 @@ class Pool:
         self.idle_seconds = idle_seconds
         self.max_tasks_per_child = max_tasks_per_child
         self.on_reply, self.on_died = on_reply, on_died
+        self.on_returned = on_returned  # hears of the tasks sent ahead to a child and taken back
         self.children = children or ForkedChildren()
+        self.gated = gated  # children may be sent several tasks at once (a Gate each)
+        self.batches = 0  # batches sent: their numbers
         self.generation = 0  # the code generation new children are forked in
         self.slots: list[Slot] = []
         self.retiring: list[tuple[int, float]] = []  # (pid, kill after): recycled children told to exit
@@ -167,6 +194,7 @@ class Pool:
         """When the pool has something to do by itself (time.monotonic()): a task's timeout, a
         retired child's kill time and, when ``shrinking``, the next shrink."""
         deadlines = [slot.deadline for slot in self.slots if slot.deadline is not None]
+        deadlines += [slot.started + TAKE_BACK_SECONDS for slot in self.slots if slot.queued]
         deadlines += [kill_after for _, kill_after in self.retiring]
         shrink = self.next_shrink() if shrinking else None
         if shrink is not None:
@@ -182,8 +210,9 @@ class Pool:
             self.slots = [self.fork() for _ in range(self.min_children)]
 
     def fork(self) -> Slot:
-        pid, conn = self.children.fork()
-        slot = Slot(pid=pid, conn=conn, generation=self.generation)
+        gate = Gate() if self.gated else None
+        pid, conn = self.children.fork(gate)
+        slot = Slot(pid=pid, conn=conn, generation=self.generation, gate=gate)
         self.loop.watch(conn, lambda _conn, slot=slot: self.readable(slot))
         return slot
 
@@ -191,20 +220,136 @@ class Pool:
         self.loop.unwatch(slot.conn)
         self.children.kill(slot.pid)
         slot.conn.close()
+        left, slot.queued = slot.queued, []
+        if left:
+            # Sent behind its task and not taken back (the gate's lock could not be had, or their
+            # outcomes were not read yet): those it had begun died with it, the rest never began.
+            begun = max(0, (slot.gate.begun(slot.batch) or 0) - slot.replied - 1)
+            for message in left[:begun]:
+                self.on_died(message, "signal 9 (its process was killed while it ran another task)")
+            if left[begun:]:
+                self.on_returned(left[begun:])
+        if slot.gate is not None:
+            slot.gate.close()
 
     def replace(self, slot: Slot) -> None:
         self.kill(slot)
         self.slots[self.slots.index(slot)] = self.fork()
 
     def start_task(self, slot: Slot, message: dict) -> None:
+        self.begin(slot, message)
+        slot.batch, slot.queued = 0, []
+        self.send(slot, message)
+
+    def start_tasks(self, slot: Slot, messages: list[dict]) -> None:
+        """Send an idle child these tasks at once (one message, one wake-up): it runs them in this
+        order, each once the gate lets it begin (a single one goes as ``start_task`` sends it)."""
+        if len(messages) == 1 or slot.gate is None:
+            self.start_task(slot, messages[0])
+            return
+        self.batches += 1
+        slot.batch, slot.replied, slot.queued = self.batches, 0, list(messages[1:])
+        slot.gate.open(slot.batch, len(messages))
+        self.begin(slot, messages[0])
+        self.send(slot, {"batch": slot.batch, "jobs": messages})
+
+    def begin(self, slot: Slot, message: dict) -> None:
+        """The task the child runs now (as far as the worker knows): its timeout counts from here."""
         slot.message = message
         slot.started = time.monotonic()
         timeout = message.get("timeout")
         slot.deadline = slot.started + timeout if timeout else None
+
+    def send(self, slot: Slot, message) -> None:
         try:
             slot.conn.send(message)
         except OSError:
             self.child_died(slot)
+
+    def batch_sizes(self, idle: list[Slot], waiting: int) -> list[int]:
+        """How many tasks each of these idle children is sent, out of ``waiting``: one each, or,
+        while tasks are claimed ahead (``ahead``) and the children have gates, about
+        SENT_AHEAD_SECONDS of work each, an even share of what waits at most (and no more than a
+        child may still run before it is recycled)."""
+        if not idle or not waiting:
+            return [0] * len(idle)
+        ahead = self.ahead()
+        if not ahead or idle[0].gate is None:
+            return [1 if at < waiting else 0 for at in range(len(idle))]
+        per = min(ahead, max(1, round(SENT_AHEAD_SECONDS / max(self.task_seconds, 1e-6))),
+                  -(-waiting // len(idle)))
+        if self.max_tasks_per_child:
+            return [max(1, min(per, self.max_tasks_per_child - slot.tasks)) for slot in idle]
+        return [per] * len(idle)
+
+    def start_batches(self, idle: list[Slot], sizes: list[int], messages: list[dict]) -> None:
+        """Give these idle children the tasks, up to its size each, dealt in turn (the first ones,
+        which rank highest, each to a different child, so they all begin now)."""
+        parts: list[list[dict]] = [[] for _ in idle]
+        at = 0
+        for message in messages:
+            while len(parts[at]) >= sizes[at]:
+                at = (at + 1) % len(idle)
+            parts[at].append(message)
+            at = (at + 1) % len(idle)
+        for slot, part in zip(idle, parts, strict=True):
+            if part:
+                self.start_tasks(slot, part)
+
+    # --- taking back what a child has not begun ---------------------------------------------------
+
+    def take_back(self, slot: Slot) -> list[dict]:
+        """The tasks sent to this child that it has not begun, taken back (its gate lets it begin
+        no more of them): theirs to run elsewhere. The child is idle afterwards if it had not
+        begun the one the worker took for running (it was between two)."""
+        if slot.gate is None or not slot.batch or slot.message is None:
+            return []
+        begun = slot.gate.take_back(slot.batch)
+        if begun is None:
+            return []
+        pending = [slot.message, *slot.queued]
+        first = max(0, begun - slot.replied)  # of pending, the first not begun
+        back = pending[first:]
+        slot.queued = pending[1:first]
+        if first == 0:
+            slot.message = slot.deadline = None
+            slot.idle_since = time.monotonic()
+        return back
+
+    def take_back_where(self, wanted: Callable[[Slot], bool]) -> None:
+        """Take back what the children for which ``wanted`` holds have not begun (on_returned)."""
+        for slot in self.slots:
+            if slot.queued and wanted(slot):
+                back = self.take_back(slot)
+                if back:
+                    self.on_returned(back)
+
+    def take_back_stuck(self, now: float) -> None:
+        """What waits behind a task that has run TAKE_BACK_SECONDS goes back to the worker."""
+        self.take_back_where(lambda slot: now >= slot.started + TAKE_BACK_SECONDS)
+
+    def take_back_outranked(self, rank: tuple) -> None:
+        """What waits in a child behind a job of this rank (a later claim's, in the local queue)
+        goes back, so that job goes first."""
+        self.take_back_where(lambda slot: any(message.get("rank", (0, 0)) > rank for message in slot.queued))
+
+    def take_back_ids(self, ids: set[int]) -> None:
+        """Take back from the children what they have not begun, where one of these tasks is."""
+        self.take_back_where(lambda slot: any(message["id"] in ids for message in slot.queued))
+
+    def take_back_all(self) -> list[dict]:
+        """Everything the children have not begun (a drain hands it back)."""
+        back = []
+        for slot in self.slots:
+            back += self.take_back(slot)
+        return back
+
+    def queued(self) -> list[dict]:
+        """The tasks sent to children and not known to have begun."""
+        return [message for slot in self.slots for message in slot.queued]
+
+    def queued_count(self) -> int:
+        return sum(len(slot.queued) for slot in self.slots)
 
     def readable(self, slot: Slot) -> None:
         """The child wrote: that it is ready (its first message), or the outcome of its task."""
@@ -225,37 +370,61 @@ class Pool:
         took = slot.idle_since - slot.started
         self.task_seconds = took if self.task_seconds is None else \
             self.task_seconds + TASK_SECONDS_WEIGHT * (took - self.task_seconds)
+        if slot.queued:  # the child goes on with the next task of its batch
+            slot.replied += 1
+            self.begin(slot, slot.queued.pop(0))
         self.on_reply(message, reply)
 
     def child_died(self, slot: Slot) -> None:
-        message = slot.message
+        message, back = slot.message, slot.queued
+        if message is not None and slot.batch and slot.gate.begun(slot.batch) == slot.replied:
+            message, back = None, [message, *back]  # it died between two tasks: the next one never began
         how = self.children.how_it_ended(slot.pid)
         if message is not None:
             self.on_died(message, how)
-        slot.message = None
+        slot.message, slot.queued = None, []
         self.replace(slot)
+        if back:
+            self.on_returned(back)
 
     def overdue(self, now: float) -> list[dict]:
-        """Kill and replace the children whose task outlived its timeout: those tasks' messages."""
+        """Kill and replace the children whose task outlived its timeout: those tasks' messages
+        (what such a child had not begun goes back, on_returned)."""
         messages = []
         for slot in list(self.slots):
             if slot.deadline is not None and now >= slot.deadline:
-                messages.append(slot.message)
-                self.replace(slot)
+                back = self.take_back(slot)
+                if slot.message is not None:
+                    messages.append(slot.message)
+                    slot.message = None
+                    self.replace(slot)
+                if back:
+                    self.on_returned(back)
         return messages
 
     def abandon(self, slot: Slot) -> None:
-        """Kill the child's task (no longer this worker's) and replace the child."""
-        slot.message = None
-        slot.deadline = None
-        self.replace(slot)
+        """Kill the child's task (no longer this worker's) and replace the child; what it had not
+        begun goes back (on_returned). A task it had not begun is only dropped."""
+        back = self.take_back(slot)
+        if slot.message is None:
+            back = back[1:]  # the abandoned task had not begun: the child lives on
+        else:
+            slot.message = None
+            slot.deadline = None
+            self.replace(slot)
+        if back:
+            self.on_returned(back)
 
     def interrupt(self) -> list[dict]:
-        """Kill every child that runs a task, without replacing it: those tasks' messages."""
+        """Kill every child that runs a task, without replacing it: those tasks' messages, and
+        those of the tasks they had not begun."""
         messages = []
         for slot in self.busy():
-            messages.append(slot.message)
-            slot.message = None
+            messages += self.take_back(slot)
+            if slot.message is None:
+                continue
+            messages += [slot.message, *slot.queued]  # begun, their outcomes not read: handed back too
+            slot.message, slot.queued = None, []
             slot.deadline = None
             self.kill(slot)
             self.slots.remove(slot)
@@ -297,6 +466,8 @@ class Pool:
         if generation == self.generation or (not read and generation < self.generation):
             return
         self.generation = generation
+        # What children of the older code have not begun runs in fresh ones.
+        self.take_back_where(lambda slot: slot.generation != generation)
         log.info("code generation %d: replacing %d idle child process(es) now and %d busy one(s) when their "
                  "task ends", generation, len(self.slots) - self.busy_count(), self.busy_count(),
                  extra={"action": "worker_code_generation", "generation": generation})

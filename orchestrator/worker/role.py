@@ -29,18 +29,13 @@ from orchestrator.conf import app_settings
 from orchestrator.loop import DATABASE_ERRORS, Loop, Role, first_line
 from orchestrator.resolver import Ending, settles_later
 from orchestrator.states import AttemptOutcome, WorkerState
-from orchestrator.worker import heartbeat, reconnect
-from orchestrator.worker.batch import (
-    CHECK_GATHER_SECONDS,
-    CHECK_LEASE_SECONDS,
-    CHECK_TIMEOUT_SECONDS,
-    CHECKS_PER_CHILD,
-    Batch,
-)
+from orchestrator.worker import heartbeat, reconnect, sensor_checks
+from orchestrator.worker.batch import Batch
 from orchestrator.worker.drain import Drain, hand_back
 from orchestrator.worker.inprocess import InProcess, runs_in_process, runs_on_loop
 from orchestrator.worker.local_queue import HELD_SECONDS, LocalQueue
 from orchestrator.worker.pool import Pool, Slot
+from orchestrator.worker.sensor_checks import SensorChecks
 from orchestrator.worker.wakeup import Wakeup
 
 log = logging.getLogger(__package__)  # the worker's records under one name, orchestrator.worker
@@ -91,7 +86,7 @@ class Worker(Role):
         self.loop: Loop | None = None
         self.pool = Pool(concurrency=concurrency, min_children=min_children,
                          idle_seconds=app_settings.WORKER_CHILD_IDLE_SECONDS, max_tasks_per_child=max_tasks_per_child,
-                         on_reply=self.child_replied, on_died=self.child_died)
+                         on_reply=self.child_replied, on_died=self.child_died, on_returned=self.returned)
         # Places for the jobs declared @job(executor="async"/"thread"), in one host process
         # (worker.inprocess); with none, such jobs run in forked children like any other.
         self.inprocess = InProcess(places=inprocess, on_reply=self.child_replied, on_died=self.child_died)
@@ -114,12 +109,8 @@ class Worker(Role):
         # When due work this worker may claim itself is next due (time.monotonic(); inf: none known):
         # a delayed job, a retry, or work held by another worker's claim a moment ago.
         self.next_due = float("inf")
-        # Waiting sensors' checks: claimed ones no child took yet, and when the next one is due
-        # (time.monotonic()): they go to children in batches (CHECKS_PER_CHILD per round trip).
-        self.checks: list[dict] = []
-        self.next_check = 0.0
-        self.check_batches = 0  # batches of checks given to children, and the checks in them
-        self.checks_run = 0
+        # Waiting sensors' checks: claimed in the batches, given to children many at a time.
+        self.checks = SensorChecks(self.pool, concurrency)
         self.next_heartbeat = 0.0
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -172,8 +163,8 @@ class Worker(Role):
                 log.warning("could not mark worker %s stopped (%s)", self.name, first_line(exc),
                             extra={"action": "worker_db_error"})
         log.info("worker %s stopped after %d task runs (%d waiting sensors' checks in %d batches)", self.name,
-                 self.batch.completed, self.checks_run, self.check_batches,
-                 extra={"action": "worker_stop", "checks": self.checks_run, "check_batches": self.check_batches})
+                 self.batch.completed, self.checks.run, self.checks.batches,
+                 extra={"action": "worker_stop", "checks": self.checks.run, "check_batches": self.checks.batches})
 
     def finished(self, stop_requests: int) -> bool:
         return self.drain.done
@@ -185,15 +176,15 @@ class Worker(Role):
         self.end_overdue_tasks(now)
         if self.loop.stop_requests and not self.drain.active:
             self.drain.begin(now)
-            self.drain.interrupted += self.held.clear()  # never started: handed back at once
-            self.batch.release_checks(self.checks)  # claimed, not started: due again for any worker
-            self.checks = []
+            self.drain.interrupted += self.held.clear() + self.pool.take_back_all()  # never started: handed back
+            self.batch.release_checks(self.checks.release())  # claimed, not started: due again for any worker
         if self.drain.active:
             if self.pool.retiring:
                 self.pool.reap_retired(now)
             return self.drain.step(now, self.loop.stop_requests)
         self.pool.recycle(now)
         self.inprocess.recycle(self.pool.generation)
+        self.pool.take_back_stuck(now)
         self.start_held()
         self.hand_back_held(now)
         if self.wakeup.stale:
@@ -222,9 +213,9 @@ class Worker(Role):
             deadlines.append(self.batch.starts_due_at())  # a run start to write (worker.batch.RUN_STARTS)
         if deadlines:
             timeout = min(timeout, min(deadlines) - now)
-        if not self.drain.active and self.check_room(self.pool.idle_slots()):
-            # Only while a child may take checks: otherwise a freed child's reply wakes the loop.
-            timeout = min(timeout, 0.0 if self.checks else self.next_check - now)
+        checks = None if self.drain.active else self.checks.wait(now)
+        if checks is not None:
+            timeout = min(timeout, checks)
         asked = self.want_claim or self.wakeup.asked(now)
         due = self.batch.endings or self.batch.starts_due(now) or (asked and self.capacity())
         if due and not self.drain.active:
@@ -234,10 +225,10 @@ class Worker(Role):
     def end_overdue_tasks(self, now: float) -> None:
         for message in self.pool.overdue(now):
             if "checks" in message:
-                for check in message["checks"]:
-                    self.batch.add(Ending(check["id"], check["number"], AttemptOutcome.TIMED_OUT, run_id=check["run_id"],
-                                          check=check["check"], error=f"timed out after {message['timeout']:g}s: the "
-                                          "batch of checks it was in outlived its time and its process was killed"))
+                for ending in sensor_checks.ended(message, AttemptOutcome.TIMED_OUT, f"timed out after "
+                                                  f"{message['timeout']:g}s: the batch of checks it was in outlived "
+                                                  "its time and its process was killed"):
+                    self.batch.add(ending)
                 continue
             self.batch.add(Ending(
                 message["id"], message["number"], AttemptOutcome.TIMED_OUT,
@@ -285,9 +276,9 @@ class Worker(Role):
         if not self.held:
             return
         idle = self.pool.idle_slots()
-        children, host = self.held.take(len(idle), self.inprocess.free())
-        for slot, message in zip(idle, children, strict=False):
-            self.pool.start_task(slot, message)
+        sizes = self.pool.batch_sizes(idle, self.held.for_children())  # one each, or several while tasks are short
+        children, host = self.held.take(sum(sizes), self.inprocess.free())
+        self.pool.start_batches(idle, sizes, children)
         if host:
             self.inprocess.run(host)
 
@@ -322,6 +313,8 @@ class Worker(Role):
         for message in claimed:
             host = bool(self.inprocess.places) and runs_in_process(message)
             self.held.add(message, host=host, began=now if ahead else None)
+        if claimed:
+            self.pool.take_back_outranked(min(message.get("rank", (0, 0)) for message in claimed))
         self.start_held()
 
     def holding(self, now: float) -> bool:
@@ -348,7 +341,7 @@ class Worker(Role):
             self.next_due = float("inf")
         # Checks claimed before go to the children that may take them first (no transaction needed);
         # the claim then counts the children still idle.
-        started = bool(self.checks) and self.start_checks()
+        started = bool(self.checks.claimed) and self.checks.start()
         claim, answering, checks = self.claim_sizes(now)
         if not (self.batch.endings or claim or checks or self.batch.starts_due(now)) or self.holding(now):
             return started
@@ -362,14 +355,16 @@ class Worker(Role):
             self.pool.recycle(now)
             self.inprocess.recycle(self.pool.generation)
         ordinary = [m for m in claimed if "check" not in m]
-        self.checks += [m for m in claimed if "check" in m]
+        self.checks.claimed += [m for m in claimed if "check" in m]
         if checks:
-            self.after_checks(now, len(claimed) - len(ordinary), checks)
+            next_due = self.batch.checks_next_due
+            self.checks.after_claim(now, len(claimed) - len(ordinary), checks,
+                                    None if next_due is None else (next_due - clock.now()).total_seconds())
         if claim:
             self.last_claim = now
             self.after_claim(now, claim, len(ordinary), answering)
             self.place(ordinary)
-        self.start_checks()
+        self.checks.start()
         self.batch.settle()  # maps another transaction held at the batch: now the work has started
         return True
 
@@ -379,50 +374,7 @@ class Worker(Role):
         capacity = self.capacity()
         answering = not self.want_claim and self.wakeup.asked(now)
         claim = capacity if self.want_claim else self.wakeup.claim_size(capacity) if answering else 0
-        room = self.check_room(self.pool.idle_slots())
-        # Checks are claimed when one is due (or the worker looks unasked), none claimed is left,
-        # and a child may take them; never just because a notification brought a job, whose start
-        # would then wait for the checks' claim too.
-        due = now >= self.next_check or self.want_claim
-        checks = room * CHECKS_PER_CHILD if room and not self.checks and due else 0
-        return claim, answering, checks
-
-    def check_room(self, idle: list[Slot]) -> int:
-        """How many of these idle children may take a batch of checks: every child but one is
-        left to ordinary work (all of them with a concurrency of one), so a job due beside
-        thousands of waiting sensors finds a free child."""
-        checking = sum(1 for slot in self.pool.busy() if "checks" in slot.message)
-        return max(0, min(len(idle), max(1, self.concurrency - 1) - checking))
-
-    def start_checks(self) -> bool:
-        """Give the claimed checks to the children that may take them, CHECKS_PER_CHILD each;
-        whether any started."""
-        started = False
-        for slot in self.pool.idle_slots()[:self.check_room(self.pool.idle_slots())]:
-            if not self.checks:
-                break
-            started = True
-            batch, self.checks = self.checks[:CHECKS_PER_CHILD], self.checks[CHECKS_PER_CHILD:]
-            self.check_batches += 1
-            self.checks_run += len(batch)
-            # The child's time for the batch: each check's own (a timer in the child ends one that
-            # hangs), within the lease, after which another worker may take them.
-            timeout = min(sum(float(check["timeout"] or CHECK_TIMEOUT_SECONDS) for check in batch),
-                          CHECK_LEASE_SECONDS / 2)
-            self.pool.start_task(slot, {"id": batch[0]["id"], "number": batch[0]["number"], "run_id": batch[0]["run_id"],
-                                        "task": batch[0]["task"], "spec": {}, "timeout": timeout, "checks": batch})
-        return started
-
-    def after_checks(self, now: float, claimed: int, asked: int) -> None:
-        """When to claim checks next: at once while more are due, else when the next one is due
-        (none known: at the next look, or when this worker records a "not yet")."""
-        next_due = self.batch.checks_next_due
-        wait = None if next_due is None else (next_due - clock.now()).total_seconds()
-        if claimed == asked:
-            self.next_check = now  # a backlog: claim again as soon as a child may take them
-        else:
-            # Not before CHECK_GATHER_SECONDS: checks that come due meanwhile go in one claim.
-            self.next_check = float("inf") if wait is None else now + max(wait, CHECK_GATHER_SECONDS)
+        return claim, answering, self.checks.to_claim(now, self.want_claim)
 
     def after_claim(self, now: float, asked: int, claimed: int, answering: bool) -> None:
         """What the claim's answer says about what comes next. The claim also read when the rest
@@ -490,8 +442,7 @@ class Worker(Role):
         """After a database outage: reconcile what this worker runs with what the database says
         (``worker.reconnect``), then look for work at once (NOTIFYs sent during the outage were
         lost)."""
-        reconnect.reconcile(self.pool, self.batch, self.drain,
-                            also={message["id"] for message in self.inprocess.messages() + self.held.jobs})
+        reconnect.reconcile(self.pool, self.batch, self.drain, also={message["id"] for message in self.elsewhere()})
         self.want_claim = True
         self.wakeup.stale = True  # workers may have come and gone meanwhile
 
@@ -499,24 +450,27 @@ class Worker(Role):
 
     def child_replied(self, message: dict, reply: tuple) -> None:
         # (task_run_id, number, outcome, result, error, traceback, log, metadata, exception class)
-        if "checks" in message:
-            for check, answer in zip(message["checks"], reply, strict=False):
-                self.check_answered(check, Ending(*answer, run_id=check["run_id"], check=check["check"]))
-            return
-        self.check_answered(message, Ending(*reply, job=message.get("spec", {}).get("call") == "job",
-                                            run_id=message["run_id"], unlocked=settles_later(message)))
+        answers = sensor_checks.replies(message, reply) if "checks" in message else \
+            [(message, Ending(*reply, job=message.get("spec", {}).get("call") == "job", run_id=message["run_id"],
+                              unlocked=settles_later(message)))]
+        for answered, ending in answers:
+            self.batch.add(ending)
+            self.checks.answered(answered, ending)
 
-    def check_answered(self, message: dict, ending: Ending) -> None:
-        self.batch.add(ending)
-        if ending.outcome == AttemptOutcome.RESCHEDULED:
-            # A "not yet" wakes nobody: this worker, which records it, checks again when it is due.
-            self.next_check = min(self.next_check, time.monotonic() + float(message["spec"]["sensor"]["every"]))
+    def returned(self, messages: list[dict]) -> None:
+        """Jobs sent ahead to a child and taken back before they began: they wait again for a
+        child (a drain hands them back)."""
+        if self.drain.active:
+            self.drain.interrupted += messages
+            return
+        now = time.monotonic()
+        for message in messages:
+            self.held.add(message, began=now)
 
     def child_died(self, message: dict, how: str) -> None:
         if "checks" in message:
-            for check in message["checks"]:
-                self.batch.add(Ending(check["id"], check["number"], AttemptOutcome.FAILED, run_id=check["run_id"],
-                                      check=check["check"], error=f"the checks' process ended unexpectedly ({how})"))
+            for ending in sensor_checks.ended(message, AttemptOutcome.FAILED, f"the checks' process ended unexpectedly ({how})"):
+                self.batch.add(ending)
             return
         self.batch.add(Ending(message["id"], message["number"], AttemptOutcome.FAILED, run_id=message["run_id"],
                               error=f"the task's process ended unexpectedly ({how})", unlocked=settles_later(message)))
@@ -549,6 +503,7 @@ class Worker(Role):
             ids = set(json.loads(payload))
         except ValueError:
             return
+        self.pool.take_back_ids(ids)  # those a child has not begun wait here again, to be dropped
         for slot in self.pool.busy():
             if slot.message["id"] in ids:
                 self.abandon(slot, "cancelled")
@@ -584,13 +539,21 @@ class Worker(Role):
         """Kill the tasks whose attempts are no longer this worker's (cancelled or reaped)."""
         # A batch of checks is no attempt: a check claimed again meanwhile is recorded once anyway.
         busy = [slot for slot in self.pool.busy() if "checks" not in slot.message]
-        elsewhere = self.inprocess.messages() + self.held.jobs
+        elsewhere = self.elsewhere()
         if not busy and not elsewhere:
             return
         mine = heartbeat.still_mine(self.id, [slot.message for slot in busy] + elsewhere)
+        self.pool.take_back_ids({message["id"] for message in elsewhere if message["id"] not in mine})
+        busy = [slot for slot in self.pool.busy() if "checks" not in slot.message]
+        elsewhere = self.inprocess.messages() + self.held.jobs
         for slot in busy:
             if slot.message["id"] not in mine:
                 self.abandon(slot, "its attempt was cancelled or reaped")
         for message in elsewhere:
             if message["id"] not in mine:
                 self.give_up(message, "its attempt was cancelled or reaped")
+
+    def elsewhere(self) -> list[dict]:
+        """The jobs of this worker not run by a child now: in the host, held, or sent to a child
+        behind its task."""
+        return self.inprocess.messages() + self.held.jobs + self.pool.queued()

@@ -150,3 +150,14 @@ def traced_work(ctx):
 def loaded_modules(prefix):
     """The modules of this child process whose names start with ``prefix``."""
     return sorted(name for name in sys.modules if name.startswith(prefix))
+
+
+@job
+def record_until(path, tag, release):
+    """record_job's records around a wait (at most 30 s) for the file ``release`` to exist."""
+    _record(path, task=tag, event="start", at=time.time())
+    deadline = time.monotonic() + 30
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _record(path, task=tag, event="end", at=time.time())
+    return tag
