@@ -33,7 +33,9 @@ LOCK_SECONDS = 0.5
 class Gate:
     def __init__(self):
         self.memory = mmap.mmap(-1, LAYOUT.size)  # anonymous and shared: the forked child sees the same page
-        self.lock = multiprocessing.Lock()
+        # A lock of the fork context: unnamed once made, so no resource tracker process is started
+        # for it (the spawn and forkserver contexts, the default on Python 3.14, would).
+        self.lock = multiprocessing.get_context("fork").Lock()
 
     # --- the worker's side ------------------------------------------------------------------------
 
