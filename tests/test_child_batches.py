@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from orchestrator.worker.gate import Gate
 from orchestrator.worker.pool import PREFETCH_PER_CHILD, TAKE_BACK_SECONDS
 from tests.test_executors import message, ready_worker
@@ -70,6 +72,16 @@ def test_a_child_is_sent_no_more_than_its_share_of_what_waits_nor_more_than_the_
     slow.pool.task_seconds = 0.01
     slow.place([ranked(n) for n in range(1, 10)])
     assert len(sent_batch(slow.pool.slots[0])) == 2
+
+
+def test_what_a_child_was_sent_ahead_counts_against_what_the_worker_claims_ahead():
+    worker = short_tasks_worker(children=1)
+    assert worker.capacity() == 1 + PREFETCH_PER_CHILD
+    worker.place([ranked(n) for n in range(1, PREFETCH_PER_CHILD + 2)])
+    [slot] = worker.pool.slots
+    assert len(slot.queued) == PREFETCH_PER_CHILD - 1 and len(worker.held) == 1
+    # Claimed ahead: one held, seven sent to the child behind its task; room for none more.
+    assert worker.capacity() == 0
 
 
 def test_what_waits_behind_a_slow_job_is_taken_back_and_runs_in_another_child():
@@ -179,14 +191,20 @@ def test_a_job_past_its_timeout_is_killed_and_what_waited_behind_it_goes_back():
     assert [m["id"] for m in worker.held.jobs] == [2, 3]
 
 
-def test_a_drain_hands_back_what_the_children_have_not_begun():
+@pytest.mark.django_db
+def test_a_drain_hands_back_at_once_what_the_children_have_not_begun(monkeypatch):
+    handed = []
+    monkeypatch.setattr("orchestrator.worker.drain.hand_back",
+                        lambda messages, *args, **kwargs: handed.extend(m["id"] for m in messages))
     worker = short_tasks_worker(children=1)
+    worker.register()
     [slot] = worker.pool.slots
-    worker.place([ranked(1), ranked(2), ranked(3)])
-    assert child_begins(worker, slot)
-    worker.drain.begin(0.0)
-    worker.drain.interrupted += worker.held.clear() + worker.pool.take_back_all()
-    assert [m["id"] for m in worker.drain.interrupted] == [2, 3] and slot.message["id"] == 1
+    worker.place([ranked(1), ranked(2), ranked(3), ranked(4)])
+    assert child_begins(worker, slot) and [m["id"] for m in slot.queued] == [2, 3, 4]
+    worker.loop.stop_requests = 1  # SIGTERM
+    worker.tick()
+    # 1 runs on within the grace period; 2, 3 and 4 never began: handed back, the child cannot begin them.
+    assert sorted(handed) == [2, 3, 4] and slot.message["id"] == 1 and worker.drain.active
     assert not child_begins(worker, slot)
 
 

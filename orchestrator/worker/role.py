@@ -247,7 +247,7 @@ class Worker(Role):
 
     def capacity(self) -> int:
         """How many task runs a claim may take now: one per ready idle child (and per job it may
-        claim ahead) not promised to a held job, and, while no job waits for a child beyond those,
+        claim ahead) not promised to a job held or sent ahead to a child, and, while no job waits for a child beyond those,
         as many of the places one claim may fill (``InProcess.offer``, less those promised to held
         jobs) as the share of in-process jobs among the latest claims says (at least one, to find
         them). A claim cannot choose the executor of what it takes, and a job claimed for the other
@@ -256,7 +256,7 @@ class Worker(Role):
         only soon offers all it may (half its places) and claims nothing for its children while
         one of them waits for a place."""
         ahead = self.prefetch()
-        free_children = max(0, len(self.pool.idle_slots()) + ahead - len(self.held))
+        free_children = max(0, len(self.pool.idle_slots()) + ahead - len(self.held) - self.pool.queued_count())
         waiting = len(self.held.for_host)
         free = 0 if self.held.for_children() > ahead else max(0, self.inprocess.offer() - waiting)
         return free_children + (max(1, round(free * self.inprocess_share)) if free else 0)
