@@ -64,10 +64,11 @@ TASK_SECONDS_WEIGHT = 0.1
 # While jobs are claimed ahead (PREFETCH_PER_CHILD), an idle child is sent about this much work at
 # once (at most PREFETCH_PER_CHILD jobs, at the moving average of task times), and a share of what
 # waits: it runs them one after the other without a round trip to the worker between them. A
-# child woken per job cost 0.18-0.23 s of CPU per 1,000 no-op jobs, one sent them in batches 0.07
-# (bench --only statements, forked default: 4,647-5,136 jobs/s against 3,032-3,592). What a
-# child has not begun is taken back when its running task has run TAKE_BACK_SECONDS (it is not
-# short after all: the rest goes to other children), and when a job claimed later outranks it.
+# child woken per job cost 0.14-0.23 s of CPU per 1,000 no-op jobs, one sent them in batches
+# 0.07-0.09 (bench --only statements, forked default: 4,482-5,205 jobs/s against 3,035-4,336).
+# What a child has not begun is taken back when its running task has run TAKE_BACK_SECONDS (it
+# is not short after all: the rest goes to other children), and when a job claimed later
+# outranks it. What children were sent ahead counts as claimed ahead (worker.role.capacity).
 SENT_AHEAD_SECONDS = 0.02
 TAKE_BACK_SECONDS = 0.1
 
