@@ -225,3 +225,23 @@ def test_the_gate_lets_a_child_begin_only_the_batch_it_was_sent_and_only_as_many
     assert gate.take_back(8) is None and gate.begun(7) == 1
     gate.open(8, 1)
     assert gate.begin(8) and not gate.begin(8) and gate.begun(7) is None
+
+
+@pytest.mark.django_db
+def test_after_an_outage_the_jobs_a_child_was_sent_are_the_workers_still_and_none_is_handed_back(clock):
+    from orchestrator.clock import pinned
+    from orchestrator.jobs import enqueue_many
+    from orchestrator.models import TaskRun
+
+    enqueue_many([{"ref": "workflows.jobs:noop"} for _ in range(4)], now=clock.now())
+    worker = short_tasks_worker(children=1)
+    worker.register()
+    claimed = worker.claim(4, clock.now())
+    worker.place(claimed)
+    [slot] = worker.pool.slots
+    assert len(slot.queued) == 3 and child_begins(worker, slot)
+    with pinned(clock):
+        worker.reconnected()  # what the database says this worker runs, against what it runs
+    # The three sent behind the first are accounted for: still running, this worker's, not handed back.
+    states = TaskRun.objects.filter(pk__in=[m["id"] for m in claimed]).values_list("state", "worker_id")
+    assert sorted(states) == [("running", worker.id)] * 4 and len(slot.queued) == 3
