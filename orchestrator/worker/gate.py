@@ -26,8 +26,9 @@ import struct
 # The batch's number, how many of its jobs the child has begun, how many it may begin.
 LAYOUT = struct.Struct("qqq")
 
-# How long the worker waits for the lock before giving up on a take-back (see above).
-LOCK_SECONDS = 0.5
+# How long the worker waits for the lock before giving up on a take-back (see above): the child
+# holds it for microseconds, and the worker's loop waits meanwhile.
+LOCK_SECONDS = 0.05
 
 
 class Gate:
