@@ -357,9 +357,7 @@ class Worker(Role):
         ordinary = [m for m in claimed if "check" not in m]
         self.checks.claimed += [m for m in claimed if "check" in m]
         if checks:
-            next_due = self.batch.checks_next_due
-            self.checks.after_claim(now, len(claimed) - len(ordinary), checks,
-                                    None if next_due is None else (next_due - clock.now()).total_seconds())
+            self.checks.after_claim(now, len(claimed) - len(ordinary), checks, self.batch.checks_next_due)
         if claim:
             self.last_claim = now
             self.after_claim(now, claim, len(ordinary), answering)

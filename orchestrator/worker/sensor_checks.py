@@ -6,7 +6,9 @@ finds a free one; and what their answers and their children's ends record."""
 from __future__ import annotations
 
 import time
+from datetime import datetime
 
+from orchestrator import clock
 from orchestrator.resolver import Ending
 from orchestrator.states import AttemptOutcome
 from orchestrator.worker.batch import (
@@ -71,10 +73,11 @@ class SensorChecks:
         claimed, self.claimed = self.claimed, []
         return claimed
 
-    def after_claim(self, now: float, claimed: int, asked: int, wait: float | None) -> None:
+    def after_claim(self, now: float, claimed: int, asked: int, next_due: datetime | None) -> None:
         """When to claim checks next: at once while more are due, else when the next one is due
-        (in ``wait`` seconds; None: none known, at the next look or when this worker records a
-        "not yet")."""
+        (``next_due``, as the claim read it; None: none known, at the next look or when this
+        worker records a "not yet")."""
+        wait = None if next_due is None else (next_due - clock.now()).total_seconds()
         if claimed == asked:
             self.next_due = now  # a backlog: claim again as soon as a child may take them
         else:
