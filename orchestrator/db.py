@@ -57,7 +57,7 @@ from functools import cache
 
 import psycopg
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection
+from django.db import connection, transaction
 from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
 
 from orchestrator.conf import app_settings
@@ -195,6 +195,30 @@ def execute(cur, sql: str, params=None):
         params = [params[name] for name in names]
     with _explained():
         return cur.execute(text, params, prepare=_prepared())
+
+
+# A transaction's ends as statements of a pipeline (``atomic``).
+BEGIN = prepared("BEGIN")
+COMMIT = prepared("COMMIT")
+
+
+@contextmanager
+def atomic():
+    """Django's atomic block for statements sent in a pipeline (``pipeline``); yields whether it
+    is the outermost one. The outermost one's transaction is begun by the caller: its first
+    statement in the pipeline is ``BEGIN``, and its last one ``COMMIT`` (left out after something
+    marked the block for a rollback: Django then rolls back what is open, as it does on an error).
+    Left to itself, psycopg begins the transaction before the pipeline's first statement and waits
+    for that BEGIN's answer: a round trip, with the server woken, before anything else is sent.
+    Inside a caller's transaction the block is Django's savepoint, and nothing is to be sent."""
+    outermost = not connection.in_atomic_block
+    with transaction.atomic():
+        if outermost:
+            # Django's block stays open (nested blocks are savepoints); psycopg, told that nothing
+            # is open, sends no BEGIN of its own. The end of Django's block commits or rolls back
+            # whatever is still open and sets autocommit back.
+            connection.connection.autocommit = True
+        yield outermost
 
 
 @contextmanager

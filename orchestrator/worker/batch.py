@@ -38,13 +38,6 @@ log = logging.getLogger(__package__)  # the worker's records under one name, orc
 # never that work is lost. It takes the disk's fsync latency out of every batch (and no JIT).
 ASYNC_COMMIT = SHORT_TRANSACTION
 
-# The batch's commit, sent in its pipeline behind the last statement: the sync that closes the
-# pipeline carries it, so the batch costs one round trip fewer than a commit of its own after the
-# pipeline (Django's, which then finds the transaction over and sends nothing). Left out when
-# something in the batch marked the transaction for a rollback (Django rolls it back instead), and
-# when the batch runs inside a caller's transaction (its atomic block is then a savepoint).
-COMMIT = db.prepared("COMMIT")
-
 # While other children still run, a worker's batches are at least this far apart: outcomes that
 # arrive meanwhile, and its claims while a backlog lasts, wait for the next one, so a busy worker
 # records and claims many per transaction; one that flushed longer ago (light load) flushes at
@@ -355,29 +348,35 @@ class Batch:
         self.last_flush = time.monotonic()
         now = clock.now()
         carried, starting = self.starts_to_write(endings, self.last_flush)
+        # The limits are read (at most once per poll interval) before the batch's pipeline, in
+        # which each of their queries would wait for its answer.
+        self.current_limits()
         try:
-            # One round trip sends the whole batch (db.pipeline): the outcomes' statements, the
-            # run starts and the claim; what the answers call for (children to release, callbacks)
-            # follows.
-            with transaction.atomic(), db.pipeline(), db.cursor() as cursor:
-                db.execute(cursor, ASYNC_COMMIT)
-                sent = [resolver.send_endings(chunk, worker_id=self.worker_id, now=now) for chunk in chunks(endings)]
-                if starting:
-                    self.send_starts(cursor, starting)
-                claiming = self.send_claim(claim, now, start=False) if claim else None
-                checking = self.send_checks(checks, now) if checks else None
-                # The claim's answer (and its context) first: a map's instances' endings take
-                # their run's lock only now (resolver.TRY_LOCK_RUNS), so it is held to the commit
-                # through their settling alone.
-                claimed = self.receive_claim(claiming) if claiming is not None else []
-                claimed += self.receive_checks(checking) if checking is not None else []
-                for each in sent:
-                    resolver.receive_endings(each)
-                if sent and self.limited():
-                    # Finished work frees concurrency-limit room: let the dispatchers look again.
-                    wake_dispatchers()
-                if len(connection.atomic_blocks) == 1 and not connection.needs_rollback:
-                    db.execute(cursor, COMMIT)
+            # The whole batch is sent at once (db.pipeline), its transaction's BEGIN included
+            # (db.atomic): the outcomes' statements, the run starts and the claim. With no outcome
+            # to record, nothing read calls for another statement: the COMMIT goes with them, and
+            # the answers are read after the pipeline's end, one round trip for the batch. Else
+            # what the outcomes' answers call for (children to release, callbacks) follows, then
+            # the COMMIT: two round trips.
+            with db.atomic() as outermost, db.cursor() as cursor:
+                with db.pipeline():
+                    if outermost:
+                        db.execute(cursor, db.BEGIN)
+                    db.execute(cursor, ASYNC_COMMIT)
+                    sent = [resolver.send_endings(chunk, worker_id=self.worker_id, now=now)
+                            for chunk in chunks(endings)]
+                    if starting:
+                        self.send_starts(cursor, starting)
+                    claiming = self.send_claim(claim, now, start=False) if claim else None
+                    checking = self.send_checks(checks, now) if checks else None
+                    if outermost and not sent:
+                        db.execute(cursor, db.COMMIT)
+                    else:
+                        claimed = self.receive(claiming, checking, sent)
+                        if outermost and not connection.needs_rollback:
+                            db.execute(cursor, db.COMMIT)
+                if outermost and not sent:
+                    claimed = self.receive(claiming, checking, sent)
         except BaseException:
             # The database is away (a restart, a failover): keep the outcomes for the next try
             # after the loop reconnected, or the task runs would stay "running" under a live
@@ -401,6 +400,21 @@ class Batch:
                 log.warning("task run %s attempt %s %s: %s", ending.task_run_id, ending.number, ending.outcome,
                             ending.error.splitlines()[0] if ending.error else "",
                             extra={"action": "attempt_" + ending.outcome, "task_run_id": ending.task_run_id})
+        return claimed
+
+    def receive(self, claiming, checking, sent: list) -> list[dict]:
+        """The batch's answers: the claimed task runs' and checks' messages; what the outcomes'
+        answers call for is done (in the batch's transaction while it is open)."""
+        # The claim's answer (and its context) first: a map's instances' endings take their run's
+        # lock only now (resolver.TRY_LOCK_RUNS), so it is held to the commit through their
+        # settling alone.
+        claimed = self.receive_claim(claiming) if claiming is not None else []
+        claimed += self.receive_checks(checking) if checking is not None else []
+        for each in sent:
+            resolver.receive_endings(each)
+        if sent and self.limited():
+            # Finished work frees concurrency-limit room: let the dispatchers look again.
+            wake_dispatchers()
         return claimed
 
     def starts_to_write(self, endings: list[Ending], now: float) -> tuple[list[int], list[int]]:
