@@ -58,6 +58,7 @@ from functools import cache
 import psycopg
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
+from psycopg.types.array import ListBinaryDumper
 from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
 
 from orchestrator.conf import app_settings
@@ -180,6 +181,10 @@ def cursor():
     # of every element to find its width.
     cur.adapters.register_dumper(int, Int8Dumper)
     cur.adapters.register_dumper(int, Int8BinaryDumper)
+    # Every list as a binary array: as text, psycopg escapes each element in Python (two regular
+    # expressions per string) and the server parses the text again; a batch's endings send ten
+    # arrays of one element per job.
+    cur.adapters.register_dumper(list, ListBinaryDumper)
     return cur
 
 
