@@ -16,6 +16,7 @@ import inspect
 import json
 import logging
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -92,6 +93,12 @@ def child_setup(parent_pid: int) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
+def reply(conn, outcome: tuple) -> None:
+    """Send the worker an outcome, pickled as it is: ``Connection.send`` builds a pickler with the
+    reducers of file descriptors and sockets for every message, and an outcome holds none."""
+    conn.send_bytes(pickle.dumps(outcome, pickle.HIGHEST_PROTOCOL))
+
+
 def child_main(conn, parent_pid: int, gate=None) -> None:
     """The child's loop: receive a task message, run it, send the outcome; never returns. A fresh
     child first reads anew the project code that changed on disk (``reload.refresh``). A batch
@@ -119,10 +126,10 @@ def child_main(conn, parent_pid: int, gate=None) -> None:
                 for job in message["jobs"]:
                     if not gate.begin(message["batch"]):
                         break  # the worker took back the rest
-                    conn.send(run(job))
+                    reply(conn, run(job))
                     close_old_connections()
                 continue
-            conn.send(run_checks(message) if "checks" in message else run(message))
+            reply(conn, run_checks(message) if "checks" in message else run(message))
             close_old_connections()  # a task that used the ORM must not leave a broken connection
     except BaseException:  # noqa: B036 - a child must never unwind into the worker's loop
         traceback.print_exc()
