@@ -139,9 +139,9 @@ def run(out, n: int = 20000, concurrency: int = 16, processes: int = 2, places: 
         done = m["done"]
         per = 1000 / done if done else 0.0
         out(f"  {how}: {done} of {n} jobs in {m['elapsed']:.2f} s, {done / m['elapsed']:,.0f} jobs/s "
-            f"; CPU s per 1,000 jobs: worker parents {m['worker'] * per:.2f}, their children "
-            f"{m['children'] * per:.2f}, dispatcher {m['dispatcher'] * per:.2f}, PostgreSQL backends "
-            f"{m['backends'] * per:.2f}, enqueuing {m['enqueuing'] * per:.2f}")
+            f"; CPU s per 1,000 jobs: worker parents {m['worker'] * per:.3f}, their children "
+            f"{m['children'] * per:.3f}, dispatcher {m['dispatcher'] * per:.3f}, PostgreSQL backends "
+            f"{m['backends'] * per:.3f}, enqueuing {m['enqueuing'] * per:.3f}")
         if not m["statements"]:
             continue
         merged: dict[tuple[str, bool], list] = {}
