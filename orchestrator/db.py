@@ -17,7 +17,10 @@ and the dispatcher's tick.
   rather than being retried as an outage forever.
 * **Pipelined**: ``pipeline()`` sends the statements of a batch without waiting for each answer,
   so a batch costs one round trip, not one per statement; the first read of a result waits for
-  what was sent before it.
+  what was sent before it. A batch's transaction begins in its pipeline too (``atomic``): psycopg's
+  own BEGIN would wait for its answer before anything else is sent.
+* **Lists as binary arrays**: as text, psycopg escapes every element in Python and the server
+  parses the text again.
 * **Converted once per statement**: the statements are written with Python's placeholders
   (``%(name)s``, ``%s``) and comments; each one's text with PostgreSQL's own placeholders
   (``$1``), without its comments, is made once per process and cached. psycopg converts a
