@@ -60,6 +60,9 @@ class Ending:
     metadata: str | None = None  # JSON text of ctx.metadata, for the datasets a task produces
     exception_class: str = ""  # the dotted path of the exception's class, from the exception object
     job: bool = False  # a one-task job run: no children to release
+    # A job whose spec (as its claim read it) declares no callbacks and no datasets: its success's
+    # answer calls for no statement (worker.batch.Batch.flush commits such a batch before reading).
+    plain: bool = False
     run_id: int | None = None  # saves a lookup when known
     sensor_timeout: bool = False  # a sensor's "not yet" past its timeout (notifications hear of it)
     check: int | None = None  # a waiting sensor's check (not an attempt): its task run's checks when claimed

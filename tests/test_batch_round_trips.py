@@ -76,17 +76,19 @@ class Answers:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_batch_that_only_claims_is_one_round_trip_and_one_that_records_outcomes_two(clock):
+def test_a_batch_is_one_round_trip_unless_an_outcome_s_answer_may_call_for_more(clock):
     """The batch's BEGIN goes in its pipeline (db.atomic), not as psycopg's own, whose answer it
-    would wait for; a batch with no outcome to record sends its COMMIT with its claim and reads
-    the answers after the pipeline's end. Outcomes' answers may call for more statements (children
-    to release, callbacks), so such a batch reads them first and commits in a second round trip."""
+    would wait for. A batch whose answers can call for no statement (a claim, plain jobs'
+    successes) sends its COMMIT with them and reads the answers after the pipeline's end: one
+    round trip. Other outcomes' answers may call for more (a retry's wake-up, children to
+    release, callbacks), so such a batch reads them first and commits in a second round trip."""
+    from orchestrator.models import Attempt, Run
     from orchestrator.resolver import Ending
-    from orchestrator.states import AttemptOutcome
+    from orchestrator.states import AttemptOutcome, RunState
     from orchestrator.worker import Worker
 
-    enqueue_many([{"ref": REF, "kwargs": {"user_id": n}} for n in range(4)], now=clock.now())
-    loop = Worker(["default"], concurrency=4)
+    enqueue_many([{"ref": REF, "kwargs": {"user_id": n}} for n in range(6)], now=clock.now())
+    loop = Worker(["default"], concurrency=6)
     loop.register()
     loop.batch.current_limits()
     with Answers() as answers, Sent() as sent:
@@ -97,14 +99,50 @@ def test_a_batch_that_only_claims_is_one_round_trip_and_one_that_records_outcome
     assert connection.get_autocommit() and connection.connection.autocommit
     # Committed: another connection sees the claim.
     assert other_connection_count("SELECT count(*) FROM orchestrator_taskrun WHERE state = 'running'") == 2
-    for message in claimed:
-        loop.batch.add(Ending(message["id"], message["number"], AttemptOutcome.SUCCEEDED, result="null", job=True,
-                              run_id=message["run_id"]))
+
+    def ended(message, outcome, **fields):
+        return Ending(message["id"], message["number"], outcome, job=True, run_id=message["run_id"],
+                      plain=message["spec"].get("call") == "job", **fields)
+
+    for message in claimed:  # what Worker.child_replied makes of a job's success
+        loop.batch.add(ended(message, AttemptOutcome.SUCCEEDED, result="null"))
+    with Answers() as answers:
+        claimed = loop.batch.flush(claim=2)
+    assert len(claimed) == 2 and answers.count == 1
+    assert other_connection_count("SELECT count(*) FROM orchestrator_run WHERE state = 'succeeded'") == 2
+    assert other_connection_count("SELECT count(*) FROM orchestrator_taskrun WHERE state = 'running'") == 2
+    # A failure: its answer may call for a retry's wake-up, read before the commit.
+    loop.batch.add(ended(claimed[0], AttemptOutcome.FAILED, error="boom"))
+    loop.batch.add(ended(claimed[1], AttemptOutcome.SUCCEEDED, result="null"))
     with Answers() as answers:
         assert len(loop.batch.flush(claim=2)) == 2
     assert answers.count == 2
-    assert other_connection_count("SELECT count(*) FROM orchestrator_taskrun WHERE state = 'succeeded'") == 2
-    assert other_connection_count("SELECT count(*) FROM orchestrator_taskrun WHERE state = 'running'") == 2
+    assert other_connection_count("SELECT count(*) FROM orchestrator_run WHERE state IN ('succeeded', 'failed')") == 4
+    assert Run.objects.filter(state=RunState.RUNNING).count() == 2
+    assert Attempt.objects.filter(outcome=AttemptOutcome.FAILED).count() == 1
+    # A success that is not a plain job's (callbacks, datasets, a workflow's task) is read first too.
+    for message in TaskRun.objects.filter(state=TaskState.RUNNING).values("id", "attempts", "run_id"):
+        loop.batch.add(Ending(message["id"], message["attempts"], AttemptOutcome.SUCCEEDED, result="null",
+                              job=True, run_id=message["run_id"], plain=False))
+    with Answers() as answers:
+        loop.batch.flush()
+    assert answers.count == 2
+    assert Run.objects.filter(state=RunState.SUCCEEDED).count() == 5
+
+
+def test_only_a_job_without_callbacks_or_datasets_ends_plainly():
+    """What the worker makes of a reply: a plain ending (Ending.plain) only for a job whose spec, as
+    its claim read it, declares neither callbacks nor datasets."""
+    from orchestrator.states import AttemptOutcome
+    from orchestrator.worker import Worker
+
+    loop = Worker(["default"], concurrency=1)
+    reply = (1, 1, AttemptOutcome.SUCCEEDED, "null", "", "", "", None, "")
+    specs = [{"call": "job"}, {"call": "job", "callbacks": {"on_success": "x:y"}}, {"call": "job", "produces": ["d"]},
+             {"call": "function"}]
+    for spec in specs:
+        loop.child_replied({"id": 1, "number": 1, "run_id": 1, "spec": spec}, reply)
+    assert [ending.plain for ending in loop.batch.endings] == [True, False, False, False]
 
 
 @pytest.mark.django_db(transaction=True)

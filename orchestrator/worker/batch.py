@@ -353,11 +353,13 @@ class Batch:
         self.current_limits()
         try:
             # The whole batch is sent at once (db.pipeline), its transaction's BEGIN included
-            # (db.atomic): the outcomes' statements, the run starts and the claim. With no outcome
-            # to record, nothing read calls for another statement: the COMMIT goes with them, and
-            # the answers are read after the pipeline's end, one round trip for the batch. Else
-            # what the outcomes' answers call for (children to release, callbacks) follows, then
-            # the COMMIT: two round trips.
+            # (db.atomic): the outcomes' statements, the run starts and the claim. When nothing
+            # read can call for another statement (no outcome, or only plain jobs' successes:
+            # ``quiet``), the COMMIT goes with them and the answers are read after the pipeline's
+            # end, one round trip for the batch (a wake-up of the dispatchers under a limit is sent
+            # after it). Else what the outcomes' answers call for (children to release, callbacks,
+            # a retry's wake-up) follows, then the COMMIT: two round trips.
+            quiet = all(e.plain and e.outcome == AttemptOutcome.SUCCEEDED and e.check is None for e in endings)
             with db.atomic() as outermost, db.cursor() as cursor:
                 with db.pipeline():
                     if outermost:
@@ -369,13 +371,13 @@ class Batch:
                         self.send_starts(cursor, starting)
                     claiming = self.send_claim(claim, now, start=False) if claim else None
                     checking = self.send_checks(checks, now) if checks else None
-                    if outermost and not sent:
+                    if outermost and quiet:
                         db.execute(cursor, db.COMMIT)
                     else:
                         claimed = self.receive(claiming, checking, sent)
                         if outermost and not connection.needs_rollback:
                             db.execute(cursor, db.COMMIT)
-                if outermost and not sent:
+                if outermost and quiet:
                     claimed = self.receive(claiming, checking, sent)
         except BaseException:
             # The database is away (a restart, a failover): keep the outcomes for the next try

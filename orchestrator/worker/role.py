@@ -448,9 +448,11 @@ class Worker(Role):
 
     def child_replied(self, message: dict, reply: tuple) -> None:
         # (task_run_id, number, outcome, result, error, traceback, log, metadata, exception class)
+        spec = message.get("spec", {})
+        job = spec.get("call") == "job"
         answers = sensor_checks.replies(message, reply) if "checks" in message else \
-            [(message, Ending(*reply, job=message.get("spec", {}).get("call") == "job", run_id=message["run_id"],
-                              unlocked=settles_later(message)))]
+            [(message, Ending(*reply, job=job, run_id=message["run_id"], unlocked=settles_later(message),
+                              plain=job and "callbacks" not in spec and "produces" not in spec))]
         for answered, ending in answers:
             self.batch.add(ending)
             self.checks.answered(answered, ending)
