@@ -176,9 +176,12 @@ def test_a_batch_that_fails_commits_nothing_and_leaves_the_connection_as_it_foun
 
 def other_connection_count(sql: str) -> int:
     """A count read on a connection of its own: what the batch committed, not what it holds."""
-    import psycopg
+    from django.db import connections
 
-    settings = connection.settings_dict
-    with psycopg.connect(host=settings["HOST"], port=settings["PORT"], user=settings["USER"],
-                         password=settings["PASSWORD"], dbname=settings["NAME"]) as other:
-        return other.execute(sql).fetchone()[0]
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute(sql)
+            return cursor.fetchone()[0]
+    finally:
+        other.close()
