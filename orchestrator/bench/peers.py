@@ -18,6 +18,12 @@ run.
   is empty (polled every 10 ms). It deletes a finished job and keeps a log row.
 
 Its tables live in the benchmark database beside ours and are dropped with it.
+
+Each side's CPU per job, over the same window as its rate, is split between the PostgreSQL
+server (every process of it: backends, autovacuum, WAL writer; read from /proc, so only when the
+server runs on this machine) and the Python processes (this one, enqueuing and watching, and the
+workers with their children). CPU is what a busy machine shares out, so its ratio moves less from
+one round to the next than the rates do, and it says which side of the connection a gap is on.
 """
 
 from __future__ import annotations
@@ -103,8 +109,70 @@ def _reset_peer(dsn: str) -> None:
     asyncio.run(reset())
 
 
-def peer_round(n: int, processes: int, batch: int) -> tuple[float, int]:
-    """PgQueuer's jobs/s for n no-op jobs, and how many finished."""
+def _tree_cpu(root: int, table: dict[int, tuple[int, float]]) -> float:
+    """CPU seconds of a process and all its descendants, live and reaped (``table``: pid ->
+    (parent pid, user + system CPU of itself and of its reaped children))."""
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    total, stack, seen = 0.0, [root], set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += table.get(pid, (0, 0.0))[1]
+        stack.extend(children.get(pid, []))
+    return total
+
+
+def _processes() -> dict[int, tuple[int, float]]:
+    tick = os.sysconf("SC_CLK_TCK")
+    table = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as stat:
+                    fields = stat.read().rpartition(")")[2].split()
+            except OSError:
+                continue
+            table[int(name)] = (int(fields[1]), sum(int(value) for value in fields[11:15]) / tick)
+    return table
+
+
+def _server_pid() -> int | None:
+    """The PostgreSQL server's main process, when it runs on this machine: the parent of this
+    connection's backend."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        backend = cursor.fetchone()[0]
+    try:
+        with open(f"/proc/{backend}/comm") as comm:
+            if not comm.read().startswith("postgres"):
+                return None
+        with open(f"/proc/{backend}/stat") as stat:
+            return int(stat.read().rpartition(")")[2].split()[1])
+    except OSError:
+        return None
+
+
+def cpu_now(server: int | None) -> tuple[float | None, float]:
+    """CPU seconds so far of the PostgreSQL server (None when it is not on this machine) and of
+    this process with its descendants."""
+    table = _processes()
+    return (None if server is None else _tree_cpu(server, table)), _tree_cpu(os.getpid(), table)
+
+
+def cpu_per_job(before: tuple, after: tuple, done: int) -> tuple[float | None, float]:
+    """Microseconds of CPU per job: (PostgreSQL server or None, Python processes)."""
+    per = 1e6 / max(done, 1)
+    server = None if before[0] is None or after[0] is None else (after[0] - before[0]) * per
+    return server, (after[1] - before[1]) * per
+
+
+def peer_round(n: int, processes: int, batch: int, server: int | None = None) -> tuple[float, int, tuple]:
+    """PgQueuer's jobs/s for n no-op jobs, how many finished, and the CPU per job
+    (``cpu_per_job``)."""
     import asyncio
 
     import asyncpg
@@ -117,10 +185,11 @@ def peer_round(n: int, processes: int, batch: int) -> tuple[float, int]:
         start_workers(procs, [[PEER_WORKER, dsn, str(batch)]] * processes)
         time.sleep(0.5)  # its LISTEN and first dequeue
 
-        async def enqueue_and_wait() -> tuple[float, int]:
+        async def enqueue_and_wait() -> tuple[float, int, tuple]:
             conn = await asyncpg.connect(dsn)
             try:
                 queries = Queries(AsyncpgDriver(conn))
+                before = cpu_now(server)
                 started = time.time()
                 for offset in range(0, n, BATCH):
                     size = min(BATCH, n - offset)
@@ -132,14 +201,15 @@ def peer_round(n: int, processes: int, batch: int) -> tuple[float, int]:
                     if left == 0:
                         break
                     await asyncio.sleep(0.01)
-                return time.time() - started, n - left
+                elapsed = time.time() - started
+                return elapsed, n - left, cpu_per_job(before, cpu_now(server), n - left)
             finally:
                 await conn.close()
 
-        elapsed, done = asyncio.run(enqueue_and_wait())
+        elapsed, done, cpu = asyncio.run(enqueue_and_wait())
     finally:
         stop_workers(procs)
-    return done / elapsed, done
+    return done / elapsed, done, cpu
 
 
 def start_workers(procs: list, commands: list[list[str]]) -> None:
@@ -168,9 +238,11 @@ def stop_workers(procs: list) -> None:
             proc.wait()
 
 
-def ours_round(n: int, processes: int, concurrency: int, places: int = 0) -> tuple[float, int]:
-    """This product's jobs/s for n no-op jobs enqueued by enqueue_many, and how many finished.
-    With ``places``: async no-op jobs on workers of one child and that many in-process places."""
+def ours_round(n: int, processes: int, concurrency: int, places: int = 0,
+               server: int | None = None) -> tuple[float, int, tuple]:
+    """This product's jobs/s for n no-op jobs enqueued by enqueue_many, how many finished, and the
+    CPU per job (``cpu_per_job``). With ``places``: async no-op jobs on workers of one child and
+    that many in-process places."""
     try:
         from orchestrator.jobs import enqueue_many
     except ImportError:  # a version before enqueue_many (to measure it beside this one): the bench's bulk insert
@@ -187,6 +259,7 @@ def ours_round(n: int, processes: int, concurrency: int, places: int = 0) -> tup
             time.sleep(0.5)  # each worker's host forked and ready, as PgQueuer's workers are given
         else:
             roles.workers(processes, concurrency)
+        before = cpu_now(server)
         started = time.time()
         for offset in range(0, n, BATCH):
             enqueue_many([{"ref": ref}] * min(BATCH, n - offset))
@@ -194,10 +267,11 @@ def ours_round(n: int, processes: int, concurrency: int, places: int = 0) -> tup
         while core.unfinished() and time.monotonic() < deadline:
             time.sleep(0.05)
         done = core.count_done()
+        cpu = cpu_per_job(before, cpu_now(server), done)
         elapsed = core.last_finish() - started
     finally:
         roles.stop()
-    return done / elapsed, done
+    return done / elapsed, done, cpu
 
 
 def _spread(values: list[float]) -> str:
@@ -212,16 +286,21 @@ def run(out, n: int = 20000, concurrency: int = 16, rounds: int = 3, processes: 
         return
     places = places or iobound.ASYNC_PLACES
     ceiling = core.pg_ceiling(batch=100)
+    server = _server_pid()
     ours, mine_async, peer, ratios, async_ratios = [], [], [], [], []
+    cpu: dict[str, list[tuple]] = {"ours": [], "async": [], "peer": []}
     for number in range(1, rounds + 1):
-        mine, mine_done = ours_round(n, processes, concurrency)
-        on_loop, on_loop_done = ours_round(n, processes, concurrency, places=places)
-        theirs, theirs_done = peer_round(n, processes, concurrency)
+        mine, mine_done, cpu_mine = ours_round(n, processes, concurrency, server=server)
+        on_loop, on_loop_done, cpu_loop = ours_round(n, processes, concurrency, places=places, server=server)
+        theirs, theirs_done, cpu_theirs = peer_round(n, processes, concurrency, server=server)
         ours.append(mine)
         mine_async.append(on_loop)
         peer.append(theirs)
         ratios.append(mine / theirs)
         async_ratios.append(on_loop / theirs)
+        cpu["ours"].append(cpu_mine)
+        cpu["async"].append(cpu_loop)
+        cpu["peer"].append(cpu_theirs)
         out(f"  round {number}: this product {mine:>7,.0f} jobs/s{_short(mine_done, n)}, "
             f"async executor {on_loop:>7,.0f} jobs/s{_short(on_loop_done, n)}, "
             f"PgQueuer {theirs:>7,.0f} jobs/s{_short(theirs_done, n)}, "
@@ -236,7 +315,24 @@ def run(out, n: int = 20000, concurrency: int = 16, rounds: int = 3, processes: 
         f"{' '.join(f'{ratio:.2f}' for ratio in ratios)} (median {statistics.median(ratios):.2f})")
     out(f"    ratio async executor / PgQueuer per round  "
         f"{' '.join(f'{ratio:.2f}' for ratio in async_ratios)} (median {statistics.median(async_ratios):.2f})")
+    _cpu_lines(out, cpu, server is not None)
     out(f"    PostgreSQL's ceiling, bare claim+complete of 100 per transaction: {ceiling:,.0f} jobs/s")
+
+
+def _cpu_lines(out, cpu: dict[str, list[tuple]], local: bool) -> None:
+    """CPU per job of each side, median over the rounds, and its ratio to PgQueuer's."""
+    def median(side: str, part: int) -> float:
+        return statistics.median(figures[part] for figures in cpu[side])
+
+    where = "PostgreSQL server + Python processes" if local else "Python processes (the server is not on this machine)"
+    out(f"  CPU per job, microseconds, median over the rounds ({where}):")
+    peer_total = (median("peer", 0) if local else 0.0) + median("peer", 1)
+    for side, label in (("ours", "this product"), ("async", "async executor"), ("peer", "PgQueuer")):
+        python = median(side, 1)
+        server = median(side, 0) if local else 0.0
+        split = f"{server:,.0f} + {python:,.0f} = " if local else ""
+        ratio = "" if side == "peer" else f", {(server + python) / peer_total:.2f}x PgQueuer's"
+        out(f"    {label:<15} {split}{server + python:,.0f}{ratio}")
 
 
 def _short(done: int, n: int) -> str:
