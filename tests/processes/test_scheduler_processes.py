@@ -56,7 +56,11 @@ def test_two_schedulers_that_both_act_as_leader_create_exactly_one_run_per_fire_
     env = process_env(LOG_LEVEL="INFO")  # the tests read the schedulers' log lines
     first = processes.start("scheduler", "--no-lease", "--batch-size", "7", env=env, name="scheduler-a")
     second = processes.start("scheduler", "--no-lease", "--batch-size", "7", env=env, name="scheduler-b")
-    wait_for(lambda: Run.objects.count() >= 30 * 9, timeout=40, message="nine seconds of runs")
+    # Nine seconds of runs once both are up (one may take seconds longer to start on a busy machine).
+    wait_for(lambda: all(" started (lease" in processes.output(p) for p in (first, second)), timeout=60,
+             message="both schedulers up")
+    both_up = Run.objects.count()
+    wait_for(lambda: Run.objects.count() >= both_up + 30 * 9, timeout=40, message="nine seconds of runs")
     assert processes.stop(first) == 0
     assert processes.stop(second) == 0
 
