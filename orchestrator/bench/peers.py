@@ -20,8 +20,8 @@ run.
 Its tables live in the benchmark database beside ours and are dropped with it.
 
 Each side's CPU per job, over the same window as its rate, is split between the PostgreSQL
-server (every process of it: backends, autovacuum, WAL writer; read from /proc, so only when the
-server runs on this machine) and the Python processes (this one, enqueuing and watching, and the
+server (every process of it: backends, autovacuum, WAL writer, so other work on the same server
+counts too; read from /proc, so only when the server runs on this machine) and the Python processes (this one, enqueuing and watching, and the
 workers with their children). CPU is what a busy machine shares out, so its ratio moves less from
 one round to the next than the rates do, and it says which side of the connection a gap is on.
 """
