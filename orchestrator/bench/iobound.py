@@ -18,6 +18,7 @@ divided by 50 ms: 10,000 jobs/s for 500 places, 640 for 32 children.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -50,14 +51,20 @@ def wait_process():
     time.sleep(WAIT)
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU of one process so far (its reaped children not included)."""
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (the state first, then the parent's
+    pid), or None when the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rpartition(")")[2].split()
+            return stat.read().rpartition(")")[2].split()
     except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return None
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process so far (its reaped children not included)."""
+    fields = stat_fields(pid)
+    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _children(pid: int) -> list[int]:
@@ -65,12 +72,10 @@ def _children(pid: int) -> list[int]:
     found = []
     for name in os.listdir("/proc"):
         if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as stat:
-                    if int(stat.read().rpartition(")")[2].split()[1]) == pid:
-                        found.append(int(name))
-            except (OSError, IndexError, ValueError):
-                continue
+            fields = stat_fields(int(name))
+            with contextlib.suppress(IndexError, ValueError):
+                if fields is not None and int(fields[1]) == pid:
+                    found.append(int(name))
     return found
 
 

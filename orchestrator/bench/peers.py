@@ -130,12 +130,7 @@ def _processes() -> dict[int, tuple[int, float]]:
     tick = os.sysconf("SC_CLK_TCK")
     table = {}
     for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as stat:
-                    fields = stat.read().rpartition(")")[2].split()
-            except OSError:
-                continue
+        if name.isdigit() and (fields := iobound.stat_fields(int(name))) is not None:
             table[int(name)] = (int(fields[1]), sum(int(value) for value in fields[11:15]) / tick)
     return table
 
@@ -150,10 +145,10 @@ def _server_pid() -> int | None:
         with open(f"/proc/{backend}/comm") as comm:
             if not comm.read().startswith("postgres"):
                 return None
-        with open(f"/proc/{backend}/stat") as stat:
-            return int(stat.read().rpartition(")")[2].split()[1])
     except OSError:
         return None
+    fields = iobound.stat_fields(backend)
+    return None if fields is None else int(fields[1])
 
 
 def cpu_now(server: int | None) -> tuple[float | None, float]:
